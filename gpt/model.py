@@ -1,0 +1,132 @@
+"""GPT-2: token + learned position embeddings, pre-LayerNorm transformer blocks,
+a final LayerNorm and a language-model head tied to the token embedding.
+
+Module names follow OpenAI's / Hugging Face's GPT-2 checkpoints (transformer.wte,
+h.N.attn.c_attn, ...) so their weights map onto this model name for name.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt.config import ModelConfig
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.n_embd = cfg.n_embd
+        self.dropout = cfg.dropout
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.c_proj.residual_scale = True  # type: ignore[attr-defined]  # see GPT._init_weights
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        # (B, T, C) -> (B, heads, T, head_dim)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # SDPA picks a fused kernel (flash / memory-efficient / cuDNN) where one fits, and
+        # never materialises the T x T score matrix in that case.
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.gelu = nn.GELU(approximate="tanh")  # the approximation GPT-2 was trained with
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        self.c_proj.residual_scale = True  # type: ignore[attr-defined]
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
+                wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
+                drop=nn.Dropout(cfg.dropout),
+                h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
+                ln_f=nn.LayerNorm(cfg.n_embd),
+            )
+        )
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        # Weight tying: the output projection is the token embedding (saves V x d params,
+        # and is what GPT-2 did).
+        self.lm_head.weight = self.transformer.wte.weight
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "residual_scale", False):
+                # Each block adds two outputs to the residual stream; scaling their init
+                # keeps the stream's variance from growing with depth.
+                std *= (2 * self.config.n_layer) ** -0.5
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def num_params(self, exclude_position_embedding: bool = False) -> int:
+        """Parameter count, tied weights counted once."""
+        n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied tensor once
+        if exclude_position_embedding:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx: (B, T) token ids. Returns (logits (B, T, V), mean cross-entropy or None)."""
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(
+                f"sequence length {T} exceeds the model's block_size {self.config.block_size}"
+            )
+        pos = torch.arange(T, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = None
+        if targets is not None:
+            # Under autocast cross_entropy runs in fp32, so bf16 logits lose no accuracy here.
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+

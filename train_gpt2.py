@@ -1,0 +1,9 @@
+"""Train GPT-2: `python train_gpt2.py --help` lists every flag.
+
+A thin entry point; the trainer lives in gpt/train.py.
+"""
+
+from gpt.train import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
