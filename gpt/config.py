@@ -246,6 +246,11 @@ def _flatten_toml(doc: dict[str, Any], path: Path) -> dict[str, Any]:
                 flat[sub] = v
         elif key == "preset" or key in index:
             flat[key] = value
+        elif key in SECTIONS:
+            raise ConfigError(
+                f"--config {path}: {key!r} must be a table ([{key}]); "
+                + ("to pick a model size write preset = ..." if key == "model" else "")
+            )
         else:
             raise ConfigError(
                 f"--config {path}: unknown key {key!r}"
@@ -377,6 +382,13 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 def from_dict(d: dict[str, Any]) -> Config:
     """Inverse of to_dict (e.g. a checkpoint's saved config); unknown keys are an error."""
+    unknown = set(d) - {"preset", *SECTIONS}
+    if unknown:
+        raise ConfigError(f"unknown config sections: {', '.join(sorted(unknown))}")
+    for name, cls in SECTIONS.items():
+        extra = set(d.get(name, {})) - {f.name for f in fields(cls)}
+        if extra:
+            raise ConfigError(f"unknown [{name}] config fields: {', '.join(sorted(extra))}")
     return Config(
         preset=d.get("preset", Config.preset),
         **{name: cls(**d.get(name, {})) for name, cls in SECTIONS.items()},
@@ -394,7 +406,10 @@ def to_toml(cfg: Config) -> str:
             if isinstance(value, bool):
                 text = "true" if value else "false"
             elif isinstance(value, str):
-                text = json.dumps(value)  # JSON string escapes are valid TOML basic strings
+                # JSON's escapes (\", \\, \n, \u00XX) are valid in TOML basic strings;
+                # ensure_ascii=False keeps other characters literal, since JSON would
+                # write non-BMP ones as surrogate pairs, which TOML rejects.
+                text = json.dumps(value, ensure_ascii=False)
             else:
                 text = repr(value)
             lines.append(f"{name} = {text}")

@@ -1,0 +1,61 @@
+"""Shared fixtures: the offline tokenizer cache, the tiny-shakespeare corpus, small shards."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+SHAKESPEARE = SHARED_DATA / "tinyshakespeare" / "input.txt"
+TIKTOKEN_CACHE = SHARED_DATA / "tiktoken_cache"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # tiktoken downloads its BPE files unless they are cached; offline machines (CI
+    # here) have them under shared/data. Subprocesses inherit this too.
+    if TIKTOKEN_CACHE.is_dir() and "TIKTOKEN_CACHE_DIR" not in os.environ:
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(TIKTOKEN_CACHE)
+
+
+@pytest.fixture(scope="session")
+def shakespeare_tokens() -> np.ndarray:
+    """GPT-2 tokens of tiny shakespeare (uint16), or a skip when the corpus is absent."""
+    if not SHAKESPEARE.is_file():
+        pytest.skip(f"{SHAKESPEARE} not found: the tiny-shakespeare tests need shared/data")
+    from gpt.generate import gpt2_tokenizer
+
+    try:
+        enc = gpt2_tokenizer()
+    except RuntimeError as e:
+        pytest.skip(f"GPT-2 tokenizer unavailable offline: {e}")
+    ids = enc.encode_ordinary(SHAKESPEARE.read_text(encoding="utf-8"))
+    return np.asarray([enc.eot_token, *ids], dtype=np.uint16)
+
+
+@pytest.fixture(scope="session")
+def shakespeare_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_tokens: np.ndarray) -> Path:
+    """A data folder with tiny shakespeare: val = first 20k tokens, train = the rest in 2 shards."""
+    from gpt.data import write_shard
+
+    out = tmp_path_factory.mktemp("shakespeare")
+    val, train = shakespeare_tokens[:20_000], shakespeare_tokens[20_000:]
+    half = len(train) // 2
+    write_shard(out / "val_000000.bin", val)
+    write_shard(out / "train_000000.bin", train[:half])
+    write_shard(out / "train_000001.bin", train[half:])
+    return out
+
+
+@pytest.fixture()
+def random_data_dir(tmp_path: Path) -> Path:
+    """Synthetic shards of random token ids (no tokenizer needed)."""
+    from gpt.data import write_shard
+
+    rng = np.random.default_rng(0)
+    write_shard(tmp_path / "train_000000.bin", rng.integers(0, 50257, 30_000))
+    write_shard(tmp_path / "val_000000.bin", rng.integers(0, 50257, 5_000))
+    return tmp_path

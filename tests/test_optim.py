@@ -1,0 +1,68 @@
+"""Learning-rate schedule, weight-decay groups and the AdamW build."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gpt.config import OptimConfig, model_preset
+from gpt.model import GPT
+from gpt.optim import build_optimizer, lr_at, param_groups
+
+MAX_LR, RATIO, WARMUP, STEPS = 6e-4, 0.1, 715, 19073
+
+
+def lr(step: int) -> float:
+    return lr_at(step, MAX_LR, RATIO, WARMUP, STEPS)
+
+
+def test_lr_at_step_zero_is_small_but_not_zero() -> None:
+    assert lr(0) == pytest.approx(MAX_LR / WARMUP)
+
+
+def test_lr_warms_up_linearly_to_max() -> None:
+    assert lr(WARMUP // 2) == pytest.approx(MAX_LR * (WARMUP // 2 + 1) / WARMUP)
+    assert lr(WARMUP - 1) == pytest.approx(MAX_LR)  # end of warm-up
+    assert lr(WARMUP) == pytest.approx(MAX_LR)  # start of the cosine
+
+
+def test_lr_cosine_midpoint_and_end() -> None:
+    mid = WARMUP + (STEPS - WARMUP) // 2
+    min_lr = MAX_LR * RATIO
+    assert lr(mid) == pytest.approx((MAX_LR + min_lr) / 2, rel=1e-3)
+    assert lr(STEPS) == pytest.approx(min_lr)
+    assert lr(STEPS + 1000) == pytest.approx(min_lr)  # stays at the floor
+
+
+def test_lr_is_monotone_after_warmup() -> None:
+    values = [lr(s) for s in range(WARMUP, STEPS + 1, 97)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+    assert all(math.isfinite(v) and v > 0 for v in values)
+
+
+def test_no_warmup() -> None:
+    assert lr_at(0, 1.0, 0.0, 0, 10) == pytest.approx(1.0)
+    assert lr_at(10, 1.0, 0.0, 0, 10) == pytest.approx(0.0)
+
+
+def test_weight_decay_only_on_matrices() -> None:
+    model = GPT(model_preset("tiny", block_size=16))
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"])
+    assert all(p.dim() < 2 for p in no_decay["params"])
+    # every parameter exactly once (the tied embedding/head too)
+    ids = [id(p) for p in decay["params"] + no_decay["params"]]
+    assert len(ids) == len(set(ids)) == len(list(model.parameters()))
+    assert any(p is model.transformer.wte.weight for p in decay["params"])
+
+
+def test_fused_adamw_on_cpu_and_explicit_off() -> None:
+    model = GPT(model_preset("tiny", block_size=16))
+    opt, fused = build_optimizer(model, OptimConfig(), torch.device("cpu"))
+    assert fused and opt.defaults["fused"]
+    assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8
+    opt, fused = build_optimizer(model, OptimConfig(fused=False), torch.device("cpu"))
+    assert not fused and not opt.defaults["fused"]

@@ -1,0 +1,197 @@
+"""The trainer: accumulation maths, overfitting a batch, end-to-end CLI runs and errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpt.checkpoint import clean_state_dict, load
+from gpt.config import ConfigError, OptimConfig, from_dict, model_preset
+from gpt.data import ShardLoader, write_shard
+from gpt.dist import pick_device, resolve_dtype
+from gpt.generate import sample
+from gpt.model import GPT
+from gpt.optim import build_optimizer
+from gpt.train import train_step
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(REPO / "train_gpt2.py"), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+TINY = ["--model", "tiny", "--block-size", "32", "--seq-len", "32", "--batch-size", "4",
+        "--total-batch-tokens", "256", "--warmup-steps", "2", "--max-lr", "3e-3"]
+
+
+def grads_after_step(data: Path, batch_size: int, accum: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    model = GPT(model_preset("tiny", block_size=16))
+    opt, _ = build_optimizer(model, OptimConfig(), torch.device("cpu"))
+    loader = ShardLoader(data, "train", batch_size, 16)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    # lr 0 leaves the weights alone, so the gradients left behind are those of the batch.
+    train_step(model, opt, scaler, loader, accum, 0.0, 0.0, "cpu", torch.float32)
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_accumulated_micro_batches_equal_one_big_batch(random_data_dir: Path) -> None:
+    # B=8 in one pass, and B=2 over 4 micro-steps, read the same 8 rows of the stream.
+    big = grads_after_step(random_data_dir, batch_size=8, accum=1)
+    small = grads_after_step(random_data_dir, batch_size=2, accum=4)
+    for name in big:
+        torch.testing.assert_close(small[name], big[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert any(g.abs().sum() > 0 for g in big.values())
+
+
+@pytest.mark.slow
+def test_overfits_one_batch_of_shakespeare(shakespeare_tokens: np.ndarray) -> None:
+    B, T = 2, 64
+    buf = torch.from_numpy(shakespeare_tokens[1 : B * T + 2].astype(np.int64))
+    x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
+    torch.manual_seed(0)
+    model = GPT(model_preset("mini", block_size=T))
+    opt, _ = build_optimizer(model, OptimConfig(max_lr=1e-3, weight_decay=0.0), torch.device("cpu"))
+    losses = []
+    for _ in range(50):
+        opt.zero_grad(set_to_none=True)
+        _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert 10.5 < losses[0] < 11.2  # ~ln(50304) at init
+    assert losses[-1] < 0.5, losses[::10]
+
+
+def test_padded_vocab_ids_are_never_sampled() -> None:
+    torch.manual_seed(0)
+    model = GPT(model_preset("tiny", block_size=32))
+    with torch.no_grad():  # make the padding rows the most likely tokens by far:
+        model.transformer.ln_f.weight.zero_()  # the final hidden state becomes the constant
+        model.transformer.ln_f.bias.fill_(5.0)  # vector 5, whose product with the rows set
+        model.transformer.wte.weight[50257:] = 1.0  # to 1 dwarfs every other logit
+    gen = torch.Generator().manual_seed(0)
+    out = sample(model, [1, 2, 3], max_new_tokens=20, num_samples=3, top_k=None,
+                 valid_vocab=50257, generator=gen)
+    assert out.shape == (3, 23)
+    assert int(out.max()) < 50257
+    unmasked = sample(model, [1, 2, 3], max_new_tokens=5, top_k=None, generator=gen)
+    assert int(unmasked[:, 3:].min()) >= 50257  # the test's premise: they would win otherwise
+
+
+def test_clean_state_dict_strips_wrapper_prefixes() -> None:
+    model = GPT(model_preset("tiny", block_size=16))
+    wrapped = torch.compile(model)  # wrapping alone adds `_orig_mod.`; nothing is compiled
+    assert any(k.startswith("_orig_mod.") for k in wrapped.state_dict())
+    keys = clean_state_dict(wrapped).keys()
+    assert keys == model.state_dict().keys()
+
+
+def test_device_and_precision_choice_on_cpu() -> None:
+    assert pick_device("cpu").type == "cpu"
+    if not torch.cuda.is_available():
+        assert pick_device("auto").type in ("cpu", "mps")
+        with pytest.raises(ConfigError, match="--device cuda"):
+            pick_device("cuda")
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu) is torch.float32
+    assert resolve_dtype("bf16", cpu) is torch.bfloat16
+    with pytest.raises(ConfigError, match="--dtype fp16"):
+        resolve_dtype("fp16", cpu)
+
+
+@pytest.mark.slow
+def test_cli_end_to_end_on_shakespeare(shakespeare_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_cli(*TINY, "--data-dir", str(shakespeare_dir), "--out-dir", str(out),
+                   "--max-steps", "12", "--val-every", "5", "--val-steps", "2",
+                   "--sample-every", "10", "--sample-tokens", "8", "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "grad accum 2 x 4 x 32" in proc.stdout
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    kinds = [r["type"] for r in records]
+    assert kinds[0] == "run" and kinds.count("train") == 12
+    assert kinds.count("val") == 4  # steps 0, 5, 10 and the last
+    assert kinds.count("sample") == 2  # step 10 and the last
+    train = [r for r in records if r["type"] == "train"]
+    assert [r["step"] for r in train] == list(range(12))
+    assert train[-1]["loss"] < train[0]["loss"] - 0.5  # it learns
+    assert all(r["tokens_per_s"] > 0 and r["ms"] > 0 for r in train)
+    assert records[0]["grad_accum"] == 2 and records[0]["params"] > 0
+    ckpt = load(out / "ckpt_000012.pt")  # weights_only=True inside
+    assert ckpt["step"] == 12
+    cfg = from_dict(ckpt["config"])
+    assert cfg.model.n_layer == 2 and cfg.data.batch_size == 4
+    model = GPT(cfg.model)
+    model.load_state_dict(ckpt["model"])  # no wrapper prefixes, every key present
+    assert ckpt["optimizer"]["state"]  # the optimizer state is there to resume from
+    assert (out / "config.toml").is_file()
+    # The saved config.toml reproduces the run's config.
+    from gpt.config import parse_args
+    assert parse_args(["--config", str(out / "config.toml")]) == cfg
+
+
+def test_cli_bf16_autocast_on_cpu_without_val_or_samples(random_data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_cli(*TINY, "--data-dir", str(random_data_dir), "--out-dir", str(out),
+                   "--max-steps", "3", "--val-every", "0", "--sample-every", "0",
+                   "--dtype", "bf16", "--device", "cpu", "--log-every", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "precision bf16" in proc.stdout
+    train = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in train if r["type"] == "train"] == [0, 2]
+    assert (out / "ckpt_000003.pt").is_file()
+
+
+def test_cli_batch_that_does_not_divide(random_data_dir: Path, tmp_path: Path) -> None:
+    proc = run_cli("--model", "tiny", "--data-dir", str(random_data_dir),
+                   "--out-dir", str(tmp_path / "r"), "--batch-size", "3", "--seq-len", "32",
+                   "--block-size", "32", "--total-batch-tokens", "1000", "--device", "cpu")
+    assert proc.returncode == 2
+    assert "--total-batch-tokens 1000 is not divisible" in proc.stderr
+    assert "96" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_missing_data_folder(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    proc = run_cli(*TINY, "--data-dir", str(missing), "--out-dir", str(tmp_path / "r"),
+                   "--device", "cpu")
+    assert proc.returncode == 1
+    assert str(missing) in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_corrupt_shard_is_named(random_data_dir: Path, tmp_path: Path) -> None:
+    bad = random_data_dir / "train_000001.bin"
+    write_shard(bad, np.arange(100))
+    bad.write_bytes(bad.read_bytes()[:-10])  # truncate
+    proc = run_cli(*TINY, "--data-dir", str(random_data_dir), "--out-dir", str(tmp_path / "r"),
+                   "--device", "cpu")
+    assert proc.returncode == 1
+    assert str(bad) in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_unwritable_out_dir(random_data_dir: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    proc = run_cli(*TINY, "--data-dir", str(random_data_dir), "--out-dir", str(blocker / "run"),
+                   "--device", "cpu")
+    assert proc.returncode == 2
+    assert "--out-dir" in proc.stderr and "Traceback" not in proc.stderr
+    assert blocker.read_text() == "not a folder"
+
+
+def test_cli_rejects_unknown_flag_and_bad_value() -> None:
+    proc = run_cli("--max-stesp", "10")
+    assert proc.returncode == 2 and "--max-steps" in proc.stderr  # suggestion
+    proc = run_cli("--seq-len", "2048")
+    assert proc.returncode == 2 and "--seq-len 2048 exceeds the model's --block-size 1024" in proc.stderr
