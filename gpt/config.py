@@ -110,7 +110,9 @@ class TrainConfig:
     out_dir: str = _opt("runs/gpt2", "folder for the log, metrics, config and checkpoints")
     log_every: int = _opt(1, "print a log line every N steps (loss is read back only then)")
     val_every: int = _opt(250, "validation loss every N steps (0 disables)")
-    val_steps: int = _opt(20, "micro-batches in each validation pass (a fixed slice of val)")
+    val_steps: int = _opt(
+        20, "micro-batches each process scores per validation (a fixed slice of val_*)"
+    )
     sample_every: int = _opt(1000, "print generated samples every N steps (0 disables)")
     sample_prompt: str = _opt("Hello, I'm a language model,", "prompt for the samples")
     sample_tokens: int = _opt(32, "new tokens per sample")

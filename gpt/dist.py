@@ -1,4 +1,4 @@
-"""Where this process runs: device choice, precision support and (later) the torchrun world.
+"""Where this process runs: device choice, precision support and the torchrun world.
 
 Rank, device and world size live in one small Runtime object passed to whoever needs
 them; nothing here is global.
@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from gpt.config import ConfigError
 
@@ -53,14 +55,40 @@ def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device(requested)
 
 
-def single_process_runtime(requested_device: str) -> Runtime:
+def init_runtime(requested_device: str = "auto", timeout_s: float = 600.0) -> Runtime:
+    """Single process, or one rank of a torchrun job (RANK/LOCAL_RANK/WORLD_SIZE set).
+
+    Under torchrun each rank drives the GPU of its LOCAL_RANK over NCCL, or the CPU over
+    gloo. The collective timeout is bounded so a dead peer ends the job instead of
+    hanging it forever.
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1:
-        raise ConfigError(
-            f"WORLD_SIZE={world_size}: multi-process (torchrun) training is not supported by "
-            "this version yet; run a single process"
-        )
-    return Runtime(device=pick_device(requested_device))
+    if world_size <= 1:
+        return Runtime(device=pick_device(requested_device))
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(requested_device, local_rank)
+    if device.type == "mps":
+        raise ConfigError("--device mps: multi-process training needs CUDA (nccl) or CPU (gloo)")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return Runtime(device=device, rank=rank, local_rank=local_rank, world_size=world_size)
+
+
+def shutdown(runtime: Runtime) -> None:
+    if runtime.world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_mean(t: torch.Tensor, runtime: Runtime) -> torch.Tensor:
+    """Mean of a tensor over ranks (identity in a single process)."""
+    if runtime.world_size > 1:
+        t = t.detach().clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= runtime.world_size
+    return t
 
 
 def bf16_supported(device: torch.device) -> bool:

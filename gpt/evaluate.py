@@ -14,12 +14,13 @@ def val_loss(
     steps: int,
     device_type: str,
     autocast_dtype: torch.dtype,
-) -> float:
+) -> torch.Tensor:
     """Mean loss over the first `steps` batches of the loader.
 
     The loader is reset first, so every call scores the same tokens and the numbers are
     comparable across a run. A split smaller than `steps` batches is scored once, not
-    wrapped around. The losses stay on the device until one read-back at the end.
+    wrapped around. Returns a 0-dim device tensor, so the caller chooses when to sync
+    (and can all-reduce it across ranks first).
     """
     was_training = model.training
     model.eval()
@@ -31,4 +32,4 @@ def val_loss(
             _, loss = model(x, y)
         losses.append(loss.float())
     model.train(was_training)
-    return torch.stack(losses).mean().item()
+    return torch.stack(losses).mean()

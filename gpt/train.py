@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt import checkpoint
 from gpt.config import Config, ConfigError, describe, grad_accum_steps, parse_args, to_dict, to_toml
 from gpt.data import DataError, ShardError, ShardLoader, find_shards
-from gpt.dist import Runtime, resolve_dtype, single_process_runtime
+from gpt.dist import Runtime, all_reduce_mean, init_runtime, resolve_dtype, shutdown
 from gpt.evaluate import val_loss
 from gpt.generate import gpt2_tokenizer, sample
 from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_tflops
@@ -107,7 +108,12 @@ def train_step(
     optimizer.zero_grad(set_to_none=True)
     loss_sum: torch.Tensor | None = None
     use_autocast = autocast_dtype != torch.float32
-    for _ in range(accum_steps):
+    is_ddp = isinstance(model, DDP)
+    for micro in range(accum_steps):
+        if is_ddp:
+            # All-reduce gradients only on the last micro-step; set before the forward,
+            # which is where DDP reads the flag.
+            model.require_backward_grad_sync = micro == accum_steps - 1
         x, y = loader.next_batch()
         with torch.autocast(device_type, dtype=autocast_dtype, enabled=use_autocast):
             _, loss = model(x, y)
@@ -162,12 +168,21 @@ def save_checkpoint(out_dir: Path, model: nn.Module, optimizer: torch.optim.Opti
 
 
 def train(cfg: Config) -> dict[str, Any]:
-    """Run training as configured; returns a summary (final losses, checkpoint path)."""
-    runtime = single_process_runtime(cfg.train.device)
+    """Run training as configured (one process, or one rank under torchrun)."""
+    runtime = init_runtime(cfg.train.device)
+    try:
+        return _train(cfg, runtime)
+    finally:
+        shutdown(runtime)
+
+
+def _train(cfg: Config, runtime: Runtime) -> dict[str, Any]:
     d, t = cfg.data, cfg.train
+    master = runtime.is_master
+    say = print if master else (lambda *a, **k: None)  # only rank 0 talks and writes
     accum = grad_accum_steps(d.total_batch_tokens, d.batch_size, d.seq_len, runtime.world_size)
     autocast_dtype = resolve_dtype(t.dtype, runtime.device)
-    out_dir = prepare_out_dir(t.out_dir)
+    out_dir = prepare_out_dir(t.out_dir) if master else Path(t.out_dir)
     seed_everything(t.seed)
     set_matmul_precision(runtime, t.tf32)
 
@@ -180,16 +195,19 @@ def train(cfg: Config) -> dict[str, Any]:
         try:
             find_shards(d.data_dir, "val")
         except DataError:
-            print(f"note: {d.data_dir} has no val_* shards; validation is off")
+            say(f"note: {d.data_dir} has no val_* shards; validation is off")
         else:
             val_loader = ShardLoader(d.data_dir, "val", d.batch_size, d.seq_len,
                                      rank=runtime.rank, world_size=runtime.world_size,
                                      seed=t.seed, device=runtime.device, vocab_size=vocab_check)
-    tokenizer = gpt2_tokenizer() if t.sample_every > 0 else None
+    tokenizer = gpt2_tokenizer() if t.sample_every > 0 and master else None
 
     model = GPT(cfg.model).to(runtime.device)
     use_compile = t.compile if t.compile is not None else runtime.device_type == "cuda"
-    train_model = torch.compile(model) if use_compile else model
+    train_model: nn.Module = torch.compile(model) if use_compile else model
+    if runtime.world_size > 1:
+        device_ids = [runtime.local_rank] if runtime.device_type == "cuda" else None
+        train_model = DDP(train_model, device_ids=device_ids)
     optimizer, fused = build_optimizer(model, cfg.optim, runtime.device)
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=autocast_dtype == torch.float16)
 
@@ -198,42 +216,47 @@ def train(cfg: Config) -> dict[str, Any]:
     device_name = (torch.cuda.get_device_name(runtime.device) if runtime.device_type == "cuda"
                    else platform.processor() or runtime.device_type)
     peak = t.peak_tflops or peak_tflops(device_name)
-    tokens_per_step = d.total_batch_tokens
 
-    (out_dir / "config.toml").write_text(to_toml(cfg))
-    print(describe(cfg))
-    print(
-        f"device {runtime.device} ({device_name}) | precision {DTYPE_NAMES[autocast_dtype]}"
-        f"{' + tf32' if t.tf32 and runtime.device_type == 'cuda' else ''} | compile {use_compile} | "
-        f"fused AdamW {fused} | params {n_params:,} | grad accum {accum} x {d.batch_size} x "
-        f"{d.seq_len} tokens | train tokens {train_loader.num_tokens:,}"
+    say(describe(cfg))
+    say(
+        f"device {runtime.device} ({device_name}) x {runtime.world_size} | precision "
+        f"{DTYPE_NAMES[autocast_dtype]}{' + tf32' if t.tf32 and runtime.device_type == 'cuda' else ''}"
+        f" | compile {use_compile} | fused AdamW {fused} | params {n_params:,} | grad accum "
+        f"{accum} x {d.batch_size} x {d.seq_len} tokens | train tokens {train_loader.num_tokens:,}"
     )
     if peak is None:
-        print("note: peak FLOP/s of this device unknown; MFU not reported (set --peak-tflops)")
-
-    log = MetricsLog(out_dir / "metrics.jsonl")
-    log.write({
-        "type": "run", "config": to_dict(cfg), "device": str(runtime.device),
-        "device_name": device_name, "torch": torch.__version__, "dtype": DTYPE_NAMES[autocast_dtype],
-        "compile": use_compile, "fused_adamw": fused, "params": n_params, "grad_accum": accum,
-        "flops_per_token": flops_tok, "peak_tflops": peak, "time": time.time(),
-    })
+        say("note: peak FLOP/s of this device unknown; MFU not reported (set --peak-tflops)")
+    log = None
+    if master:
+        (out_dir / "config.toml").write_text(to_toml(cfg))
+        log = MetricsLog(out_dir / "metrics.jsonl")
+        log.write({
+            "type": "run", "config": to_dict(cfg), "device": str(runtime.device),
+            "device_name": device_name, "world_size": runtime.world_size,
+            "torch": torch.__version__, "dtype": DTYPE_NAMES[autocast_dtype],
+            "compile": use_compile, "fused_adamw": fused, "params": n_params,
+            "grad_accum": accum, "flops_per_token": flops_tok, "peak_tflops": peak,
+            "time": time.time(),
+        })
 
     timer = StepTimer(runtime)
     last_val: float | None = None
     last_loss: float | None = None
     ckpt_path: Path | None = None
-    with contextlib.closing(log):
+    with contextlib.closing(log) if log else contextlib.nullcontext():
         timer.reset()
         for step in range(t.max_steps):
             last_step = step == t.max_steps - 1
             if val_loader is not None and (step % t.val_every == 0 or last_step):
-                last_val = val_loss(train_model, val_loader, t.val_steps,
-                                    runtime.device_type, autocast_dtype)
-                print(f"step {step:6d} | val loss {last_val:.4f}")
-                log.write({"type": "val", "step": step, "val_loss": last_val})
+                # Every rank scores its own disjoint slice; the mean is over all of them.
+                last_val = all_reduce_mean(
+                    val_loss(train_model, val_loader, t.val_steps, runtime.device_type,
+                             autocast_dtype), runtime).item()
+                say(f"step {step:6d} | val loss {last_val:.4f}")
+                if log:
+                    log.write({"type": "val", "step": step, "val_loss": last_val})
                 timer.reset()  # evaluation time is not training time
-            if tokenizer is not None and step > 0 and (step % t.sample_every == 0 or last_step):
+            if tokenizer is not None and log and step > 0 and (step % t.sample_every == 0 or last_step):
                 log_samples(model, tokenizer, cfg, step, runtime, autocast_dtype, log)
                 timer.reset()
 
@@ -244,25 +267,28 @@ def train(cfg: Config) -> dict[str, Any]:
             timer.steps += 1
 
             if step % t.log_every == 0 or last_step:
+                loss = all_reduce_mean(loss, runtime)  # every rank joins, only on log steps
                 sec = timer.lap()
                 last_loss = loss.item()
-                tok_s = tokens_per_step / sec
-                util = mfu(tok_s, flops_tok, peak)
-                print(
+                tok_s = d.total_batch_tokens / sec
+                util = mfu(tok_s / runtime.world_size, flops_tok, peak)  # per-device MFU
+                say(
                     f"step {step:6d} | loss {last_loss:.6f} | lr {lr:.4e} | norm {norm.item():.4f} | "
                     f"{sec * 1000:.1f} ms | {tok_s:,.0f} tok/s"
                     + (f" | MFU {util * 100:.1f}%" if util is not None else "")
                 )
-                log.write({"type": "train", "step": step, "loss": last_loss, "lr": lr,
-                           "grad_norm": norm.item(), "ms": sec * 1000, "tokens_per_s": tok_s,
-                           "mfu": util})
+                if log:
+                    log.write({"type": "train", "step": step, "loss": last_loss, "lr": lr,
+                               "grad_norm": norm.item(), "ms": sec * 1000,
+                               "tokens_per_s": tok_s, "mfu": util})
 
             done = step + 1
-            if last_step or (t.checkpoint_every and done % t.checkpoint_every == 0):
+            if master and (last_step or (t.checkpoint_every and done % t.checkpoint_every == 0)):
                 ckpt_path = save_checkpoint(out_dir, model, optimizer, scaler, train_loader,
                                             cfg, done, last_val)
-                print(f"saved checkpoint {ckpt_path}")
-                log.write({"type": "checkpoint", "step": done, "path": str(ckpt_path)})
+                say(f"saved checkpoint {ckpt_path}")
+                if log:
+                    log.write({"type": "checkpoint", "step": done, "path": str(ckpt_path)})
                 timer.reset()
     return {"loss": last_loss, "val_loss": last_val, "checkpoint": ckpt_path, "steps": t.max_steps}
 

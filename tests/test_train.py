@@ -195,3 +195,26 @@ def test_cli_rejects_unknown_flag_and_bad_value() -> None:
     assert proc.returncode == 2 and "--max-steps" in proc.stderr  # suggestion
     proc = run_cli("--seq-len", "2048")
     assert proc.returncode == 2 and "--seq-len 2048 exceeds the model's --block-size 1024" in proc.stderr
+
+
+@pytest.mark.slow
+def test_torchrun_two_cpu_ranks_match_one_process(random_data_dir: Path, tmp_path: Path) -> None:
+    """DDP over gloo with the same global batch reproduces the single-process losses."""
+    args = [*TINY, "--total-batch-tokens", "512", "--data-dir", str(random_data_dir),
+            "--max-steps", "3", "--val-every", "0", "--sample-every", "0", "--device", "cpu"]
+    single = run_cli(*args, "--out-dir", str(tmp_path / "one"))
+    assert single.returncode == 0, single.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(REPO / "train_gpt2.py"), *args, "--out-dir", str(tmp_path / "two")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def losses(run: str) -> list[float]:
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(l)["loss"] for l in lines if '"type": "train"' in l]
+
+    assert losses("two") == pytest.approx(losses("one"), rel=1e-5)
+    assert "x 2 |" in proc.stdout  # one rank's banner: world size 2
+    assert proc.stdout.count("saved checkpoint") == 1  # rank 0 alone writes
