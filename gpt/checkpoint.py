@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gpt.fileio import atomic_write
+
 
 def clean_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights without the wrappers' prefixes (torch.compile's `_orig_mod.`,
@@ -26,38 +28,12 @@ def clean_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # e.g. Windows: directories cannot be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
-    """torch.save to a temporary file in the same folder, fsync, then rename over `path`.
-
-    A crash (or a full disk) mid-write leaves the previous file at `path` untouched and
-    no partial file under the final name.
-    """
+    """torch.save through an atomic write: a crash or full disk mid-save leaves the
+    previous file at `path` loadable."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            torch.save(obj, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    atomic_write(path, lambda fh: torch.save(obj, fh))
     return path
 
 

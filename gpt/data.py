@@ -47,6 +47,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpt.fileio import atomic_write
+
 __all__ = [
     "DTYPE_CODES",
     "HEADER_BYTES",
@@ -121,41 +123,20 @@ def _as_token_array(path: Path, tokens: np.ndarray | Iterable[int]) -> np.ndarra
     return np.ascontiguousarray(arr, dtype="<u2")
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Persist a rename; best effort because not every OS can open folders."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_shard(path: str | os.PathLike, tokens: np.ndarray | Iterable[int]) -> None:
     """Write tokens (ints in 0..65535) to a shard, atomically."""
     path = Path(path)
     arr = _as_token_array(path, tokens)
     header = _make_header(arr.size, _WRITE_CODE)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+    def write(f) -> None:
+        f.write(header.data)
+        f.write(arr.data)
+
     try:
-        with open(tmp, "wb") as f:
-            f.write(header.data)
-            f.write(arr.data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        # Leave no half-written temp file; any file already at `path` is
-        # untouched because only the final os.replace writes to it.
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise ShardError(f"{path}: cannot write shard: {exc}") from exc
-        raise
-    _fsync_dir(path.parent)
+        atomic_write(path, write)
+    except OSError as exc:
+        raise ShardError(f"{path}: cannot write shard: {exc}") from exc
 
 
 def _read_header(path: Path) -> tuple[int, np.dtype]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gpt.checkpoint import clean_state_dict, load
-from gpt.config import ConfigError, OptimConfig, from_dict, model_preset
+from gpt.config import ConfigError, OptimConfig, from_dict, model_preset, parse_args
 from gpt.data import ShardLoader, write_shard
 from gpt.dist import pick_device, resolve_dtype
 from gpt.generate import sample
@@ -28,6 +28,11 @@ def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
         [sys.executable, str(REPO / "train_gpt2.py"), *args],
         cwd=REPO, capture_output=True, text=True, timeout=timeout,
     )
+
+
+def read_metrics(out: Path, kind: str | None = None) -> list[dict]:
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if kind is None or r["type"] == kind]
 
 
 TINY = ["--model", "tiny", "--block-size", "32", "--seq-len", "32", "--batch-size", "4",
@@ -118,7 +123,7 @@ def test_cli_end_to_end_on_shakespeare(shakespeare_dir: Path, tmp_path: Path) ->
                    "--sample-every", "10", "--sample-tokens", "8", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
     assert "grad accum 2 x 4 x 32" in proc.stdout
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(out)
     kinds = [r["type"] for r in records]
     assert kinds[0] == "run" and kinds.count("train") == 12
     assert kinds.count("val") == 4  # steps 0, 5, 10 and the last
@@ -137,7 +142,6 @@ def test_cli_end_to_end_on_shakespeare(shakespeare_dir: Path, tmp_path: Path) ->
     assert ckpt["optimizer"]["state"]  # the optimizer state is there to resume from
     assert (out / "config.toml").is_file()
     # The saved config.toml reproduces the run's config.
-    from gpt.config import parse_args
     assert parse_args(["--config", str(out / "config.toml")]) == cfg
 
 
@@ -148,8 +152,7 @@ def test_cli_bf16_autocast_on_cpu_without_val_or_samples(random_data_dir: Path, 
                    "--dtype", "bf16", "--device", "cpu", "--log-every", "2")
     assert proc.returncode == 0, proc.stderr
     assert "precision bf16" in proc.stdout
-    train = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in train if r["type"] == "train"] == [0, 2]
+    assert [r["step"] for r in read_metrics(out, "train")] == [0, 2]
     assert (out / "ckpt_000003.pt").is_file()
 
 
@@ -211,10 +214,7 @@ def test_torchrun_two_cpu_ranks_match_one_process(random_data_dir: Path, tmp_pat
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    def losses(run: str) -> list[float]:
-        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
-        return [json.loads(l)["loss"] for l in lines if '"type": "train"' in l]
-
-    assert losses("two") == pytest.approx(losses("one"), rel=1e-5)
+    one, two = (read_metrics(tmp_path / run, "train") for run in ("one", "two"))
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)
     assert "x 2 |" in proc.stdout  # one rank's banner: world size 2
     assert proc.stdout.count("saved checkpoint") == 1  # rank 0 alone writes
