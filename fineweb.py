@@ -12,7 +12,7 @@ import sys
 import time
 
 from gpt.data import DataError
-from gpt.generate import gpt2_tokenizer
+from gpt.tokenizer import gpt2_tokenizer
 from gpt.prepare import PrepareConfig, text_files, token_stream, write_shards
 
 

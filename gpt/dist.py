@@ -82,6 +82,14 @@ def shutdown(runtime: Runtime) -> None:
         dist.destroy_process_group()
 
 
+def all_reduce_sum(t: torch.Tensor, runtime: Runtime) -> torch.Tensor:
+    """Sum of a tensor over ranks, e.g. of correct/total counts (identity in one process)."""
+    if runtime.world_size > 1:
+        t = t.detach().clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
 def all_reduce_mean(t: torch.Tensor, runtime: Runtime) -> torch.Tensor:
     """Mean of a tensor over ranks (identity in a single process)."""
     if runtime.world_size > 1:

@@ -8,19 +8,6 @@ import torch.nn.functional as F
 from gpt.model import GPT
 
 
-def gpt2_tokenizer():
-    """tiktoken's GPT-2 BPE. Offline, point TIKTOKEN_CACHE_DIR at a folder holding its files."""
-    import tiktoken
-
-    try:
-        return tiktoken.get_encoding("gpt2")
-    except Exception as e:  # network errors come in many types
-        raise RuntimeError(
-            f"could not load tiktoken's 'gpt2' encoding ({type(e).__name__}: {e}); offline, set "
-            "TIKTOKEN_CACHE_DIR to a folder with its cached BPE files"
-        ) from None
-
-
 @torch.no_grad()
 def sample(
     model: GPT,

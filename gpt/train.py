@@ -26,7 +26,8 @@ from gpt.config import Config, ConfigError, describe, grad_accum_steps, parse_ar
 from gpt.data import DataError, ShardError, ShardLoader, find_shards
 from gpt.dist import Runtime, all_reduce_mean, init_runtime, resolve_dtype, shutdown
 from gpt.evaluate import val_loss
-from gpt.generate import gpt2_tokenizer, sample
+from gpt.generate import sample
+from gpt.tokenizer import gpt2_tokenizer
 from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_tflops
 from gpt.model import GPT
 from gpt.optim import build_optimizer, lr_at

@@ -26,7 +26,7 @@ def shakespeare_tokens() -> np.ndarray:
     """GPT-2 tokens of tiny shakespeare (uint16), or a skip when the corpus is absent."""
     if not SHAKESPEARE.is_file():
         pytest.skip(f"{SHAKESPEARE} not found: the tiny-shakespeare tests need shared/data")
-    from gpt.generate import gpt2_tokenizer
+    from gpt.tokenizer import gpt2_tokenizer
 
     try:
         enc = gpt2_tokenizer()
