@@ -117,7 +117,32 @@ class TrainConfig:
     sample_prompt: str = _opt("Hello, I'm a language model,", "prompt for the samples")
     sample_tokens: int = _opt(32, "new tokens per sample")
     num_samples: int = _opt(2, "samples generated each time")
-    checkpoint_every: int = _opt(0, "also checkpoint every N steps (0: only at the end)")
+    checkpoint_every: int = _opt(1000, "also checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = _opt(
+        3, "keep the newest N periodic checkpoints (the best by val loss is kept as well)"
+    )
+    resume: str = _opt(
+        "none",
+        "'auto': continue from the newest complete checkpoint in --out-dir (start fresh if "
+        "there is none); a file path: continue from that checkpoint; 'none': start fresh "
+        "(refused if --out-dir already holds checkpoints)",
+    )
+    stop_at_step: int | None = _opt(
+        None, "save a checkpoint and stop after this many steps (e.g. to fit a job time limit)"
+    )
+    max_bad_steps: int = _opt(
+        5, "stop after this many steps in a row with a non-finite loss or gradient (they are skipped)"
+    )
+    parallel: str = _opt(
+        "ddp", "data parallelism under torchrun: ddp, zero1 (sharded optimizer) or fsdp "
+        "(sharded everything, FSDP2)", ("ddp", "zero1", "fsdp"),
+    )
+    activation_checkpointing: bool = _opt(
+        False, "recompute block activations in backward to save memory (any --parallel mode)"
+    )
+    dist_timeout: float = _opt(
+        600.0, "seconds a collective may wait for the other ranks before the job fails"
+    )
     peak_tflops: float | None = _opt(
         None, "the device's bf16 dense peak in TFLOP/s for MFU (default: looked up by name)"
     )
@@ -356,6 +381,14 @@ def validate(cfg: Config) -> None:
     _check(t.max_steps >= 1, f"--max-steps must be >= 1, got {t.max_steps}")
     for name in ("log_every", "val_steps", "sample_tokens", "num_samples"):
         _check(getattr(t, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(t, name)}")
+    _check(t.keep_checkpoints >= 1, f"--keep-checkpoints must be >= 1, got {t.keep_checkpoints}")
+    _check(t.max_bad_steps >= 1, f"--max-bad-steps must be >= 1, got {t.max_bad_steps}")
+    _check(t.dist_timeout > 0, f"--dist-timeout must be > 0 seconds, got {t.dist_timeout}")
+    _check(
+        t.stop_at_step is None or t.stop_at_step >= 1,
+        f"--stop-at-step must be >= 1, got {t.stop_at_step}",
+    )
+    _check(bool(t.resume), "--resume must be 'auto', 'none' or a checkpoint path")
     for name in ("val_every", "sample_every", "checkpoint_every"):
         _check(getattr(t, name) >= 0, f"{flag(name)} must be >= 0 (0 disables), got {getattr(t, name)}")
     _check(

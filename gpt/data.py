@@ -279,6 +279,7 @@ class ShardLoader:
         shuffle: bool = False,
         device: str | torch.device = "cpu",
         vocab_size: int | None = None,
+        max_token: int | None = None,
     ) -> None:
         _check_split(split)
         self._B = _check_int("batch_size", batch_size, 1)
@@ -290,6 +291,9 @@ class ShardLoader:
         self._seed = _check_int("seed", seed, 0)  # SeedSequence needs seed >= 0
         if vocab_size is not None:
             _check_int("vocab_size", vocab_size, 1)
+        # Cheap per-batch check (B*T tokens, on the host) that catches an out-of-vocabulary
+        # id with a clear message instead of an index error deep inside the embedding.
+        self._max_token = None if max_token is None else _check_int("max_token", max_token, 0)
         self._device = self._parse_device(device)
         self._split = split
         self._shuffle = bool(shuffle)
@@ -392,9 +396,21 @@ class ShardLoader:
             base = int(self._offsets[i])
             stop = min(end, int(self._offsets[i + 1]))
             # Only this slice of the memmap is read and widened to int64.
-            out[pos - start : stop - start] = self._tokens(int(self._order[i]))[pos - base : stop - base]
+            shard = int(self._order[i])
+            piece = self._tokens(shard)[pos - base : stop - base]
+            if self._max_token is not None and piece.size and int(piece.max()) > self._max_token:
+                self._bad_token(shard, piece, pos - base)
+            out[pos - start : stop - start] = piece
             pos = stop
             i += 1
+
+    def _bad_token(self, shard: int, piece: np.ndarray, offset: int) -> None:
+        j = int(np.flatnonzero(piece > self._max_token)[0])
+        raise ShardError(
+            f"{self._paths[shard]}: token id {int(piece[j])} at index {offset + j} is beyond "
+            f"the model's vocabulary (largest id {self._max_token}); wrong tokenizer or "
+            f"corrupt shard, {_RECREATE_HINT}"
+        )
 
     # ---- batches
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,10 @@ class Runtime:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    distributed: bool = False  # a process group is up (torchrun), even with one process
+    # A gloo group for small host-side decisions (stop now? skip this step?): its
+    # collectives never wait on the GPU stream, unlike NCCL's.
+    control_group: Any = None
 
     @property
     def is_master(self) -> bool:
@@ -55,17 +60,21 @@ def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device(requested)
 
 
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def init_runtime(requested_device: str = "auto", timeout_s: float = 600.0) -> Runtime:
-    """Single process, or one rank of a torchrun job (RANK/LOCAL_RANK/WORLD_SIZE set).
+    """A plain single process, or one rank of a torchrun job (RANK/LOCAL_RANK/WORLD_SIZE).
 
     Under torchrun each rank drives the GPU of its LOCAL_RANK over NCCL, or the CPU over
-    gloo. The collective timeout is bounded so a dead peer ends the job instead of
-    hanging it forever.
+    gloo. The collective timeout is bounded, so a dead or stuck peer ends the job with an
+    error instead of hanging it forever.
     """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
+    if not under_torchrun():
         return Runtime(device=pick_device(requested_device))
     rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(requested_device, local_rank)
     if device.type == "mps":
@@ -73,18 +82,52 @@ def init_runtime(requested_device: str = "auto", timeout_s: float = 600.0) -> Ru
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-    return Runtime(device=device, rank=rank, local_rank=local_rank, world_size=world_size)
+    timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=backend, timeout=timeout)
+    control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+    return Runtime(device=device, rank=rank, local_rank=local_rank, world_size=world_size,
+                   distributed=True, control_group=control)
 
 
-def shutdown(runtime: Runtime) -> None:
-    if runtime.world_size > 1 and dist.is_initialized():
+def shutdown(runtime: Runtime, clean: bool) -> None:
+    """Tear the process group down. After a clean finish, wait for every rank first (rank 0
+    may still be writing); after an error, do not: the peers may be gone."""
+    if runtime.distributed and dist.is_initialized():
+        if clean:
+            dist.barrier()
         dist.destroy_process_group()
+
+
+def any_rank(flag: bool, runtime: Runtime) -> bool:
+    """True on every rank if `flag` is true on any rank (host-side; no GPU sync)."""
+    if not runtime.distributed:
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=runtime.control_group)
+    return bool(t.item())
+
+
+def gather_objects(obj: Any, runtime: Runtime) -> list[Any]:
+    """Every rank's small picklable `obj`, in rank order (on every rank)."""
+    if not runtime.distributed:
+        return [obj]
+    out: list[Any] = [None] * runtime.world_size
+    dist.all_gather_object(out, obj, group=runtime.control_group)
+    return out
+
+
+def broadcast_object(obj: Any, runtime: Runtime) -> Any:
+    """Rank 0's `obj` on every rank."""
+    if not runtime.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=runtime.control_group)
+    return box[0]
 
 
 def all_reduce_sum(t: torch.Tensor, runtime: Runtime) -> torch.Tensor:
     """Sum of a tensor over ranks, e.g. of correct/total counts (identity in one process)."""
-    if runtime.world_size > 1:
+    if runtime.distributed:
         t = t.detach().clone()
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
@@ -92,7 +135,7 @@ def all_reduce_sum(t: torch.Tensor, runtime: Runtime) -> torch.Tensor:
 
 def all_reduce_mean(t: torch.Tensor, runtime: Runtime) -> torch.Tensor:
     """Mean of a tensor over ranks (identity in a single process)."""
-    if runtime.world_size > 1:
+    if runtime.distributed:
         t = t.detach().clone()
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         t /= runtime.world_size

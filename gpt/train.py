@@ -1,38 +1,84 @@
 """The training loop: accumulate micro-batches, clip, step, log, evaluate, sample, checkpoint.
 
 Run it as `python train_gpt2.py [flags]` (or `gpt2-train`); `--help` lists every flag.
+The same file runs one process or one rank under torchrun.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import platform
 import random
+import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt import checkpoint
-from gpt.config import Config, ConfigError, describe, grad_accum_steps, parse_args, to_dict, to_toml
-from gpt.data import DataError, ShardError, ShardLoader, find_shards
-from gpt.dist import Runtime, all_reduce_mean, init_runtime, resolve_dtype, shutdown
+from gpt import checkpoint, parallel
+from gpt.checkpoint import CheckpointError
+from gpt.config import (Config, ConfigError, describe, from_dict, grad_accum_steps, parse_args,
+                        to_dict, to_toml)
+from gpt.data import DataError, ShardLoader, find_shards
+from gpt.dist import (Runtime, all_reduce_mean, any_rank, broadcast_object, gather_objects,
+                      init_runtime, resolve_dtype, shutdown)
 from gpt.evaluate import val_loss
 from gpt.generate import sample
-from gpt.tokenizer import gpt2_tokenizer
 from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_tflops
 from gpt.model import GPT
-from gpt.optim import build_optimizer, lr_at
+from gpt.optim import lr_at
+from gpt.tokenizer import gpt2_tokenizer
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many non-finite steps in a row."""
+
+
+@dataclass
+class LoopState:
+    """What the loop carries from step to step, and a checkpoint restores."""
+
+    step: int = 0  # optimizer steps completed
+    last_val: float | None = None
+    best_val: float = math.inf
+    best_checkpoint: str | None = None
+    bad_in_row: int = 0
+    skipped: int = 0
+
+
+@dataclass
+class Run:
+    """Everything one training run is made of, built once by build_run()."""
+
+    cfg: Config
+    runtime: Runtime
+    out_dir: Path
+    model: GPT  # the bare model (sharded in place under FSDP)
+    train_model: nn.Module  # what the loop calls: compiled and/or DDP-wrapped
+    optimizer: torch.optim.Optimizer
+    fused: bool
+    scaler: torch.amp.GradScaler
+    autocast_dtype: torch.dtype
+    accum: int
+    compiled: bool
+    train_loader: ShardLoader
+    val_loader: ShardLoader | None
+    tokenizer: Any
+    state: LoopState = field(default_factory=LoopState)
+    resumed_from: Path | None = None
+
+    def say(self, *args: Any) -> None:
+        """Print on rank 0 only."""
+        if self.runtime.is_master:
+            print(*args, flush=True)
 
 
 def seed_everything(seed: int) -> None:
@@ -90,31 +136,53 @@ class StepTimer:
         return per_step
 
 
-def train_step(
+class StopSignal:
+    """SIGTERM/SIGINT set a flag; the loop finishes its step, checkpoints and exits.
+    A second SIGINT interrupts at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignal":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------------------------------
+# one optimizer step
+
+
+def forward_backward(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
+    optimizer: torch.optim.Optimizer,
     loader: ShardLoader,
     accum_steps: int,
-    lr: float,
     grad_clip: float,
     device_type: str,
     autocast_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step over `accum_steps` micro-batches.
+    """Gradients of the mean loss over `accum_steps` micro-batches, unscaled and clipped.
 
-    Returns (mean loss, gradient norm) as device tensors, so the caller decides when to
-    pay for the host sync of reading them.
+    Returns (mean loss of this rank, global gradient norm before clipping) as device
+    tensors, so the caller decides when to pay for reading them.
     """
     optimizer.zero_grad(set_to_none=True)
     loss_sum: torch.Tensor | None = None
     use_autocast = autocast_dtype != torch.float32
-    is_ddp = isinstance(model, DDP)
     for micro in range(accum_steps):
-        if is_ddp:
-            # All-reduce gradients only on the last micro-step; set before the forward,
-            # which is where DDP reads the flag.
-            model.require_backward_grad_sync = micro == accum_steps - 1
+        parallel.set_grad_sync(model, micro == accum_steps - 1)
         x, y = loader.next_batch()
         with torch.autocast(device_type, dtype=autocast_dtype, enabled=use_autocast):
             _, loss = model(x, y)
@@ -126,187 +194,408 @@ def train_step(
     scaler.unscale_(optimizer)  # no-op unless fp16; clipping must see the true gradients
     max_norm = grad_clip if grad_clip > 0 else math.inf
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    assert loss_sum is not None  # accum_steps >= 1
+    return loss_sum, parallel.full_tensor(norm)
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
-    scaler.step(optimizer)
+    scaler.step(optimizer)  # skips the update itself if fp16 gradients overflowed
     scaler.update()
-    assert loss_sum is not None  # accum_steps >= 1
-    return loss_sum, norm
 
 
-def log_samples(model: GPT, tokenizer: Any, cfg: Config, step: int, runtime: Runtime,
-                autocast_dtype: torch.dtype, log: MetricsLog) -> None:
-    gen = torch.Generator().manual_seed(cfg.train.seed + step)
-    ids = sample(
-        model,
-        tokenizer.encode_ordinary(cfg.train.sample_prompt),
-        max_new_tokens=cfg.train.sample_tokens,
-        num_samples=cfg.train.num_samples,
-        top_k=50,
-        valid_vocab=tokenizer.n_vocab,
-        generator=gen,
-        autocast_dtype=autocast_dtype,
-    )
-    texts = [tokenizer.decode(row.tolist()) for row in ids]
-    for i, text in enumerate(texts):
-        print(f"sample {i}: {text!r}")
-    log.write({"type": "sample", "step": step, "samples": texts})
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    loader: ShardLoader,
+    accum_steps: int,
+    lr: float,
+    grad_clip: float,
+    device_type: str,
+    autocast_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """forward_backward then the optimizer update, unconditionally (no non-finite guard)."""
+    loss, norm = forward_backward(model, scaler, optimizer, loader, accum_steps, grad_clip,
+                                  device_type, autocast_dtype)
+    optimizer_step(optimizer, scaler, lr)
+    return loss, norm
 
 
-def save_checkpoint(out_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    scaler: torch.amp.GradScaler, loader: ShardLoader, cfg: Config, step: int,
-                    last_val: float | None) -> Path:
-    state = {
-        "model": checkpoint.clean_state_dict(model),
-        "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict(),
-        "loader": loader.state_dict(),
-        "config": to_dict(cfg),
-        "step": step,  # optimizer steps completed
-        "val_loss": last_val,
-    }
-    return checkpoint.save_atomic(state, out_dir / f"ckpt_{step:06d}.pt")
+# ---------------------------------------------------------------------------------------
+# building a run, resuming, checkpointing
 
 
-def train(cfg: Config) -> dict[str, Any]:
-    """Run training as configured (one process, or one rank under torchrun)."""
-    runtime = init_runtime(cfg.train.device)
-    try:
-        return _train(cfg, runtime)
-    finally:
-        shutdown(runtime)
+def resolve_resume(cfg: Config, out_dir: Path) -> tuple[Path | None, list[str]]:
+    """Which checkpoint to start from (rank 0 decides): (path or None, warnings)."""
+    resume = cfg.train.resume
+    existing = checkpoint.list_checkpoints(out_dir)
+    if resume == "none":
+        if existing:
+            raise ConfigError(
+                f"--out-dir {out_dir} already holds checkpoints ({existing[-1][1].name} is the "
+                f"newest); continue it with --resume auto, or pick a new --out-dir"
+            )
+        return None, []
+    if resume == "auto":
+        path, warnings = checkpoint.find_latest(out_dir)
+        if path is None and existing:
+            raise CheckpointError(
+                f"--resume auto: no checkpoint in {out_dir} could be read: "
+                + "; ".join(warnings)
+            )
+        return path, warnings
+    path = Path(resume)
+    checkpoint.load(path)  # raises a clear CheckpointError if it is missing or damaged
+    return path, []
 
 
-def _train(cfg: Config, runtime: Runtime) -> dict[str, Any]:
+def check_resume_config(ckpt: dict[str, Any], cfg: Config, path: Path) -> list[str]:
+    """Refuse a checkpoint of another model; return notes on other settings that changed."""
+    saved = ckpt["config"]
+    diffs = checkpoint.model_differences(saved.get("model", {}), to_dict(cfg)["model"])
+    if diffs:
+        raise CheckpointError(
+            f"{path}: the checkpoint's model differs from this config: " + "; ".join(diffs)
+        )
+    notes = []
+    current = to_dict(cfg)
+    for section in ("data", "optim", "train"):
+        for key, value in current[section].items():
+            old = saved.get(section, {}).get(key)
+            if old != value and key not in ("resume",):
+                notes.append(f"{key}: {old!r} -> {value!r}")
+    return notes
+
+
+def build_run(cfg: Config, runtime: Runtime) -> Run:
     d, t = cfg.data, cfg.train
-    master = runtime.is_master
-    say = print if master else (lambda *a, **k: None)  # only rank 0 talks and writes
+    parallel.check_mode(t.parallel, runtime)
     accum = grad_accum_steps(d.total_batch_tokens, d.batch_size, d.seq_len, runtime.world_size)
     autocast_dtype = resolve_dtype(t.dtype, runtime.device)
-    out_dir = prepare_out_dir(t.out_dir) if master else Path(t.out_dir)
+    out_dir = prepare_out_dir(t.out_dir) if runtime.is_master else Path(t.out_dir)
+
+    # Rank 0 decides where to start; every rank then reads that file (the run folder is
+    # on storage every node sees, as multi-node training needs anyway).
+    decision: tuple[str | None, list[str], str | None] = (None, [], None)
+    if runtime.is_master:
+        try:
+            path, warnings = resolve_resume(cfg, out_dir)
+            decision = (str(path) if path else None, warnings, None)
+        except (ConfigError, CheckpointError) as e:
+            decision = (None, [], f"{type(e).__name__}:{e}")
+    resume_path, warnings, error = broadcast_object(decision, runtime)
+    if error:
+        kind, message = error.split(":", 1)
+        raise (ConfigError if kind == "ConfigError" else CheckpointError)(message)
+    for w in warnings:
+        if runtime.is_master:
+            print(f"warning: {w}", file=sys.stderr)
+    ckpt = checkpoint.load(resume_path) if resume_path else None
+
     seed_everything(t.seed)
     set_matmul_precision(runtime, t.tf32)
-
     vocab_check = cfg.model.vocab_size if d.check_tokens else None
     train_loader = ShardLoader(d.data_dir, "train", d.batch_size, d.seq_len,
                                rank=runtime.rank, world_size=runtime.world_size, seed=t.seed,
-                               shuffle=d.shuffle, device=runtime.device, vocab_size=vocab_check)
+                               shuffle=d.shuffle, device=runtime.device, vocab_size=vocab_check,
+                               max_token=cfg.model.vocab_size - 1)
     val_loader = None
     if t.val_every > 0:
         try:
             find_shards(d.data_dir, "val")
         except DataError:
-            say(f"note: {d.data_dir} has no val_* shards; validation is off")
+            if runtime.is_master:
+                print(f"note: {d.data_dir} has no val_* shards; validation is off")
         else:
             val_loader = ShardLoader(d.data_dir, "val", d.batch_size, d.seq_len,
                                      rank=runtime.rank, world_size=runtime.world_size,
-                                     seed=t.seed, device=runtime.device, vocab_size=vocab_check)
-    tokenizer = gpt2_tokenizer() if t.sample_every > 0 and master else None
+                                     seed=t.seed, device=runtime.device, vocab_size=vocab_check,
+                                     max_token=cfg.model.vocab_size - 1)
+    # Under FSDP the forward pass is a collective, so every rank samples (the same text);
+    # otherwise rank 0 samples alone.
+    samples_here = runtime.is_master or t.parallel == "fsdp"
+    tokenizer = gpt2_tokenizer() if t.sample_every > 0 and samples_here else None
 
-    model = GPT(cfg.model).to(runtime.device)
-    use_compile = t.compile if t.compile is not None else runtime.device_type == "cuda"
-    train_model: nn.Module = torch.compile(model) if use_compile else model
-    if runtime.world_size > 1:
-        device_ids = [runtime.local_rank] if runtime.device_type == "cuda" else None
-        train_model = DDP(train_model, device_ids=device_ids)
-    optimizer, fused = build_optimizer(model, cfg.optim, runtime.device)
+    model = GPT(cfg.model)
+    notes: list[str] = []
+    if ckpt is not None:
+        assert resume_path is not None
+        notes = check_resume_config(ckpt, cfg, Path(resume_path))
+        model.load_state_dict(ckpt["model"])  # before any sharding: every rank has it all
+    model.to(runtime.device)
+    if t.activation_checkpointing:
+        parallel.apply_activation_checkpointing(model)
+    compiled = t.compile if t.compile is not None else runtime.device_type == "cuda"
+    train_model = parallel.wrap_model(model, t.parallel, runtime, compiled)
+    optimizer, fused = parallel.make_optimizer(model, t.parallel, cfg.optim, runtime)
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=autocast_dtype == torch.float16)
 
-    n_params = model.num_params()
-    flops_tok = flops_per_token(cfg.model, d.seq_len)
-    device_name = (torch.cuda.get_device_name(runtime.device) if runtime.device_type == "cuda"
-                   else platform.processor() or runtime.device_type)
-    peak = t.peak_tflops or peak_tflops(device_name)
+    run = Run(cfg=cfg, runtime=runtime, out_dir=out_dir, model=model, train_model=train_model,
+              optimizer=optimizer, fused=fused, scaler=scaler, autocast_dtype=autocast_dtype,
+              accum=accum, compiled=compiled, train_loader=train_loader, val_loader=val_loader,
+              tokenizer=tokenizer)
+    if ckpt is not None:
+        restore(run, ckpt)
+        run.resumed_from = Path(resume_path) if resume_path else None
+        run.say(f"resumed from {resume_path} at step {run.state.step}")
+        for note in notes:
+            run.say(f"note: setting changed since the checkpoint: {note}")
+    return run
 
-    say(describe(cfg))
-    say(
-        f"device {runtime.device} ({device_name}) x {runtime.world_size} | precision "
-        f"{DTYPE_NAMES[autocast_dtype]}{' + tf32' if t.tf32 and runtime.device_type == 'cuda' else ''}"
-        f" | compile {use_compile} | fused AdamW {fused} | params {n_params:,} | grad accum "
-        f"{accum} x {d.batch_size} x {d.seq_len} tokens | train tokens {train_loader.num_tokens:,}"
+
+def restore(run: Run, ckpt: dict[str, Any]) -> None:
+    """Load optimizer, scaler, loader, RNG and loop state (the model is already loaded)."""
+    parallel.load_optimizer_state(run.model, run.optimizer, ckpt["optimizer"])
+    if ckpt.get("scaler"):
+        run.scaler.load_state_dict(ckpt["scaler"])
+    rt = run.runtime
+    loaders = ckpt["loader"]
+    same_world = len(loaders) == rt.world_size
+    # In lockstep every rank is at the same position; a new world size re-splits it
+    # (the loader checks that the split is exact, or refuses).
+    try:
+        run.train_loader.load_state_dict(loaders[rt.rank] if same_world else loaders[0])
+    except ValueError as e:
+        raise CheckpointError(f"cannot continue the data where the checkpoint left it: {e}") from None
+    rngs = ckpt.get("rng") or []
+    if rngs:
+        checkpoint.set_rng_state(rngs[rt.rank] if len(rngs) == rt.world_size else rngs[0])
+    s = run.state
+    s.step = int(ckpt["step"])
+    s.last_val = ckpt.get("val_loss")
+    best = ckpt.get("best_val_loss")
+    s.best_val = math.inf if best is None else float(best)
+    s.best_checkpoint = ckpt.get("best_checkpoint")
+    s.skipped = int(ckpt.get("skipped_steps", 0))
+
+
+def save_checkpoint(run: Run) -> Path:
+    """Write a checkpoint of the current step (a collective: every rank calls it)."""
+    rt, s = run.runtime, run.state
+    model_sd = parallel.model_state(run.model)
+    optim_sd = parallel.optimizer_state(run.model, run.optimizer, rt)
+    loaders = gather_objects(run.train_loader.state_dict(), rt)
+    rngs = gather_objects(checkpoint.rng_state(), rt)
+    path = checkpoint.checkpoint_path(run.out_dir, s.step)
+    error = None
+    if rt.is_master:
+        is_best = s.last_val is not None and s.last_val < s.best_val
+        state = {
+            "model": model_sd, "optimizer": optim_sd, "scaler": run.scaler.state_dict(),
+            "loader": loaders, "rng": rngs, "config": to_dict(run.cfg), "step": s.step,
+            "val_loss": s.last_val,
+            "best_val_loss": s.last_val if is_best else (None if math.isinf(s.best_val) else s.best_val),
+            "best_checkpoint": path.name if is_best else s.best_checkpoint,
+            "skipped_steps": s.skipped,
+        }
+        try:
+            checkpoint.save_atomic(state, path)
+        except CheckpointError as e:
+            error = str(e)
+        else:
+            if is_best:
+                s.best_val, s.best_checkpoint = s.last_val, path.name  # type: ignore[assignment]
+            protect = {s.best_checkpoint} if s.best_checkpoint else set()
+            checkpoint.rotate(run.out_dir, run.cfg.train.keep_checkpoints, protect)
+    # Every rank learns whether rank 0's write worked, so all fail together if not.
+    error = broadcast_object(error, rt)
+    if error:
+        raise CheckpointError(error)
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# the loop
+
+
+def log_samples(run: Run, log: MetricsLog | None) -> None:
+    cfg, tok = run.cfg, run.tokenizer
+    gen = torch.Generator().manual_seed(cfg.train.seed + run.state.step)
+    ids = sample(
+        run.model,
+        tok.encode_ordinary(cfg.train.sample_prompt),
+        max_new_tokens=cfg.train.sample_tokens,
+        num_samples=cfg.train.num_samples,
+        top_k=50,
+        valid_vocab=tok.n_vocab,
+        generator=gen,
+        autocast_dtype=run.autocast_dtype,
+    )
+    texts = [tok.decode(row.tolist()) for row in ids]
+    for i, text in enumerate(texts):
+        run.say(f"sample {i}: {text!r}")
+    if log:
+        log.write({"type": "sample", "step": run.state.step, "samples": texts})
+
+
+def banner(run: Run, device_name: str, flops_tok: float, peak: float | None) -> dict[str, Any]:
+    cfg, rt, d = run.cfg, run.runtime, run.cfg.data
+    run.say(describe(cfg))
+    run.say(
+        f"device {rt.device} ({device_name}) x {rt.world_size} | parallel {cfg.train.parallel}"
+        f" | precision {DTYPE_NAMES[run.autocast_dtype]}"
+        f"{' + tf32' if cfg.train.tf32 and rt.device_type == 'cuda' else ''}"
+        f" | compile {run.compiled} | fused AdamW {run.fused} | params {run.model.num_params():,}"
+        f" | grad accum {run.accum} x {d.batch_size} x {d.seq_len} tokens"
+        f" | train tokens {run.train_loader.num_tokens:,}"
     )
     if peak is None:
-        say("note: peak FLOP/s of this device unknown; MFU not reported (set --peak-tflops)")
-    log = None
-    if master:
-        (out_dir / "config.toml").write_text(to_toml(cfg))
-        log = MetricsLog(out_dir / "metrics.jsonl")
-        log.write({
-            "type": "run", "config": to_dict(cfg), "device": str(runtime.device),
-            "device_name": device_name, "world_size": runtime.world_size,
-            "torch": torch.__version__, "dtype": DTYPE_NAMES[autocast_dtype],
-            "compile": use_compile, "fused_adamw": fused, "params": n_params,
-            "grad_accum": accum, "flops_per_token": flops_tok, "peak_tflops": peak,
-            "time": time.time(),
-        })
+        run.say("note: peak FLOP/s of this device unknown; MFU not reported (set --peak-tflops)")
+    return {
+        "type": "run", "config": to_dict(cfg), "device": str(rt.device),
+        "device_name": device_name, "world_size": rt.world_size, "torch": torch.__version__,
+        "dtype": DTYPE_NAMES[run.autocast_dtype], "compile": run.compiled,
+        "fused_adamw": run.fused, "params": run.model.num_params(), "grad_accum": run.accum,
+        "flops_per_token": flops_tok, "peak_tflops": peak, "start_step": run.state.step,
+        "resumed_from": str(run.resumed_from) if run.resumed_from else None, "time": time.time(),
+    }
 
-    timer = StepTimer(runtime)
-    last_val: float | None = None
-    last_loss: float | None = None
+
+def run_loop(run: Run) -> dict[str, Any]:
+    cfg, rt, s = run.cfg, run.runtime, run.state
+    t, d = cfg.train, cfg.data
+    flops_tok = flops_per_token(cfg.model, d.seq_len)
+    device_name = (torch.cuda.get_device_name(rt.device) if rt.device_type == "cuda"
+                   else platform.processor() or rt.device_type)
+    peak = t.peak_tflops or peak_tflops(device_name)
+    header = banner(run, device_name, flops_tok, peak)
+    log: MetricsLog | None = None
+    if rt.is_master:
+        (run.out_dir / "config.toml").write_text(to_toml(cfg))
+        log = MetricsLog(run.out_dir / "metrics.jsonl")  # appended to, also on resume
+        log.write(header)
+
+    end = min(t.max_steps, t.stop_at_step) if t.stop_at_step else t.max_steps
+    start = s.step
+    timer = StepTimer(rt)
     ckpt_path: Path | None = None
-    with contextlib.closing(log) if log else contextlib.nullcontext():
-        timer.reset()
-        for step in range(t.max_steps):
-            last_step = step == t.max_steps - 1
-            if val_loader is not None and (step % t.val_every == 0 or last_step):
-                # Every rank scores its own disjoint slice; the mean is over all of them.
-                last_val = all_reduce_mean(
-                    val_loss(train_model, val_loader, t.val_steps, runtime.device_type,
-                             autocast_dtype), runtime).item()
-                say(f"step {step:6d} | val loss {last_val:.4f}")
-                if log:
-                    log.write({"type": "val", "step": step, "val_loss": last_val})
-                timer.reset()  # evaluation time is not training time
-            if tokenizer is not None and log and step > 0 and (step % t.sample_every == 0 or last_step):
-                log_samples(model, tokenizer, cfg, step, runtime, autocast_dtype, log)
-                timer.reset()
+    last_loss: float | None = None
+    stopped_by: int | None = None
+    try:
+        with StopSignal() as stop:
+            timer.reset()
+            while True:
+                at_end = s.step >= end
+                if run.val_loader is not None and (s.step % t.val_every == 0 or at_end):
+                    # Every rank scores its own disjoint slice; the mean is over all of them.
+                    s.last_val = all_reduce_mean(
+                        val_loss(run.train_model, run.val_loader, t.val_steps, rt.device_type,
+                                 run.autocast_dtype), rt).item()
+                    run.say(f"step {s.step:6d} | val loss {s.last_val:.4f}")
+                    if log:
+                        log.write({"type": "val", "step": s.step, "val_loss": s.last_val})
+                    timer.reset()  # evaluation time is not training time
+                periodic = t.checkpoint_every and s.step % t.checkpoint_every == 0
+                if s.step > start and (at_end or periodic):
+                    ckpt_path = save_checkpoint(run)
+                    run.say(f"saved checkpoint {ckpt_path}")
+                    if log:
+                        log.write({"type": "checkpoint", "step": s.step, "path": str(ckpt_path)})
+                    timer.reset()
+                if run.tokenizer is not None and s.step > start and (
+                        s.step % t.sample_every == 0 or at_end):
+                    log_samples(run, log)
+                    timer.reset()
+                if at_end:
+                    break
 
-            lr = lr_at(step, cfg.optim.max_lr, cfg.optim.min_lr_ratio,
-                       cfg.optim.warmup_steps, t.max_steps)
-            loss, norm = train_step(train_model, optimizer, scaler, train_loader, accum, lr,
-                                    cfg.optim.grad_clip, runtime.device_type, autocast_dtype)
-            timer.steps += 1
+                step = s.step
+                lr = lr_at(step, cfg.optim.max_lr, cfg.optim.min_lr_ratio,
+                           cfg.optim.warmup_steps, t.max_steps)
+                loss, norm = forward_backward(run.train_model, run.scaler, run.optimizer,
+                                              run.train_loader, run.accum, cfg.optim.grad_clip,
+                                              rt.device_type, run.autocast_dtype)
+                if not run.scaler.is_enabled() and not math.isfinite(norm.item()):
+                    # The norm is global (gradients are reduced), so every rank agrees.
+                    skip_step(run, step, log)
+                else:
+                    optimizer_step(run.optimizer, run.scaler, lr)
+                    s.bad_in_row = 0
+                s.step += 1
+                timer.steps += 1
 
-            if step % t.log_every == 0 or last_step:
-                loss = all_reduce_mean(loss, runtime)  # every rank joins, only on log steps
-                sec = timer.lap()
-                last_loss = loss.item()
-                tok_s = d.total_batch_tokens / sec
-                util = mfu(tok_s / runtime.world_size, flops_tok, peak)  # per-device MFU
-                say(
-                    f"step {step:6d} | loss {last_loss:.6f} | lr {lr:.4e} | norm {norm.item():.4f} | "
-                    f"{sec * 1000:.1f} ms | {tok_s:,.0f} tok/s"
-                    + (f" | MFU {util * 100:.1f}%" if util is not None else "")
-                )
-                if log:
-                    log.write({"type": "train", "step": step, "loss": last_loss, "lr": lr,
-                               "grad_norm": norm.item(), "ms": sec * 1000,
-                               "tokens_per_s": tok_s, "mfu": util})
+                if step % t.log_every == 0 or s.step == end:
+                    loss = all_reduce_mean(loss, rt)  # every rank joins, only on log steps
+                    sec = timer.lap()
+                    last_loss = loss.item()
+                    tok_s = d.total_batch_tokens / sec
+                    util = mfu(tok_s / rt.world_size, flops_tok, peak)  # per-device MFU
+                    run.say(
+                        f"step {step:6d} | loss {last_loss:.6f} | lr {lr:.4e} | norm "
+                        f"{norm.item():.4f} | {sec * 1000:.1f} ms | {tok_s:,.0f} tok/s"
+                        + (f" | MFU {util * 100:.1f}%" if util is not None else "")
+                    )
+                    if log:
+                        log.write({"type": "train", "step": step, "loss": last_loss, "lr": lr,
+                                   "grad_norm": norm.item(), "ms": sec * 1000,
+                                   "tokens_per_s": tok_s, "mfu": util})
 
-            done = step + 1
-            if master and (last_step or (t.checkpoint_every and done % t.checkpoint_every == 0)):
-                ckpt_path = save_checkpoint(out_dir, model, optimizer, scaler, train_loader,
-                                            cfg, done, last_val)
-                say(f"saved checkpoint {ckpt_path}")
-                if log:
-                    log.write({"type": "checkpoint", "step": done, "path": str(ckpt_path)})
-                timer.reset()
-    return {"loss": last_loss, "val_loss": last_val, "checkpoint": ckpt_path, "steps": t.max_steps}
+                if any_rank(stop.signum is not None, rt):  # all ranks stop at the same step
+                    stopped_by = stop.signum or signal.SIGTERM
+                    ckpt_path = save_checkpoint(run)
+                    name = signal.Signals(stopped_by).name
+                    run.say(f"{name} received: saved checkpoint {ckpt_path} at step {s.step}; "
+                            f"continue with --resume auto")
+                    if log:
+                        log.write({"type": "checkpoint", "step": s.step, "path": str(ckpt_path),
+                                   "reason": name})
+                    break
+    finally:
+        if log:
+            log.close()
+    return {"loss": last_loss, "val_loss": s.last_val, "checkpoint": ckpt_path,
+            "steps": s.step, "skipped": s.skipped, "stopped_by": stopped_by}
+
+
+def skip_step(run: Run, step: int, log: MetricsLog | None) -> None:
+    """Drop a step whose loss or gradients are not finite; stop after too many in a row."""
+    s = run.state
+    run.optimizer.zero_grad(set_to_none=True)
+    s.bad_in_row += 1
+    s.skipped += 1
+    run.say(f"step {step:6d} | non-finite loss or gradient: step skipped "
+            f"({s.bad_in_row} in a row, {s.skipped} in all)")
+    if log:
+        log.write({"type": "skipped", "step": step, "in_a_row": s.bad_in_row, "total": s.skipped})
+    if s.bad_in_row >= run.cfg.train.max_bad_steps:
+        newest = checkpoint.list_checkpoints(run.out_dir)
+        last = f"the last good checkpoint is {newest[-1][1]}" if newest else "no checkpoint was written"
+        raise TrainingDiverged(
+            f"{s.bad_in_row} steps in a row had a non-finite loss or gradient (step {step}); "
+            f"stopping. {last}. Lower --max-lr or check the data, then --resume auto"
+        )
+
+
+def train(cfg: Config) -> dict[str, Any]:
+    """Run training as configured (one process, or one rank under torchrun)."""
+    runtime = init_runtime(cfg.train.device, cfg.train.dist_timeout)
+    clean = False
+    try:
+        result = run_loop(build_run(cfg, runtime))
+        clean = True
+        return result
+    finally:
+        shutdown(runtime, clean)
 
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)  # exits with status 2 and a message on a bad flag or value
+    prefix = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
     try:
-        train(cfg)
+        result = train(cfg)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{prefix}error: {e}", file=sys.stderr)
         return 2
-    except (DataError, ShardError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (DataError, CheckpointError, TrainingDiverged) as e:
+        print(f"{prefix}error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"{prefix}interrupted", file=sys.stderr)
         return 130
+    if result["stopped_by"] is not None:
+        return 128 + int(result["stopped_by"])  # the conventional status of that signal
     return 0
 
 

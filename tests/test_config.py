@@ -94,7 +94,7 @@ def test_help_lists_every_field(capsys: pytest.CaptureFixture[str]) -> None:
             assert expected in out, f"{expected} missing from --help"
             n += 1
     assert list(SECTIONS.values()) == [ModelConfig, DataConfig, OptimConfig, TrainConfig]
-    assert n == 37
+    assert n >= 37  # the fields of the first version, at least
     # bool fields get a --no-X form too
     assert "--no-tf32" in out and "--no-compile" in out and "--no-shuffle" in out
 

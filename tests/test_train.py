@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,23 +17,7 @@ from gpt.model import GPT
 from gpt.optim import build_optimizer
 from gpt.train import train_step
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def run_cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(REPO / "train_gpt2.py"), *args],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout,
-    )
-
-
-def read_metrics(out: Path, kind: str | None = None) -> list[dict]:
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if kind is None or r["type"] == kind]
-
-
-TINY = ["--model", "tiny", "--block-size", "32", "--seq-len", "32", "--batch-size", "4",
-        "--total-batch-tokens", "256", "--warmup-steps", "2", "--max-lr", "3e-3"]
+from clitools import TINY, read_metrics, run_cli, run_torchrun
 
 
 def grads_after_step(data: Path, batch_size: int, accum: int) -> dict[str, torch.Tensor]:
@@ -198,23 +179,3 @@ def test_cli_rejects_unknown_flag_and_bad_value() -> None:
     assert proc.returncode == 2 and "--max-steps" in proc.stderr  # suggestion
     proc = run_cli("--seq-len", "2048")
     assert proc.returncode == 2 and "--seq-len 2048 exceeds the model's --block-size 1024" in proc.stderr
-
-
-@pytest.mark.slow
-def test_torchrun_two_cpu_ranks_match_one_process(random_data_dir: Path, tmp_path: Path) -> None:
-    """DDP over gloo with the same global batch reproduces the single-process losses."""
-    args = [*TINY, "--total-batch-tokens", "512", "--data-dir", str(random_data_dir),
-            "--max-steps", "3", "--val-every", "0", "--sample-every", "0", "--device", "cpu"]
-    single = run_cli(*args, "--out-dir", str(tmp_path / "one"))
-    assert single.returncode == 0, single.stderr
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(REPO / "train_gpt2.py"), *args, "--out-dir", str(tmp_path / "two")],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    one, two = (read_metrics(tmp_path / run, "train") for run in ("one", "two"))
-    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)
-    assert "x 2 |" in proc.stdout  # one rank's banner: world size 2
-    assert proc.stdout.count("saved checkpoint") == 1  # rank 0 alone writes

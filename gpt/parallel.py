@@ -1,0 +1,162 @@
+"""Data parallelism: DDP, FSDP2 (fully_shard per block) and ZeRO-1, plus activation
+checkpointing, and the mode-independent full state dicts that checkpoints hold.
+
+Modes (`--parallel`):
+- ddp:   every rank holds the whole model and optimizer; gradients are all-reduced once
+         per optimizer step. With one process it is plain single-device training.
+- zero1: DDP for the model, with the AdamW state sharded across ranks
+         (ZeroRedundancyOptimizer): about 2/3 less optimizer memory per GPU.
+- fsdp:  parameters, gradients and optimizer state sharded (FSDP2, one unit per
+         transformer block), for models whose replicas do not fit, e.g. gpt2-xl.
+
+Checkpoints store the full (unsharded) model and optimizer state keyed by parameter
+name, so a checkpoint written under one mode or world size loads under another.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.checkpoint import checkpoint
+
+from gpt.config import ConfigError, OptimConfig
+from gpt.dist import Runtime
+from gpt.model import GPT
+from gpt.optim import build_optimizer, param_groups
+
+MODES = ("ddp", "fsdp", "zero1")
+
+
+def check_mode(mode: str, runtime: Runtime) -> None:
+    if mode not in MODES:
+        raise ConfigError(f"--parallel {mode!r}: choose one of {', '.join(MODES)}")
+    if mode != "ddp" and not runtime.distributed:
+        raise ConfigError(
+            f"--parallel {mode} needs a process group: start with torchrun "
+            f"(e.g. torchrun --standalone --nproc_per_node=N train_gpt2.py --parallel {mode})"
+        )
+
+
+def apply_activation_checkpointing(model: GPT) -> None:
+    """Recompute each block's activations in the backward pass instead of storing them:
+    roughly one extra forward of compute for most of the activation memory."""
+    for block in model.transformer.h:
+        forward = block.forward
+        # An instance attribute shadows the method, so module hooks (FSDP's) still run
+        # around __call__ and the parameter names do not change.
+        block.forward = lambda x, _f=forward: checkpoint(_f, x, use_reentrant=False)
+
+
+def wrap_model(model: GPT, mode: str, runtime: Runtime, compile_model: bool) -> nn.Module:
+    """The module the training loop calls: compiled and/or wrapped for the mode."""
+    if mode == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        # Parameters stay fp32 (the optimizer's master copy); autocast in the loop does
+        # the bf16 compute, as in the other modes, so all three train the same numbers.
+        policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
+        for block in model.transformer.h:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        return torch.compile(model) if compile_model else model
+    wrapped: nn.Module = torch.compile(model) if compile_model else model
+    if runtime.distributed and runtime.world_size > 1:
+        device_ids = [runtime.local_rank] if runtime.device_type == "cuda" else None
+        wrapped = DDP(wrapped, device_ids=device_ids)
+    return wrapped
+
+
+def make_optimizer(model: GPT, mode: str, cfg: OptimConfig, runtime: Runtime) -> tuple[torch.optim.Optimizer, bool]:
+    """AdamW for the mode. Build it after wrap_model: under FSDP the parameters it must
+    see are the sharded ones."""
+    if mode != "zero1":
+        return build_optimizer(model, cfg, runtime.device)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    fused = runtime.device_type in ("cuda", "cpu") if cfg.fused is None else cfg.fused
+    opt = ZeroRedundancyOptimizer(
+        param_groups(model, cfg.weight_decay),
+        optimizer_class=torch.optim.AdamW,
+        lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused,
+    )
+    return opt, fused
+
+
+def set_grad_sync(model: nn.Module, enabled: bool) -> None:
+    """Whether the coming backward pass reduces gradients across ranks. Skipping it on
+    all but the last accumulation micro-step saves (k-1)/k of the communication. DDP reads
+    the flag in its forward, so set it before the forward."""
+    if isinstance(model, DDP):
+        model.require_backward_grad_sync = enabled
+    else:
+        inner = getattr(model, "_orig_mod", model)  # torch.compile wrapper
+        if hasattr(inner, "set_requires_gradient_sync"):  # FSDP2 root module
+            inner.set_requires_gradient_sync(enabled)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP) gathered into a plain tensor; plain tensors pass through."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+# ---- checkpoint state: full, keyed by parameter name, on rank 0
+
+
+def _full_options() -> StateDictOptions:
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full model state on rank 0 (collective under FSDP: every rank must call)."""
+    return get_model_state_dict(model, options=_full_options())
+
+
+def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, runtime: Runtime) -> dict[str, Any]:
+    """Full optimizer state keyed by parameter name, on rank 0 (every rank must call)."""
+    if type(optimizer).__name__ == "ZeroRedundancyOptimizer":
+        optimizer.consolidate_state_dict(to=0)  # type: ignore[attr-defined]
+        if not runtime.is_master:
+            return {}
+        return _index_to_names(optimizer.state_dict(), model)
+    return get_optimizer_state_dict(model, optimizer, options=_full_options())
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a full, name-keyed optimizer state (every rank passes the whole state)."""
+    if type(optimizer).__name__ == "ZeroRedundancyOptimizer":
+        optimizer.load_state_dict(_names_to_index(state, model))
+        return
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _param_names(model: nn.Module) -> list[str]:
+    """Parameter names in the order param_groups() lists them (decay group first)."""
+    names = {id(p): n for n, p in getattr(model, "_orig_mod", model).named_parameters()}
+    return [names[id(p)] for g in param_groups(model, 0.0) for p in g["params"]]
+
+
+def _index_to_names(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    names = _param_names(model)
+    groups = [dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]]
+    return {"state": {names[i]: s for i, s in state["state"].items()}, "param_groups": groups}
+
+
+def _names_to_index(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    index = {n: i for i, n in enumerate(_param_names(model))}
+    groups = [dict(g, params=[index[n] for n in g["params"]]) for g in state["param_groups"]]
+    return {"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups}
+
+
+def barrier(runtime: Runtime) -> None:
+    if runtime.distributed:
+        dist.barrier()
