@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -59,12 +60,22 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         atomic_write(path, lambda fh: torch.save(obj, fh))
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
+        # torch.save reports a failed write (disk full, quota, file-size limit) as a
+        # RuntimeError from its zip writer, so both kinds land here.
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip()
         raise CheckpointError(
-            f"{path}: could not write the checkpoint ({e.strerror or e}); earlier "
-            f"checkpoints in {path.parent} are untouched"
+            f"{path}: could not write the checkpoint ({reason}; {_free_space(path.parent)}); "
+            f"earlier checkpoints in {path.parent} are untouched"
         ) from None
     return path
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**30:.1f} GiB free there"
+    except OSError:
+        return "free space unknown"
 
 
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -1,0 +1,346 @@
+"""Reliability: exact resume, preemption, elastic restart, the non-finite guard,
+checkpoint rotation, and bad input that must not lose anything already written."""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from clitools import (QUIET, REPO, TINY, kill_tree, read_metrics, run_cli, run_torchrun,
+                      torchrun_cmd, wait_for)
+from gpt import checkpoint
+from gpt.checkpoint import CheckpointError, load
+from gpt.config import parse_args
+from gpt.data import write_shard
+
+ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "6"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(2)
+    write_shard(out / "train_000000.bin", rng.integers(0, 50257, 9_000))
+    write_shard(out / "train_000001.bin", rng.integers(0, 50257, 9_000))
+    write_shard(out / "val_000000.bin", rng.integers(0, 50257, 3_000))
+    return out
+
+
+def losses(out: Path) -> dict[int, float]:
+    """step -> loss; on a resumed run the later record of a step wins."""
+    return {r["step"]: r["loss"] for r in read_metrics(out, "train")}
+
+
+def assert_same_model(a: Path, b: Path) -> None:
+    ma, mb = load(a)["model"], load(b)["model"]
+    assert ma.keys() == mb.keys()
+    for k in ma:
+        assert torch.equal(ma[k], mb[k]), k
+
+
+# ---------------------------------------------------------------------------------------
+# exact resume
+
+
+@pytest.mark.slow
+def test_stop_and_resume_is_bitwise_identical(data_dir: Path, tmp_path: Path) -> None:
+    args = [*ARGS, "--data-dir", str(data_dir), "--val-every", "2", "--val-steps", "2"]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert run_cli(*args, "--out-dir", str(whole)).returncode == 0
+    first = run_cli(*args, "--out-dir", str(split), "--stop-at-step", "3")
+    assert first.returncode == 0, first.stderr
+    second = run_cli(*args, "--out-dir", str(split), "--resume", "auto")
+    assert second.returncode == 0, second.stderr
+    assert "resumed from" in second.stdout and "at step 3" in second.stdout
+
+    assert losses(split) == losses(whole)  # bitwise: fp32 on CPU, same order of operations
+    assert_same_model(whole / "ckpt_000006.pt", split / "ckpt_000006.pt")
+    vals = {r["step"]: r["val_loss"] for r in read_metrics(split, "val")}
+    assert vals[6] == {r["step"]: r["val_loss"] for r in read_metrics(whole, "val")}[6]
+    # The log was appended to: two run headers, and the steps continue after 3.
+    runs = read_metrics(split, "run")
+    assert len(runs) == 2 and runs[1]["start_step"] == 3 and runs[1]["resumed_from"]
+    assert [r["step"] for r in read_metrics(split, "train")] == list(range(6))
+
+    ckpt = load(split / "ckpt_000003.pt")
+    assert {"model", "optimizer", "scaler", "loader", "rng", "config", "step",
+            "best_val_loss"} <= ckpt.keys()
+    assert set(ckpt["rng"][0]) >= {"python", "numpy", "torch"}
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+
+
+@pytest.mark.slow
+def test_stop_and_resume_is_bitwise_identical_on_two_ranks(data_dir: Path, tmp_path: Path) -> None:
+    args = [*ARGS, "--data-dir", str(data_dir)]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert run_torchrun(*args, "--out-dir", str(whole)).returncode == 0
+    assert run_torchrun(*args, "--out-dir", str(split), "--stop-at-step", "3").returncode == 0
+    proc = run_torchrun(*args, "--out-dir", str(split), "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert losses(split) == losses(whole)
+    assert_same_model(whole / "ckpt_000006.pt", split / "ckpt_000006.pt")
+
+    # A new world size re-splits the same data position: 2 ranks x 2 micro-steps become
+    # 1 process x 4, the same global batches in the same order.
+    single = tmp_path / "single"
+    single.mkdir()
+    (single / "ckpt_000003.pt").write_bytes((split / "ckpt_000003.pt").read_bytes())
+    proc = run_cli(*args, "--out-dir", str(single), "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    resumed, ref = losses(single), losses(whole)
+    assert sorted(resumed) == [3, 4, 5]
+    assert [resumed[s] for s in (3, 4, 5)] == pytest.approx([ref[s] for s in (3, 4, 5)], rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------
+# preemption and elastic restart
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_finishes_the_step_saves_and_exits(sig: int, data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = [*TINY, *QUIET, "--max-steps", "100000", "--data-dir", str(data_dir),
+            "--out-dir", str(out)]
+    proc = subprocess.Popen([sys.executable, str(REPO / "train_gpt2.py"), *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        wait_for(lambda: (out / "metrics.jsonl").exists() and len(read_metrics(out, "train")) >= 2,
+                 timeout=120, proc=proc)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 128 + sig, stderr
+    name = signal.Signals(sig).name
+    assert f"{name} received: saved checkpoint" in stdout
+    saved = checkpoint.list_checkpoints(out)
+    assert len(saved) == 1
+    step, path = saved[0]
+    assert step == max(losses(out)) + 1  # the step in flight was finished, then saved
+    assert load(path)["step"] == step
+
+    # The same command with --resume auto carries on from there.
+    proc2 = run_cli(*args[:-4], "--max-steps", "100000", "--stop-at-step", str(step + 2),
+                    "--data-dir", str(data_dir), "--out-dir", str(out), "--resume", "auto")
+    assert proc2.returncode == 0, proc2.stderr
+    steps = [r["step"] for r in read_metrics(out, "train")]
+    assert steps == list(range(step + 2))
+
+
+@pytest.mark.slow
+def test_elastic_restart_after_a_rank_is_killed(data_dir: Path, tmp_path: Path) -> None:
+    """torchrun --max-restarts=1 with --resume auto: SIGKILL one worker mid-run; the job
+    restarts from the last checkpoint and finishes."""
+    out = tmp_path / "run"
+    args = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "12",
+            "--checkpoint-every", "2", "--data-dir", str(data_dir), "--out-dir", str(out),
+            "--resume", "auto"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(torchrun_cmd(*args, extra=("--max-restarts=1",)), cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        wait_for(lambda: bool(checkpoint.list_checkpoints(out)), timeout=180, proc=proc)
+        workers = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                   if "train_gpt2.py" in " ".join(c.cmdline())]
+        assert len(workers) == 2
+        workers[-1].kill()
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 0, stderr[-3000:]
+    runs = read_metrics(out, "run")
+    assert len(runs) == 2 and runs[1]["resumed_from"]  # the restart resumed
+    assert sorted(losses(out)) == list(range(12))
+    assert load(out / "ckpt_000012.pt")["step"] == 12
+
+
+# ---------------------------------------------------------------------------------------
+# the non-finite guard (in process, with the gradient norm made NaN on chosen steps)
+
+
+def run_with_bad_steps(monkeypatch: pytest.MonkeyPatch, data_dir: Path, out: Path,
+                       bad: set[int], *flags: str) -> dict:
+    import gpt.train as train_mod
+
+    real = train_mod.forward_backward
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        loss, norm = real(*args, **kwargs)
+        step = calls["n"]
+        calls["n"] += 1
+        if step in bad:
+            return loss * math.nan, norm * math.nan
+        return loss, norm
+
+    monkeypatch.setattr(train_mod, "forward_backward", flaky)
+    monkeypatch.delenv("RANK", raising=False)
+    cfg = parse_args([*ARGS, "--data-dir", str(data_dir), "--out-dir", str(out), *flags])
+    return train_mod.train(cfg)
+
+
+def test_non_finite_steps_are_skipped_and_counted(monkeypatch, data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = run_with_bad_steps(monkeypatch, data_dir, out, {1, 3})
+    assert result["skipped"] == 2 and result["steps"] == 6
+    skipped = read_metrics(out, "skipped")
+    assert [r["step"] for r in skipped] == [1, 3]
+    assert [r["in_a_row"] for r in skipped] == [1, 1]
+    assert load(out / "ckpt_000006.pt")["skipped_steps"] == 2
+    assert all(math.isfinite(p.float().sum()) for p in load(out / "ckpt_000006.pt")["model"].values())
+
+
+def test_too_many_bad_steps_in_a_row_stop_the_run(monkeypatch, data_dir: Path, tmp_path: Path) -> None:
+    import gpt.train as train_mod
+
+    out = tmp_path / "run"
+    run_with_bad_steps(monkeypatch, data_dir, out, set(), "--stop-at-step", "2")
+    before = (out / "ckpt_000002.pt").read_bytes()
+    monkeypatch.undo()
+    with pytest.raises(train_mod.TrainingDiverged, match=r"3 steps in a row.*ckpt_000002\.pt"):
+        run_with_bad_steps(monkeypatch, data_dir, out, {0, 1, 2}, "--resume", "auto",
+                           "--max-bad-steps", "3")
+    assert (out / "ckpt_000002.pt").read_bytes() == before  # the good checkpoint stays
+    assert [s for s, _ in checkpoint.list_checkpoints(out)] == [2]
+
+
+# ---------------------------------------------------------------------------------------
+# checkpoint files
+
+
+def test_rotation_keeps_the_newest_and_the_best(tmp_path: Path) -> None:
+    for step in (1, 2, 3, 4, 5):
+        (tmp_path / f"ckpt_{step:06d}.pt").write_bytes(b"x")
+    (tmp_path / "notes.txt").write_text("mine")
+    removed = checkpoint.rotate(tmp_path, keep=2, protect={"ckpt_000002.pt"})
+    assert sorted(p.name for p in removed) == ["ckpt_000001.pt", "ckpt_000003.pt"]
+    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [2, 4, 5]
+    assert (tmp_path / "notes.txt").exists()
+
+
+@pytest.mark.slow
+def test_periodic_checkpoints_rotate_and_keep_the_best(data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_cli(*ARGS, "--data-dir", str(data_dir), "--out-dir", str(out),
+                   "--checkpoint-every", "1", "--keep-checkpoints", "2",
+                   "--val-every", "1", "--val-steps", "1", "--max-lr", "1.0")
+    assert proc.returncode == 0, proc.stderr
+    vals = {r["step"]: r["val_loss"] for r in read_metrics(out, "val")}
+    best = min((v, s) for s, v in vals.items() if s >= 1)[1]  # lr 1.0 makes it diverge
+    kept = [s for s, _ in checkpoint.list_checkpoints(out)]
+    assert kept == sorted({best, 5, 6})
+    last = load(out / "ckpt_000006.pt")
+    assert last["best_checkpoint"] == f"ckpt_{best:06d}.pt"
+    assert last["best_val_loss"] == pytest.approx(vals[best])
+
+
+def test_damaged_newest_checkpoint_is_skipped_with_a_warning(monkeypatch, data_dir: Path,
+                                                              tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    run_with_bad_steps(monkeypatch, data_dir, out, set(), "--stop-at-step", "2")
+    good = out / "ckpt_000002.pt"
+    damaged = out / "ckpt_000004.pt"
+    damaged.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    path, warnings = checkpoint.find_latest(out)
+    assert path == good
+    assert len(warnings) == 1 and str(damaged) in warnings[0]
+    with pytest.raises(CheckpointError, match="ckpt_000004.pt: not a readable checkpoint"):
+        load(damaged)
+
+
+# ---------------------------------------------------------------------------------------
+# bad input: one clear message, a non-zero status, nothing lost
+
+
+def test_empty_data_folder(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = run_cli(*ARGS, "--data-dir", str(empty), "--out-dir", str(tmp_path / "r"))
+    assert proc.returncode == 1
+    assert f"{empty}: no train_* shards" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_wrong_magic_and_out_of_range_token(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    bad = data / "train_000000.bin"
+    bad.write_bytes(b"\0" * 4096)
+    proc = run_cli(*ARGS, "--data-dir", str(data), "--out-dir", str(tmp_path / "r"))
+    assert proc.returncode == 1 and f"{bad}: bad magic" in proc.stderr
+    tokens = np.zeros(5000, dtype=np.int64)
+    tokens[40] = 50310  # beyond the padded vocabulary 50304
+    write_shard(bad, tokens)
+    proc = run_cli(*ARGS, "--data-dir", str(data), "--out-dir", str(tmp_path / "r2"))
+    assert proc.returncode == 1
+    assert f"{bad}: token id 50310 at index 40" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_fresh_start_refuses_a_folder_with_checkpoints(data_dir: Path, tmp_path: Path,
+                                                       monkeypatch) -> None:
+    out = tmp_path / "run"
+    run_with_bad_steps(monkeypatch, data_dir, out, set(), "--stop-at-step", "2")
+    before = (out / "ckpt_000002.pt").read_bytes()
+    proc = run_cli(*ARGS, "--data-dir", str(data_dir), "--out-dir", str(out))
+    assert proc.returncode == 2
+    assert "already holds checkpoints" in proc.stderr and "--resume auto" in proc.stderr
+    assert (out / "ckpt_000002.pt").read_bytes() == before
+
+
+def test_incompatible_checkpoint_lists_the_differences(data_dir: Path, tmp_path: Path,
+                                                       monkeypatch) -> None:
+    out = tmp_path / "run"
+    run_with_bad_steps(monkeypatch, data_dir, out, set(), "--stop-at-step", "2")
+    proc = run_cli(*ARGS, "--data-dir", str(data_dir), "--out-dir", str(tmp_path / "other"),
+                   "--resume", str(out / "ckpt_000002.pt"), "--n-layer", "3", "--n-embd", "128")
+    assert proc.returncode == 1
+    assert "n_layer: checkpoint 2, config 3" in proc.stderr
+    assert "n_embd: checkpoint 64, config 128" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli(*ARGS, "--data-dir", str(data_dir), "--out-dir", str(tmp_path / "other"),
+                   "--resume", str(tmp_path / "missing.pt"))
+    assert proc.returncode == 1 and "missing.pt: no such checkpoint file" in proc.stderr
+
+
+def _limit_file_size(limit: int):
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.slow
+def test_full_disk_while_saving_keeps_the_previous_checkpoint(data_dir: Path, tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """A write that fails part-way (here: a file-size limit, as a full disk would) stops the
+    run with a clear message; the previous checkpoint stays loadable and no partial file
+    is left under a checkpoint name."""
+    out = tmp_path / "run"
+    run_with_bad_steps(monkeypatch, data_dir, out, set(), "--stop-at-step", "2")
+    before = (out / "ckpt_000002.pt").read_bytes()
+    proc = run_cli(*ARGS, "--data-dir", str(data_dir), "--out-dir", str(out), "--resume", "auto",
+                   "--stop-at-step", "4", preexec_fn=_limit_file_size(len(before) // 4))
+    assert proc.returncode == 1, proc.stderr
+    assert "ckpt_000004.pt: could not write the checkpoint" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (out / "ckpt_000002.pt").read_bytes() == before
+    assert load(out / "ckpt_000002.pt")["step"] == 2
+    assert sorted(p.name for p in out.iterdir() if "ckpt" in p.name) == ["ckpt_000002.pt"]
+
+
+def test_typo_in_config_file_names_the_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("[optim]\nmax_lrr = 1e-3\n")
+    proc = run_cli("--config", str(cfg))
+    assert proc.returncode == 2
+    assert "unknown key 'max_lrr' in [optim]" in proc.stderr and "'max_lr'" in proc.stderr
