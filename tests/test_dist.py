@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -114,3 +115,61 @@ def test_fsdp_checkpoint_resumes_in_a_single_process(data_dir: Path, tmp_path: P
     assert "resumed from" in proc.stdout and "ckpt_000003.pt" in proc.stdout
     assert [r["step"] for r in read_metrics(out, "train")] == list(range(6))
     assert load(out / "ckpt_000006.pt")["step"] == 6
+
+
+LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch"
+LAUNCH = sorted(p for p in LAUNCH_DIR.iterdir() if p.suffix in (".sh", ".sbatch"))
+
+
+@pytest.mark.parametrize("script", LAUNCH, ids=lambda p: p.name)
+def test_launch_scripts_are_valid_bash(script: Path) -> None:
+    import subprocess
+
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert os.access(script, os.X_OK), f"{script} is not executable"
+
+
+@pytest.mark.slow
+def test_single_node_launcher_runs_two_cpu_ranks(data_dir: Path, tmp_path: Path) -> None:
+    import subprocess
+
+    out = tmp_path / "run"
+    env = dict(os.environ, NGPUS="2", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        ["bash", str(LAUNCH_DIR / "single_node.sh"), *ARGS[:-1], "1",
+         "--data-dir", str(data_dir), "--out-dir", str(out)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "x 2 | parallel ddp" in proc.stdout
+    assert load(out / "ckpt_000001.pt")["step"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("what,extra", [("allreduce", ["--sizes-mb", "0.1", "1"]),
+                                        ("ddp", ["--seq-len", "32"])])
+def test_commbench_under_torchrun(what: str, extra: list[str], tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "gpt.commbench", what, *extra, "--warmup", "1", "--iters", "3", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["backend"] == "gloo" and result["world_size"] == 2 and result["torch"]
+    if what == "allreduce":
+        rows = result["allreduce"]
+        assert [r["size_mb"] for r in rows] == [0.1, 1]
+        for r in rows:
+            assert r["n"] == 3 and 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+            assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])  # 2(n-1)/n = 1 for n=2
+        assert "busbw GB/s" in proc.stdout
+    else:
+        d = result["ddp"]
+        assert d["compute_fwd_bwd"]["median_ms"] > 0 and d["grad_allreduce"]["median_ms"] > 0
+        assert d["exposed_comm_ms"] >= 0 and "exposed communication" in proc.stdout

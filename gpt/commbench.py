@@ -1,0 +1,189 @@
+"""Communication benchmarks, run under torchrun (gloo on CPU, NCCL on GPUs).
+
+    torchrun --standalone --nproc_per_node=8 -m gpt.commbench allreduce
+    torchrun --standalone --nproc_per_node=8 -m gpt.commbench ddp --model gpt2 --batch-size 16
+
+allreduce: time of one all-reduce of 1 MB, 10 MB, 100 MB and 1 GB fp32 buffers, as
+  algorithm bandwidth (bytes / time) and bus bandwidth (x 2(n-1)/n, the convention of
+  nccl-tests: the per-link traffic of a ring all-reduce, comparable across rank counts).
+ddp: where a DDP step's time goes. It times forward+backward with gradient sync off
+  (compute only) and on (compute plus the all-reduce DDP overlaps with backward), and
+  a bare all-reduce of all gradients; exposed communication = synced - compute.
+
+Every figure is the median over measured iterations after warm-up, with min and max;
+rank 0 prints a table and writes the JSON given by --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from gpt.config import PRESETS, model_preset
+from gpt.dist import Runtime, init_runtime, shutdown
+from gpt.model import GPT
+
+SIZES_MB = (1, 10, 100, 1000)
+
+
+def _sync(runtime: Runtime) -> None:
+    if runtime.device_type == "cuda":
+        torch.cuda.synchronize(runtime.device)
+
+
+def time_it(fn: Callable[[], None], runtime: Runtime, warmup: int, iters: int) -> list[float]:
+    """Seconds per call: warm-up first, then each call timed between barriers and syncs."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(iters):
+        _sync(runtime)
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        _sync(runtime)
+        samples.append(time.perf_counter() - t0)
+    # The slowest rank decides a collective's time: take each iteration's max over ranks.
+    t = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def stats(samples: list[float]) -> dict[str, float]:
+    return {"median_ms": statistics.median(samples) * 1e3, "min_ms": min(samples) * 1e3,
+            "max_ms": max(samples) * 1e3, "n": len(samples)}
+
+
+def bench_allreduce(runtime: Runtime, sizes_mb: list[float], warmup: int, iters: int) -> list[dict]:
+    n = runtime.world_size
+    rows = []
+    for mb in sizes_mb:
+        numel = int(mb * 1e6) // 4
+        buf = torch.randn(numel, device=runtime.device)
+        samples = time_it(lambda: dist.all_reduce(buf), runtime, warmup, iters)
+        s = stats(samples)
+        seconds = s["median_ms"] / 1e3
+        algbw = numel * 4 / seconds / 1e9
+        rows.append({"size_mb": mb, **s, "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n})
+        del buf
+    return rows
+
+
+def bench_ddp(runtime: Runtime, preset: str, batch_size: int, seq_len: int, warmup: int,
+              iters: int) -> dict[str, Any]:
+    torch.manual_seed(0)
+    cfg = model_preset(preset, block_size=seq_len)
+    model = DDP(GPT(cfg).to(runtime.device),
+                device_ids=[runtime.local_rank] if runtime.device_type == "cuda" else None)
+    x = torch.randint(0, 50257, (batch_size, seq_len), device=runtime.device)
+    dtype = torch.bfloat16 if runtime.device_type == "cuda" else torch.float32
+
+    def fwd_bwd(sync: bool) -> None:
+        model.require_backward_grad_sync = sync
+        with torch.autocast(runtime.device_type, dtype=dtype, enabled=dtype != torch.float32):
+            _, loss = model(x, x)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    compute = stats(time_it(lambda: fwd_bwd(False), runtime, warmup, iters))
+    synced = stats(time_it(lambda: fwd_bwd(True), runtime, warmup, iters))
+    n_params = sum(p.numel() for p in model.parameters())
+    flat = torch.randn(n_params, device=runtime.device)
+    comm = stats(time_it(lambda: dist.all_reduce(flat), runtime, warmup, iters))
+    exposed = max(0.0, synced["median_ms"] - compute["median_ms"])
+    return {
+        "model": preset, "params": n_params, "batch_size": batch_size, "seq_len": seq_len,
+        "dtype": str(dtype).replace("torch.", ""),
+        "compute_fwd_bwd": compute, "synced_fwd_bwd": synced, "grad_allreduce": comm,
+        "exposed_comm_ms": exposed,
+        "hidden_comm_fraction": (1 - exposed / comm["median_ms"]) if comm["median_ms"] else None,
+    }
+
+
+def environment(runtime: Runtime) -> dict[str, Any]:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    device = (torch.cuda.get_device_name(runtime.device) if runtime.device_type == "cuda"
+              else platform.processor() or platform.machine())
+    return {"command": " ".join(["torchrun", "-m", "gpt.commbench", *sys.argv[1:]]),
+            "backend": dist.get_backend(), "world_size": runtime.world_size, "device": device,
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "commit": commit,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def format_table(result: dict[str, Any]) -> str:
+    head = (f"{result['backend']} x {result['world_size']} on {result['device']} "
+            f"(torch {result['torch']})")
+    if "allreduce" in result:
+        lines = [head, f"{'size MB':>8} {'median ms':>10} {'min ms':>8} {'max ms':>8} "
+                       f"{'algbw GB/s':>11} {'busbw GB/s':>11}"]
+        for r in result["allreduce"]:
+            lines.append(f"{r['size_mb']:>8g} {r['median_ms']:>10.3f} {r['min_ms']:>8.3f} "
+                         f"{r['max_ms']:>8.3f} {r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f}")
+        return "\n".join(lines)
+    d = result["ddp"]
+    return "\n".join([
+        head,
+        f"model {d['model']} ({d['params']:,} params), B={d['batch_size']} T={d['seq_len']} {d['dtype']}",
+        f"forward+backward, no gradient sync : {d['compute_fwd_bwd']['median_ms']:.2f} ms",
+        f"forward+backward, DDP all-reduce   : {d['synced_fwd_bwd']['median_ms']:.2f} ms",
+        f"all-reduce of all gradients alone  : {d['grad_allreduce']['median_ms']:.2f} ms",
+        f"exposed communication              : {d['exposed_comm_ms']:.2f} ms "
+        f"({(d['hidden_comm_fraction'] or 0) * 100:.0f}% of it hidden behind backward)",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpt.commbench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=("allreduce", "ddp"))
+    p.add_argument("--sizes-mb", type=float, nargs="+", default=list(SIZES_MB))
+    p.add_argument("--model", default=None, choices=list(PRESETS),
+                   help="ddp: model preset (default gpt2 on CUDA, tiny on CPU)")
+    p.add_argument("--batch-size", type=int, default=None, help="ddp: micro-batch (default 8 / 4)")
+    p.add_argument("--seq-len", type=int, default=None, help="ddp: sequence length (default 1024 / 64)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    p.add_argument("--out", default=None, help="write the JSON result here")
+    args = p.parse_args(argv)
+    if "RANK" not in os.environ:
+        p.error("run under torchrun, e.g. torchrun --standalone --nproc_per_node=2 -m gpt.commbench allreduce")
+    runtime = init_runtime(args.device)
+    clean = False
+    try:
+        result: dict[str, Any] = environment(runtime)
+        if args.what == "allreduce":
+            result["allreduce"] = bench_allreduce(runtime, args.sizes_mb, args.warmup, args.iters)
+        else:
+            gpu = runtime.device_type == "cuda"
+            result["ddp"] = bench_ddp(runtime, args.model or ("gpt2" if gpu else "tiny"),
+                                      args.batch_size or (8 if gpu else 4),
+                                      args.seq_len or (1024 if gpu else 64), args.warmup, args.iters)
+        if runtime.is_master:
+            print(format_table(result))
+            if args.out:
+                Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        clean = True
+    finally:
+        shutdown(runtime, clean)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
