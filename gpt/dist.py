@@ -144,7 +144,9 @@ def all_reduce_mean(t: torch.Tensor, runtime: Runtime) -> torch.Tensor:
 
 def bf16_supported(device: torch.device) -> bool:
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        # Native bf16 tensor cores arrived with Ampere (compute capability 8.0); older GPUs
+        # report bf16 "supported" through slow emulation, where fp16 is the right choice.
+        return torch.cuda.get_device_capability(device)[0] >= 8
     if device.type == "mps":
         # MPS gained bf16 with macOS 14; older systems raise when asked for it.
         try:

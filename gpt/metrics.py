@@ -4,28 +4,66 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from gpt.config import ModelConfig
 
-# bf16 dense (no sparsity) tensor-core peaks in TFLOP/s, from the vendors' datasheets.
-# Matched against torch.cuda.get_device_name() in order, so specific names come first.
+# bf16 dense (no sparsity) tensor-core peaks in TFLOP/s, from the vendors' datasheets
+# (GeForce/RTX: the Ampere and Ada architecture whitepapers, "BF16 with FP32 accumulate").
+# Matched against the device name (torch.cuda.get_device_name()) in this order, so
+# specific names come before the names they contain ("H100 PCIe" before "H100", "L40S"
+# before "L40" before "L4"). A key matches as a whole word, case-insensitively: "A10"
+# does not match "A100" or "A10G", and "RTX 4090" does not match "RTX 4090 D", "Ti",
+# "SUPER" or laptop parts, whose peaks differ. GPUs without bf16 tensor cores (V100, T4)
+# are absent on purpose, as is any part whose number we could not check: pass
+# --peak-tflops for those.
 PEAK_BF16_TFLOPS: list[tuple[str, float]] = [
+    # Hopper
     ("H100 PCIe", 756.0),
     ("H100 NVL", 835.0),
-    ("H100", 989.0),  # SXM
-    ("H200", 989.0),
-    ("A100", 312.0),
+    ("H100", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("GH200", 989.0),
+    ("H200 NVL", 835.0),
+    ("H200", 989.0),  # SXM
+    # Ampere data centre
+    ("A100", 312.0),  # SXM and PCIe alike
+    ("A30", 165.0),
+    ("A40", 149.7),
+    ("A10", 125.0),
+    # Ada data centre
     ("L40S", 362.0),
+    ("L40", 181.0),
     ("L4", 121.0),
+    # Workstation
+    ("RTX 6000 Ada", 364.2),
+    ("RTX A6000", 154.8),
+    # GeForce
+    ("RTX 4090", 165.2),
+    ("RTX 3090", 71.0),
+    # AMD Instinct (ROCm builds report these names)
+    ("MI300X", 1307.4),
 ]
+
+# A key followed by one of these words names a different part (e.g. "RTX 4090 D").
+_VARIANT_SUFFIX = r"(?:Ti|SUPER|D|Laptop|Mobile|Max-Q)\b"
+
+
+def _name_pattern(key: str) -> re.Pattern[str]:
+    return re.compile(
+        rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])(?![ -]{_VARIANT_SUFFIX})",
+        re.IGNORECASE,
+    )
+
+
+_PEAK_PATTERNS = [(_name_pattern(key), tflops) for key, tflops in PEAK_BF16_TFLOPS]
 
 
 def peak_tflops(device_name: str) -> float | None:
     """The device's bf16 dense peak, or None when we do not know it (no MFU then)."""
-    for key, tflops in PEAK_BF16_TFLOPS:
-        if key in device_name:
+    for pattern, tflops in _PEAK_PATTERNS:
+        if pattern.search(device_name or ""):
             return tflops
     return None
 

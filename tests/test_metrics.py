@@ -57,6 +57,23 @@ def test_flops_per_token_known_value() -> None:
     assert flops_per_token(cfg, 1024) == pytest.approx(8.5e8, rel=0.02)
 
 
+def test_flops_per_token_hand_count_tiny() -> None:
+    """The tiny preset (2 layers, d = 64, vocab 50304) counted by hand."""
+    d, L, V, T = 64, 2, 50304, 128
+    c_attn = d * 3 * d + 3 * d  # 12,288 + 192
+    attn_proj = d * d + d  # 4,096 + 64
+    c_fc = d * 4 * d + 4 * d  # 16,384 + 256
+    mlp_proj = 4 * d * d + d  # 16,384 + 64
+    layernorms = 2 * (d + d)  # ln_1, ln_2: weight + bias
+    per_block = c_attn + attn_proj + c_fc + mlp_proj + layernorms
+    assert per_block == 49_984
+    n = L * per_block + V * d + (d + d)  # blocks, tied wte / lm_head, ln_f (wpe excluded)
+    assert n == 3_319_552
+    attention = 12 * L * d * T  # QK^T and AV: 2 * 2 * T * d per layer forward, x3 with backward
+    assert attention == 196_608
+    assert flops_per_token(model_preset("tiny"), T) == 6 * 3_319_552 + 196_608 == 20_113_920
+
+
 def test_flops_per_token_grows_with_seq_len() -> None:
     cfg = model_preset("tiny")
     assert flops_per_token(cfg, 128) - flops_per_token(cfg, 64) == 12 * 2 * 64 * 64
@@ -93,6 +110,26 @@ def test_mfu_value() -> None:
         ("NVIDIA A100-PCIE-40GB", 312.0),
         ("NVIDIA L40S", 362.0),
         ("NVIDIA L4", 121.0),
+        ("NVIDIA H200 NVL", 835.0),
+        ("NVIDIA GH200 480GB", 989.0),
+        ("NVIDIA A100 80GB PCIe", 312.0),
+        ("NVIDIA L40", 181.0),
+        ("NVIDIA A10", 125.0),
+        ("NVIDIA A30", 165.0),
+        ("NVIDIA A40", 149.7),
+        ("NVIDIA GeForce RTX 4090", 165.2),
+        ("NVIDIA GeForce RTX 3090", 71.0),
+        ("NVIDIA RTX A6000", 154.8),
+        ("NVIDIA RTX 6000 Ada Generation", 364.2),
+        ("AMD Instinct MI300X", 1307.4),
+        ("nvidia h100 80gb hbm3", 989.0),  # case-insensitive
+        # whole-word matches only: other parts with other peaks are not confused
+        ("NVIDIA A10G", None),
+        ("NVIDIA GeForce RTX 4090 D", None),
+        ("NVIDIA GeForce RTX 3090 Ti", None),
+        ("NVIDIA GeForce RTX 4090 Laptop GPU", None),
+        ("Tesla V100-SXM2-16GB", None),
+        ("Intel(R) Xeon(R) Processor", None),
         ("Tesla T4", None),
         ("", None),
         ("cpu", None),
@@ -100,6 +137,15 @@ def test_mfu_value() -> None:
 )
 def test_peak_tflops(name: str, expected: float | None) -> None:
     assert peak_tflops(name) == expected
+
+
+def test_peak_table_specific_names_first() -> None:
+    """Every key must be reachable: no earlier key may match a later key's own name."""
+    from gpt.metrics import PEAK_BF16_TFLOPS
+
+    for key, tflops in PEAK_BF16_TFLOPS:
+        assert peak_tflops(f"NVIDIA {key}") == tflops, key
+        assert 50 < tflops < 2000
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,17 @@
+"""Benchmark suite: ``python -m gpt.bench SUBCOMMAND`` (see benchmarks/README.md).
+
+Subcommands:
+    model       sizes x context x batch x {fwd, fwdbwd, step} x {fp32, tf32, bf16} x compile
+    components  embeddings, transformer blocks and head+loss timed separately
+    attention   naive vs SDPA backends (flash, efficient, cuDNN, math) vs compiled naive
+    ladder      the GPT-2 speed ladder, each optimisation on top of the last
+    compile     eager vs torch.compile (attention and whole model), compile time apart
+
+Every subcommand times with one helper (gpt.bench.timing.time_fn: warm-up, synchronised
+or CUDA-event timing, all samples kept), records OOMs and errors per cell and goes on,
+and writes a table to stdout plus ``<out>/<name>.json`` and ``<out>/<name>.md``.
+"""
+
+from gpt.bench.cli import main
+
+__all__ = ["main"]

@@ -1,0 +1,64 @@
+"""The ``python -m gpt.bench`` command line: one parser, one subcommand per benchmark."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+from gpt.bench import report
+from gpt.bench.common import Context
+from gpt.config import ConfigError
+
+Runner = Callable[[Context], tuple[list[dict[str, Any]], list[report.Section]]]
+
+
+def _runners() -> dict[str, Runner]:
+    from gpt.bench import attention, compile_bench, ladder, model_bench
+
+    return {
+        "model": model_bench.run_model,
+        "components": model_bench.run_components,
+        "attention": attention.run,
+        "ladder": ladder.run,
+        "compile": compile_bench.run,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gpt.bench import attention, compile_bench, ladder, model_bench
+
+    parser = argparse.ArgumentParser(
+        prog="python -m gpt.bench",
+        description="GPT-2 benchmark suite: warm-up, synchronised timing, OOM-safe sweeps, "
+                    "JSON + markdown results. See benchmarks/README.md.",
+        allow_abbrev=False,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", required=True)
+    model_bench.add_parser(sub)
+    attention.add_parser(sub)
+    ladder.add_parser(sub)
+    compile_bench.add_parser(sub)
+    for p in sub.choices.values():
+        p.allow_abbrev = False
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        ctx = Context.create(args.command, args, argv)
+    except ConfigError as e:  # e.g. --device cuda without a GPU
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        results, sections = _runners()[args.command](ctx)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the cells finished so far are in {ctx.args.out}/{ctx.name}.json "
+              "and .md", file=sys.stderr)
+        return 130
+    json_path, md_path = ctx.save(results, sections)
+    print(report.render_text(ctx.info, sections))
+    print(f"\nwrote {json_path} and {md_path}")
+    return 0

@@ -1,0 +1,296 @@
+"""`ladder`: the GPT-2 speed ladder, one optimisation at a time, each on top of the last.
+
+At a fixed model, batch and context, full training steps (zero grads, forward, backward,
+clip, AdamW) are timed for:
+
+    1. fp32             naive attention, vocab 50257, plain (foreach) AdamW, TF32 off
+    2. + tf32           TF32 tensor-core matmuls (CUDA only)
+    3. + bf16 autocast
+    4. + torch.compile
+    5. + flash (SDPA)   the model's scaled_dot_product_attention instead of naive attention
+    6. + vocab 50304    GPT-2's 50257 padded to a multiple of 128
+    7. + fused AdamW
+    8. trainer default  what train_gpt2.py does with no flags on this device, through
+                        gpt.train.train_step itself
+
+A rung the device cannot do is shown as skipped with the reason, and the rungs after it
+build on the last rung that ran (e.g. on CPU: no tf32; bf16 autocast runs). Speed-ups are
+over the previous rung that ran and over fp32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpt.bench import report
+from gpt.bench.common import (
+    GPT2_VOCAB,
+    Context,
+    add_common_args,
+    build_model,
+    compile_skip_reason,
+    expand_sizes,
+    make_batch,
+    make_step_fn,
+    mode_flops_per_token,
+    native_bf16,
+    tf32_mode,
+)
+from gpt.bench.report import Column, fmt_int, fmt_mem, fmt_ms, fmt_pct, fmt_x, status_text
+from gpt.bench.timing import reset_dynamo, run_guarded
+from gpt.config import ModelConfig, OptimConfig, TrainConfig, model_preset
+from gpt.optim import param_groups
+
+
+@dataclass(frozen=True)
+class Settings:
+    tf32: bool = False
+    autocast: str | None = None  # "bf16" / "fp16" / None
+    compile: bool = False
+    attention: str = "naive"
+    vocab_size: int = GPT2_VOCAB
+    fused_adamw: bool = False
+    trainer_step: bool = False  # run gpt.train.train_step itself
+
+    def describe(self) -> str:
+        return (f"{'tf32' if self.tf32 else 'no tf32'}, "
+                f"{self.autocast + ' autocast' if self.autocast else 'fp32'}, "
+                f"{'compiled' if self.compile else 'eager'}, {self.attention} attention, "
+                f"vocab {self.vocab_size}, {'fused' if self.fused_adamw else 'foreach'} AdamW")
+
+
+RUNGS: list[tuple[str, str]] = [
+    ("fp32", "fp32 baseline"),
+    ("tf32", "+ TF32 matmuls"),
+    ("bf16", "+ bf16 autocast"),
+    ("compile", "+ torch.compile"),
+    ("flash", "+ flash attention (SDPA)"),
+    ("vocab", "+ vocab 50257 -> 50304"),
+    ("fused", "+ fused AdamW"),
+    ("trainer", "trainer full default"),
+]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ladder", help="the GPT-2 speed ladder: fp32 -> tf32 -> bf16 -> compile "
+                                      "-> flash -> vocab 50304 -> fused AdamW -> trainer default")
+    p.add_argument("--size", default=None,
+                   help="model preset (default gpt2 on CUDA, tiny elsewhere)")
+    p.add_argument("--seq-len", type=int, default=None, help="context (default 1024 on CUDA, 128 elsewhere)")
+    p.add_argument("--batch-size", type=int, default=None, help="batch (default 16 on CUDA, 4 elsewhere)")
+    p.add_argument("--no-compile-rungs", action="store_true",
+                   help="never torch.compile (the compile rung is shown as skipped)")
+    add_common_args(p)
+
+
+def _resolve(ctx: Context) -> None:
+    a = ctx.args
+    cuda = ctx.device.type == "cuda"
+    used = []
+    for key, value in (("size", "gpt2" if cuda else "tiny"), ("seq_len", 1024 if cuda else 128),
+                       ("batch_size", 16 if cuda else 4)):
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+            used.append(f"--{key.replace('_', '-')} {value}")
+    a.size = expand_sizes([a.size])[0]
+    if a.seq_len < 1 or a.batch_size < 1:
+        raise SystemExit("error: --seq-len and --batch-size must be >= 1")
+    if not cuda and used:
+        ctx.log(f"note: no CUDA device; small ladder defaults ({', '.join(used)})")
+    if not cuda and not a.no_compile_rungs:
+        ctx.log("note: torch.compile on a CPU takes a minute or so per compiled rung "
+                "(--no-compile-rungs skips them)")
+
+
+def trainer_defaults(device: torch.device, allow_compile: bool) -> tuple[Settings, str | None]:
+    """What train_gpt2.py does with no flags on this device."""
+    from gpt.dist import resolve_dtype
+
+    t, o, m = TrainConfig(), OptimConfig(), ModelConfig()
+    dtype = resolve_dtype(t.dtype, device)
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+    compile_on = t.compile if t.compile is not None else device.type == "cuda"
+    note = None
+    if compile_on and not allow_compile:
+        compile_on, note = False, "compile off (--no-compile-rungs)"
+    fused = o.fused if o.fused is not None else True  # build_optimizer falls back if it must
+    return Settings(tf32=t.tf32 and device.type == "cuda", autocast=names.get(dtype),
+                    compile=compile_on, attention="sdpa", vocab_size=m.vocab_size,
+                    fused_adamw=fused, trainer_step=True), note
+
+
+class _FixedBatch:
+    """A stand-in for the trainer's ShardLoader: the same random batch every step."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x, self.y
+
+
+def _rung_cell(ctx: Context, s: Settings) -> dict[str, Any]:
+    a, device = ctx.args, ctx.device
+    cfg = model_preset(a.size, block_size=max(1024, a.seq_len), vocab_size=s.vocab_size)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[s.autocast]
+    warmup = max(a.warmup, 1) if s.compile else a.warmup
+    optim_cfg = OptimConfig()
+
+    def cell() -> dict[str, Any]:
+        with tf32_mode(s.tf32, device):
+            if s.compile:
+                reset_dynamo()
+            torch.manual_seed(a.seed)
+            model = build_model(cfg, device, s.attention, nvtx=ctx.nvtx)
+            runner = torch.compile(model, mode=a.compile_mode) if s.compile else model
+            x, y = make_batch(a.batch_size, a.seq_len, cfg.vocab_size, device, a.seed)
+            scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
+            if s.trainer_step:
+                from gpt.optim import build_optimizer
+                from gpt.train import train_step
+
+                optimizer, fused = build_optimizer(model, optim_cfg, device)
+                loader = _FixedBatch(x, y)
+
+                def fn() -> None:
+                    train_step(runner, optimizer, scaler, loader, 1, optim_cfg.max_lr,
+                               optim_cfg.grad_clip, device.type,
+                               dtype if dtype is not None else torch.float32)
+            else:
+                kwargs = dict(lr=optim_cfg.max_lr, betas=(optim_cfg.beta1, optim_cfg.beta2),
+                              eps=optim_cfg.eps)
+                groups = param_groups(model, optim_cfg.weight_decay)
+                if s.fused_adamw:
+                    try:
+                        optimizer = torch.optim.AdamW(groups, fused=True, **kwargs)
+                    except (RuntimeError, TypeError) as e:
+                        raise _Skip(f"fused AdamW not available on {device.type}: {e}") from None
+                else:
+                    optimizer = torch.optim.AdamW(groups, fused=False, **kwargs)
+                fused = s.fused_adamw
+                fn = make_step_fn(runner, "step", device, dtype, x, y, params_model=model,
+                                  optimizer=optimizer, grad_clip=optim_cfg.grad_clip,
+                                  scaler=scaler if scaler.is_enabled() else None, nvtx=ctx.nvtx)
+            timing = ctx.time(fn, label=f"ladder_{a.size}", warmup=warmup)
+        tok_s = a.batch_size * a.seq_len / (timing.stats.median / 1e3)
+        flops_tok = mode_flops_per_token(cfg, a.seq_len, "step")
+        out = {"params": model.num_params(), "fused_adamw": fused, **timing.to_dict(),
+               "ms_per_step": timing.stats.median, "tokens_per_s": tok_s,
+               "flops_per_token": flops_tok, "mfu": ctx.mfu(tok_s, flops_tok)}
+        if s.compile and timing.first_call_ms is not None:
+            out["compile_s"] = max(0.0, timing.first_call_ms - timing.stats.median) / 1e3
+        return out
+
+    def classify(exc: BaseException) -> dict[str, Any] | None:
+        if isinstance(exc, _Skip):
+            return {"status": "skipped", "reason": str(exc)}
+        if s.compile and _is_compile_failure(exc):
+            return {"status": "skipped",
+                    "reason": "torch.compile failed here: " + " ".join(str(exc).split())[:300]}
+        return None
+
+    return run_guarded(cell, device, classify=classify, compiled=s.compile)
+
+
+class _Skip(Exception):
+    pass
+
+
+def _is_compile_failure(exc: BaseException) -> bool:
+    name = f"{type(exc).__module__}.{type(exc).__name__}"
+    return "torch._dynamo" in name or "torch._inductor" in name or "BackendCompilerFailed" in name
+
+
+def run(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
+    _resolve(ctx)
+    a, device = ctx.args, ctx.device
+    results: list[dict[str, Any]] = []
+    notes = [
+        f"Model {a.size}, batch {a.batch_size} x {a.seq_len} tokens, one full training step "
+        "per iteration (zero grads, forward, backward, clip 1.0, AdamW). ms = median over "
+        "the measured steps; tokens/s from it. Speed-ups are over the previous rung that "
+        "ran and over the fp32 rung; skipped rungs change nothing for the rungs after them.",
+    ]
+
+    def sections() -> list[report.Section]:
+        return [report.Section("speed ladder", results, COLUMNS, notes)]
+
+    ctx.extra["ladder"] = {"size": a.size, "seq_len": a.seq_len, "batch_size": a.batch_size}
+    state = Settings()
+    prev_ok: dict[str, Any] | None = None
+    base_ok: dict[str, Any] | None = None
+    with ctx.memory_snapshot():
+        for i, (key, title) in enumerate(RUNGS, start=1):
+            skip: str | None = None
+            note: str | None = None
+            new = state
+            if key == "tf32":
+                if device.type != "cuda":
+                    skip = "tf32 needs CUDA"
+                new = dataclasses.replace(state, tf32=True)
+            elif key == "bf16":
+                if not native_bf16(device):
+                    skip = f"no hardware bf16 on {ctx.info['device']}"
+                new = dataclasses.replace(state, autocast="bf16")
+            elif key == "compile":
+                skip = ("disabled by --no-compile-rungs" if a.no_compile_rungs
+                        else compile_skip_reason(device))
+                new = dataclasses.replace(state, compile=True)
+            elif key == "flash":
+                new = dataclasses.replace(state, attention="sdpa")
+                note = "compared with naive attention (the previous rung)"
+            elif key == "vocab":
+                new = dataclasses.replace(state, vocab_size=50304)
+            elif key == "fused":
+                new = dataclasses.replace(state, fused_adamw=True)
+            elif key == "trainer":
+                new, note = trainer_defaults(device, allow_compile=not a.no_compile_rungs)
+            row: dict[str, Any] = {"rung": i, "key": key, "title": title,
+                                   "settings": dataclasses.asdict(new),
+                                   "description": new.describe()}
+            if note:
+                row["note"] = note
+            if skip:
+                row.update(status="skipped", reason=skip)
+                ctx.log(f"[ladder] {i}. {title}: skipped ({skip})")
+            else:
+                ctx.log(f"[ladder] {i}. {title} ({new.describe()}) ...")
+                row.update(_rung_cell(ctx, new))
+                if row["status"] == "ok":
+                    if key != "trainer":
+                        state = new
+                    if prev_ok is not None:
+                        row["speedup_vs_prev"] = prev_ok["ms_per_step"] / row["ms_per_step"]
+                        row["prev_rung"] = prev_ok["rung"]
+                    if base_ok is not None:
+                        row["speedup_vs_fp32"] = base_ok["ms_per_step"] / row["ms_per_step"]
+                    elif key == "fp32":
+                        row["speedup_vs_fp32"] = 1.0
+                        base_ok = row
+                    prev_ok = row
+                elif key != "trainer":
+                    # A rung that failed leaves the state as it was (if fp32 itself failed,
+                    # no rung has a speed-up over fp32).
+                    row.setdefault("note", "later rungs build on the rung before this one")
+            results.append(row)
+            ctx.save(results, sections())
+    return results, sections()
+
+
+COLUMNS = [
+    Column("#", lambda r: str(r["rung"])),
+    Column("rung", lambda r: r["title"], "left"),
+    Column("ms/step", lambda r: fmt_ms(r.get("ms_per_step"))),
+    Column("tokens/s", lambda r: fmt_int(r.get("tokens_per_s"))),
+    Column("vs prev", lambda r: fmt_x(r.get("speedup_vs_prev"))),
+    Column("vs fp32", lambda r: fmt_x(r.get("speedup_vs_fp32"))),
+    Column("MFU", lambda r: fmt_pct(r.get("mfu")) if r.get("status") == "ok" else "-"),
+    Column("peak mem", lambda r: fmt_mem(r.get("peak_mem_bytes")) if r.get("status") == "ok" else "-"),
+    Column("status", lambda r: "skipped: " + r["reason"] if r.get("status") == "skipped"
+           else status_text(r, 80), "left"),
+]

@@ -1,0 +1,395 @@
+"""`model`: sizes x context x batch x mode x precision x compile; `components`: the parts.
+
+Every cell builds a fresh model (and, when compiled, compiles it afresh), so cells do not
+share warm caches and one cell's OOM cannot poison the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from gpt.bench import report
+from gpt.bench.common import (
+    MODES,
+    PRECISION,
+    PRECISIONS,
+    Context,
+    add_common_args,
+    autocast,
+    bench_model_config,
+    build_model,
+    compile_skip_reason,
+    expand_sizes,
+    make_batch,
+    make_step_fn,
+    mode_flops_per_token,
+    precision_skip_reason,
+    tf32_mode,
+)
+from gpt.bench.report import Column, fmt_int, fmt_mem, fmt_ms, fmt_pct, status_text
+from gpt.bench.timing import reset_dynamo, run_guarded
+from gpt.config import OptimConfig
+from gpt.optim import build_optimizer
+
+# --------------------------------------------------------------------------------------
+# CLI
+
+
+def _defaults(device: torch.device) -> dict[str, Any]:
+    if device.type == "cuda":
+        return {"sizes": ["gpt2"], "seq_len": [1024], "batch_size": [8], "precision": ["bf16"]}
+    # A CPU (or MPS) cannot run GPT-2 124M at 8 x 1024 in useful time.
+    return {"sizes": ["tiny"], "seq_len": [128], "batch_size": [4], "precision": ["fp32"]}
+
+
+def add_model_args(p: argparse.ArgumentParser, with_modes: bool = True) -> None:
+    p.add_argument("--sizes", nargs="+", default=None, metavar="SIZE",
+                   help="presets from gpt.config.PRESETS, or 'all' (gpt2, gpt2-medium, "
+                        "gpt2-large, gpt2-xl, 2.7B); default gpt2 on CUDA, tiny elsewhere")
+    p.add_argument("--seq-len", nargs="+", type=int, default=None, metavar="T",
+                   help="context lengths (default 1024 on CUDA, 128 elsewhere)")
+    p.add_argument("--batch-size", nargs="+", type=int, default=None, metavar="B",
+                   help="micro-batch sizes (default 8 on CUDA, 4 elsewhere)")
+    if with_modes:
+        p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
+                       help="fwd: forward with loss; fwdbwd: + backward; step: + grad clip "
+                            "and fused AdamW step (the trainer's step)")
+    p.add_argument("--precision", nargs="+", choices=list(PRECISIONS), default=None,
+                   help="fp32; tf32 (fp32 + TF32 matmuls, CUDA only); bf16 autocast "
+                        "(default bf16 on CUDA, fp32 elsewhere)")
+    p.add_argument("--compile", nargs="+", choices=["off", "on"], default=["off"],
+                   help="torch.compile off and/or on")
+    p.add_argument("--attention", nargs="+", choices=["sdpa", "naive"], default=["sdpa"],
+                   help="the model's SDPA attention, or naive attention swapped in")
+    p.add_argument("--vocab-size", type=int, default=50304,
+                   help="embedding rows (50304 = GPT-2's 50257 padded, as the trainer uses)")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("model", help="time forward / forward+backward / train step per model "
+                                     "size, precision and compile setting")
+    add_model_args(p)
+    add_common_args(p)
+    p = sub.add_parser("components", help="time embeddings, the blocks and head+loss "
+                                          "separately (forward and forward+backward)")
+    add_model_args(p, with_modes=False)
+    add_common_args(p)
+
+
+def resolve_grid(args: argparse.Namespace, ctx: Context) -> None:
+    d = _defaults(ctx.device)
+    defaulted = []
+    for key in ("sizes", "seq_len", "batch_size", "precision"):
+        if getattr(args, key) is None:
+            setattr(args, key, d[key])
+            defaulted.append(f"--{key.replace('_', '-')} {' '.join(map(str, d[key]))}")
+    args.sizes = expand_sizes(args.sizes)
+    if any(t < 1 for t in args.seq_len) or any(b < 1 for b in args.batch_size):
+        raise SystemExit("error: --seq-len and --batch-size must be >= 1")
+    if defaulted and ctx.device.type != "cuda":
+        ctx.log(f"note: no CUDA device; using small CPU defaults ({', '.join(defaulted)})")
+
+
+# --------------------------------------------------------------------------------------
+# One cell of the model grid
+
+
+def cell_label(size: str, T: int, B: int, mode: str, precision: str, compiled: bool,
+               attention: str) -> str:
+    return (f"{size}_T{T}_B{B}_{mode}_{precision}_{'compiled' if compiled else 'eager'}"
+            f"{'' if attention == 'sdpa' else '_' + attention}")
+
+
+def model_cell(ctx: Context, size: str, T: int, B: int, mode: str, precision: str,
+               compiled: bool, attention: str = "sdpa", vocab_size: int = 50304) -> dict[str, Any]:
+    """Measure one configuration; never raises (OOM / errors become the status)."""
+    device = ctx.device
+    cfg = bench_model_config(size, T, vocab_size)
+    prec = PRECISION[precision]
+    result: dict[str, Any] = {
+        "size": size, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_embd": cfg.n_embd,
+        "vocab_size": cfg.vocab_size, "seq_len": T, "batch_size": B, "tokens": B * T,
+        "mode": mode, "precision": precision, "tf32": prec.tf32 and device.type == "cuda",
+        "autocast": "bf16" if prec.autocast is torch.bfloat16 else None,
+        "compile": compiled, "attention": attention,
+    }
+    skip = precision_skip_reason(precision, device)
+    if skip is None and compiled:
+        skip = compile_skip_reason(device)
+    if skip is not None:
+        return {**result, "status": "skipped", "reason": skip}
+    label = cell_label(size, T, B, mode, precision, compiled, attention)
+    warmup = ctx.args.warmup
+    if compiled and warmup < 1:
+        warmup = 1  # the first compiled call is the compilation: never measure it
+    result["warmup"] = warmup
+
+    def cell() -> dict[str, Any]:
+        with tf32_mode(prec.tf32, device):
+            if compiled:
+                reset_dynamo()
+            torch.manual_seed(ctx.args.seed)
+            model = build_model(cfg, device, attention, nvtx=ctx.nvtx)
+            runner = (torch.compile(model, mode=ctx.args.compile_mode) if compiled else model)
+            x, y = make_batch(B, T, cfg.vocab_size, device, ctx.args.seed)
+            optimizer = fused = None
+            if mode == "step":
+                optimizer, fused = build_optimizer(model, OptimConfig(), device)
+            fn = make_step_fn(runner, mode, device, prec.autocast, x, y, params_model=model,
+                              optimizer=optimizer, grad_clip=OptimConfig().grad_clip,
+                              nvtx=ctx.nvtx)
+            timing = ctx.time(fn, label=label, warmup=warmup)
+        flops_tok = mode_flops_per_token(cfg, T, mode)
+        tok_s = B * T / (timing.stats.median / 1e3)
+        out = {
+            "params": model.num_params(),
+            "fused_adamw": fused,
+            **timing.to_dict(),
+            "tokens_per_s": tok_s,
+            "flops_per_token": flops_tok,
+            "tflops": tok_s * flops_tok / 1e12,
+            "mfu": ctx.mfu(tok_s, flops_tok),
+        }
+        if compiled and timing.first_call_ms is not None:
+            out["compile_s"] = max(0.0, timing.first_call_ms - timing.stats.median) / 1e3
+        return out
+
+    ctx.log(f"[{ctx.command}] {label} ...")
+    return {**result, **run_guarded(cell, device, compiled=compiled)}
+
+
+MODEL_COLUMNS = [
+    Column("size", lambda r: r["size"], "left"),
+    Column("T", lambda r: str(r["seq_len"])),
+    Column("B", lambda r: str(r["batch_size"])),
+    Column("mode", lambda r: r["mode"], "left"),
+    Column("prec", lambda r: r["precision"], "left"),
+    Column("compile", lambda r: "on" if r["compile"] else "off", "left"),
+    Column("attn", lambda r: r["attention"], "left"),
+    Column("median ms", lambda r: fmt_ms(_ms(r, "median"))),
+    Column("mean ms", lambda r: fmt_ms(_ms(r, "mean"))),
+    Column("std ms", lambda r: fmt_ms(_ms(r, "std"))),
+    Column("tokens/s", lambda r: fmt_int(r.get("tokens_per_s"))),
+    Column("TFLOP/s", lambda r: "-" if r.get("tflops") is None else f"{r['tflops']:.2f}"),
+    Column("MFU", lambda r: fmt_pct(r.get("mfu")) if r.get("status") == "ok" else "-"),
+    Column("peak mem", lambda r: fmt_mem(r.get("peak_mem_bytes")) if r.get("status") == "ok" else "-"),
+    Column("status", status_text, "left"),
+]
+
+
+def _ms(r: dict[str, Any], key: str) -> float | None:
+    ms = r.get("ms")
+    return ms.get(key) if isinstance(ms, dict) else None
+
+
+MODEL_NOTES = [
+    "Times per iteration (one micro-batch of B x T tokens) over the measured steps, after "
+    "warm-up; tokens/s uses the median. fwd is the training forward (autograd on, loss "
+    "included); step adds backward, clipping and the optimizer. MFU = tokens/s x FLOPs per token / bf16 dense "
+    "peak, with FLOPs per token = 6N + 12 L d T for fwdbwd and step and a third of it for "
+    "fwd (gpt.metrics.flops_per_token). fp32/tf32 rows are measured against the bf16 peak "
+    "too. Peak memory: torch.cuda.max_memory_allocated over the measured steps (n/a off CUDA).",
+]
+
+
+def run_model(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
+    args = ctx.args
+    resolve_grid(args, ctx)
+    results: list[dict[str, Any]] = []
+
+    def sections() -> list[report.Section]:
+        return [report.Section("model", results, MODEL_COLUMNS, MODEL_NOTES)]
+
+    with ctx.memory_snapshot():
+        for size in args.sizes:
+            for T in args.seq_len:
+                for B in args.batch_size:
+                    for precision in args.precision:
+                        for comp in args.compile:
+                            for attention in args.attention:
+                                for mode in args.modes:
+                                    results.append(model_cell(
+                                        ctx, size, T, B, mode, precision, comp == "on",
+                                        attention, args.vocab_size))
+                                    ctx.save(results, sections())
+    return results, sections()
+
+
+# --------------------------------------------------------------------------------------
+# Components: embeddings, blocks, head + loss, each timed on its own
+
+COMPONENTS = ("embedding", "blocks", "head+loss", "full model")
+
+
+def _component_fns(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                   device: torch.device, dtype: torch.dtype | None
+                   ) -> tuple[dict[str, tuple[Callable[[], Any], bool]], torch.Tensor, torch.Tensor]:
+    """(name -> (forward fn, whether it returns a scalar loss), the blocks'/head's input,
+    a gradient for non-scalar outputs). Inputs are random and, where the real model's
+    would be, require grad, so backward does the same work it does in training."""
+    tr = model.transformer
+    B, T = x.shape
+    C = model.config.n_embd
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    pos = torch.arange(T, device=device)
+    h_in = torch.randn(B, T, C, generator=gen).to(device).requires_grad_(True)
+    g_out = torch.randn(B, T, C, generator=gen).to(device)
+
+    def emb_fwd() -> torch.Tensor:
+        with autocast(device, dtype):
+            return tr.drop(tr.wte(x) + tr.wpe(pos))
+
+    def blocks_fwd() -> torch.Tensor:
+        with autocast(device, dtype):
+            h = h_in
+            for block in tr.h:
+                h = block(h)
+            return h
+
+    def head_fwd() -> torch.Tensor:
+        with autocast(device, dtype):
+            logits = model.lm_head(tr.ln_f(h_in))
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+
+    def full_fwd() -> torch.Tensor:
+        with autocast(device, dtype):
+            return model(x, y)[1]
+
+    return {
+        "embedding": (emb_fwd, False),
+        "blocks": (blocks_fwd, False),
+        "head+loss": (head_fwd, True),
+        "full model": (full_fwd, True),
+    }, h_in, g_out
+
+
+def _with_backward(model: torch.nn.Module, fwd: Callable[[], torch.Tensor], scalar: bool,
+                   inputs: list[torch.Tensor], grad: torch.Tensor) -> Callable[[], None]:
+    def run() -> None:
+        model.zero_grad(set_to_none=True)
+        for t in inputs:
+            t.grad = None
+        out = fwd()
+        if scalar:
+            out.backward()
+        else:
+            out.backward(grad.to(out.dtype))
+    return run
+
+
+def component_cells(ctx: Context, size: str, T: int, B: int, precision: str, compiled: bool,
+                    attention: str, vocab_size: int) -> list[dict[str, Any]]:
+    device = ctx.device
+    cfg = bench_model_config(size, T, vocab_size)
+    prec = PRECISION[precision]
+    base = {"size": size, "seq_len": T, "batch_size": B, "precision": precision,
+            "tf32": prec.tf32 and device.type == "cuda", "compile": compiled,
+            "attention": attention, "vocab_size": cfg.vocab_size}
+    skip = precision_skip_reason(precision, device)
+    if skip is None and compiled:
+        skip = compile_skip_reason(device)
+    if skip is not None:
+        return [{**base, "component": c, "status": "skipped", "reason": skip} for c in COMPONENTS]
+    warmup = max(ctx.args.warmup, 1) if compiled else ctx.args.warmup
+    label = cell_label(size, T, B, "parts", precision, compiled, attention)
+    results: list[dict[str, Any]] = []
+    state: dict[str, Any] = {}
+
+    def setup_model() -> dict[str, Any]:
+        torch.manual_seed(ctx.args.seed)
+        model = build_model(cfg, device, attention, nvtx=ctx.nvtx)
+        x, y = make_batch(B, T, cfg.vocab_size, device, ctx.args.seed)
+        state["fns"], state["h_in"], state["g_out"] = _component_fns(
+            model, x, y, device, prec.autocast)
+        state["model"] = model
+        return {}
+
+    ctx.log(f"[components] {label} ...")
+    with tf32_mode(prec.tf32, device):
+        built = run_guarded(setup_model, device)
+        if built["status"] != "ok":
+            return [{**base, "component": c, **built} for c in COMPONENTS]
+        for comp in COMPONENTS:
+            fwd, scalar = state["fns"][comp]
+
+            def cell(fwd: Callable[[], Any] = fwd, scalar: bool = scalar,
+                     comp: str = comp) -> dict[str, Any]:
+                if compiled:
+                    reset_dynamo()
+                    fwd = torch.compile(fwd, mode=ctx.args.compile_mode)
+                fwdbwd = _with_backward(state["model"], fwd, scalar, [state["h_in"]],
+                                        state["g_out"])
+                t_f = ctx.time(fwd, label=f"{label}_{comp}_fwd", warmup=warmup)
+                t_fb = ctx.time(fwdbwd, label=f"{label}_{comp}_fwdbwd", warmup=warmup)
+                return {
+                    "fwd": t_f.to_dict(), "fwdbwd": t_fb.to_dict(),
+                    "fwd_median_ms": t_f.stats.median, "fwdbwd_median_ms": t_fb.stats.median,
+                    "peak_mem_bytes": t_fb.peak_mem_bytes,
+                }
+
+            results.append({**base, "component": comp,
+                            **run_guarded(cell, device, compiled=compiled)})
+        state.clear()
+    full = next((r for r in results if r["component"] == "full model" and r["status"] == "ok"), None)
+    parts = [r for r in results if r["component"] not in ("full model",)]
+    if full:
+        for r in results:
+            if r["status"] == "ok":
+                r["share_of_full_fwdbwd"] = r["fwdbwd_median_ms"] / full["fwdbwd_median_ms"]
+    if all(r["status"] == "ok" for r in parts):
+        fwd_sum = sum(r["fwd_median_ms"] for r in parts)
+        fb_sum = sum(r["fwdbwd_median_ms"] for r in parts)
+        results.append({**base, "component": "sum of parts", "status": "ok",
+                        "fwd_median_ms": fwd_sum, "fwdbwd_median_ms": fb_sum,
+                        "share_of_full_fwdbwd": fb_sum / full["fwdbwd_median_ms"] if full else None,
+                        "derived": True})
+    return results
+
+
+COMPONENT_COLUMNS = [
+    Column("size", lambda r: r["size"], "left"),
+    Column("T", lambda r: str(r["seq_len"])),
+    Column("B", lambda r: str(r["batch_size"])),
+    Column("prec", lambda r: r["precision"], "left"),
+    Column("compile", lambda r: "on" if r["compile"] else "off", "left"),
+    Column("component", lambda r: r["component"], "left"),
+    Column("fwd ms", lambda r: fmt_ms(r.get("fwd_median_ms"))),
+    Column("fwd+bwd ms", lambda r: fmt_ms(r.get("fwdbwd_median_ms"))),
+    Column("share", lambda r: fmt_pct(r.get("share_of_full_fwdbwd"), "-")),
+    Column("peak mem", lambda r: fmt_mem(r.get("peak_mem_bytes")) if r.get("status") == "ok"
+           and not r.get("derived") else "-"),
+    Column("status", status_text, "left"),
+]
+
+COMPONENT_NOTES = [
+    "embedding = wte(idx) + wpe(pos); blocks = every transformer block on a random "
+    "(B, T, d) input that requires grad; head+loss = ln_f + lm_head + cross-entropy. "
+    "Median ms; share = fwd+bwd time over the full model's fwd+bwd time. The parts run "
+    "separately, so their sum can differ from the full model a little.",
+]
+
+
+def run_components(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
+    args = ctx.args
+    resolve_grid(args, ctx)
+    results: list[dict[str, Any]] = []
+
+    def sections() -> list[report.Section]:
+        return [report.Section("components", results, COMPONENT_COLUMNS, COMPONENT_NOTES)]
+
+    with ctx.memory_snapshot():
+        for size in args.sizes:
+            for T in args.seq_len:
+                for B in args.batch_size:
+                    for precision in args.precision:
+                        for comp in args.compile:
+                            for attention in args.attention:
+                                results.extend(component_cells(
+                                    ctx, size, T, B, precision, comp == "on", attention,
+                                    args.vocab_size))
+                                ctx.save(results, sections())
+    return results, sections()

@@ -1,0 +1,114 @@
+"""Tests for gpt.plot: reading metrics.jsonl (needs no matplotlib) and drawing (skipped
+when matplotlib is not installed)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpt.plot import MATPLOTLIB_HINT, load_metrics, main
+
+
+def write_jsonl(path: Path, records: list[dict], tail: str = "") -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail, encoding="utf-8")
+    return path
+
+
+def train(step: int, loss: float, **extra: object) -> dict:
+    return {"type": "train", "step": step, "loss": loss, "lr": 1e-3, "grad_norm": 1.0,
+            "ms": 10.0, "tokens_per_s": 1000.0 + step, "mfu": None, **extra}
+
+
+def test_series_by_type(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "metrics.jsonl", [
+        {"type": "run", "config": {}, "device": "cpu"},
+        {"type": "val", "step": 0, "val_loss": 11.0},
+        train(0, 10.9), train(1, 9.5), train(2, 8.0),
+        {"type": "sample", "step": 2, "samples": ["hi"]},
+        {"type": "hellaswag", "step": 2, "acc": 0.25, "acc_norm": 0.26},
+        {"type": "val", "step": 2, "val_loss": 8.5},
+        {"type": "checkpoint", "step": 3, "path": "ckpt_000003.pt"},
+    ])
+    run = load_metrics(path)
+    assert run.series("train", "loss") == ([0, 1, 2], [10.9, 9.5, 8.0])
+    assert run.series("train", "tokens_per_s") == ([0, 1, 2], [1000.0, 1001.0, 1002.0])
+    assert run.series("val", "val_loss") == ([0, 2], [11.0, 8.5])
+    assert run.series("hellaswag", "acc_norm") == ([2], [0.26])
+    assert run.series("hellaswag", "acc") == ([2], [0.25])
+    assert run.series("train", "mfu") == ([], [])  # None values are skipped
+    assert len(run.runs) == 1 and run.bad_lines == 0
+    assert load_metrics(tmp_path).series("train", "loss")[0] == [0, 1, 2]  # a run folder works
+
+
+def test_later_record_wins(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "m.jsonl", [
+        train(0, 10.0), train(1, 9.0), train(2, 8.0),
+        {"type": "val", "step": 2, "val_loss": 8.8},
+        train(1, 9.1), train(2, 7.9),  # the same steps again: the later records win
+        {"type": "val", "step": 2, "val_loss": 8.7},
+    ])
+    run = load_metrics(path)
+    assert run.series("train", "loss") == ([0, 1, 2], [10.0, 9.1, 7.9])
+    assert run.series("val", "val_loss") == ([2], [8.7])
+
+
+def test_resumed_run_replaces_the_superseded_attempt(tmp_path: Path) -> None:
+    """Attempt 1 ran to step 6 with a checkpoint at 4; attempt 2 resumed from 4 and ran
+    to 5 (so far): attempt 1's steps 4-6 are gone, its evaluation at step 4 stays."""
+    path = write_jsonl(tmp_path / "m.jsonl", [
+        {"type": "run", "start_step": 0},
+        *(train(s, 10.0 - s) for s in range(7)),
+        {"type": "val", "step": 4, "val_loss": 6.5},
+        {"type": "hellaswag", "step": 4, "acc": 0.3, "acc_norm": 0.31},
+        {"type": "val", "step": 6, "val_loss": 4.5},
+        {"type": "run", "start_step": 4, "resumed_from": "ckpt_000004.pt"},
+        train(4, 5.5), train(5, 4.4),
+    ])
+    run = load_metrics(path)
+    assert run.series("train", "loss") == ([0, 1, 2, 3, 4, 5], [10.0, 9.0, 8.0, 7.0, 5.5, 4.4])
+    assert run.series("val", "val_loss") == ([4], [6.5])
+    assert run.series("hellaswag", "acc_norm") == ([4], [0.31])
+    assert len(run.runs) == 2
+
+
+def test_unreadable_lines_are_skipped(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "m.jsonl", [train(0, 3.0), train(1, float("nan"))],
+                       tail='[1, 2]\n{"type": "train", "st')  # a crash mid-line
+    run = load_metrics(path)
+    assert run.bad_lines == 2
+    assert run.series("train", "loss") == ([0], [3.0])  # NaN skipped
+
+
+def test_main_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_jsonl(tmp_path / "metrics.jsonl", [train(0, 1.0)])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    assert main([str(path), "-o", str(tmp_path / "c.png")]) == 1
+    err = capsys.readouterr().err
+    assert MATPLOTLIB_HINT in err and "pip install matplotlib" in err
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_main_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "nope.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_plot_writes_png(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    records = [{"type": "run"}]
+    for s in range(0, 50, 5):
+        records.append(train(s, 10.0 / (s + 1)))
+        if s % 20 == 0:
+            records.append({"type": "val", "step": s, "val_loss": 10.5 / (s + 1)})
+            records.append({"type": "hellaswag", "step": s, "acc": 0.25, "acc_norm": 0.26})
+    a = write_jsonl(tmp_path / "a.jsonl", records)
+    b = write_jsonl(tmp_path / "b.jsonl", records[:5])  # no HellaSwag yet
+    out = tmp_path / "plots" / "curves.png"
+    assert main([str(a), str(b), "-o", str(out), "--smooth", "0.6", "--title", "t"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main([str(b)]) == 0  # default output: next to the metrics file
+    assert (tmp_path / "curves.png").exists()
