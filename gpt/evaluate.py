@@ -1,6 +1,20 @@
-"""Validation loss over a fixed slice of the validation split."""
+"""Validation loss over a fixed slice of the validation split, and the evaluation CLI.
+
+    python -m gpt.evaluate --checkpoint runs/x/ckpt_019073.pt --hellaswag hellaswag_val.jsonl
+    python -m gpt.evaluate --init-from gpt2 --hellaswag val              # downloads the set
+    python -m gpt.evaluate --checkpoint ckpt.pt --data-dir data/fineweb-edu-10B --val-steps 20
+    torchrun --standalone --nproc_per_node=8 -m gpt.evaluate --checkpoint ckpt.pt --hellaswag val
+
+Under torchrun each rank scores its share (HellaSwag examples i % world_size, disjoint
+validation windows) and the results are combined; rank 0 prints them.
+"""
 
 from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, NoReturn
 
 import torch
 
@@ -33,3 +47,137 @@ def val_loss(
         losses.append(loss.float())
     model.train(was_training)
     return torch.stack(losses).mean()
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m gpt.evaluate",
+                description="Score a checkpoint or OpenAI GPT-2 on HellaSwag and/or validation loss.",
+                allow_abbrev=False)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", metavar="PATH", help="a checkpoint written by the trainer")
+    src.add_argument("--init-from", metavar="NAME|DIR",
+                     help="gpt2, gpt2-medium, gpt2-large, gpt2-xl or a Hugging Face GPT-2 folder")
+    h = p.add_argument_group("HellaSwag")
+    h.add_argument("--hellaswag", metavar="FILE|URL|val",
+                   help="HellaSwag jsonl: a local file, a URL, or 'val' for the official "
+                   "validation set (downloaded once into --cache-dir)")
+    h.add_argument("--hellaswag-max-examples", type=int, default=None,
+                   help="score only the first N examples")
+    h.add_argument("--batch-examples", type=int, default=8,
+                   help="examples per forward (x 4 candidates)")
+    h.add_argument("--cache-dir", default=None,
+                   help="where downloads go (default: ~/.cache/gpt2-trainer/hellaswag)")
+    v = p.add_argument_group("validation loss")
+    v.add_argument("--data-dir", help="folder of val_* token shards")
+    v.add_argument("--val-steps", type=int, default=20, help="batches per process")
+    v.add_argument("--batch-size", type=int, default=8)
+    v.add_argument("--seq-len", type=int, default=None, help="default: the model's block size")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="autocast precision; auto: bf16 on CUDA/MPS, fp32 on CPU")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model first")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
+    return p
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.hellaswag is None and args.data_dir is None:
+        parser.error("nothing to do: give --hellaswag FILE and/or --data-dir DIR")
+    for name in ("batch_examples", "val_steps", "batch_size", "seq_len", "hellaswag_max_examples"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Evaluate as the arguments say (one process or one torchrun rank); results dict."""
+    import torch.distributed as dist
+
+    from gpt import hellaswag
+    from gpt.dist import all_reduce_mean, init_runtime, resolve_dtype
+    from gpt.pretrained import load_model
+
+    runtime = init_runtime(args.device)
+    try:
+        dtype = resolve_dtype(args.dtype, runtime.device)
+        model = load_model(checkpoint=args.checkpoint, init_from=args.init_from,
+                           device=runtime.device)
+        scored = torch.compile(model) if args.compile else model
+        results: dict[str, Any] = {"source": args.checkpoint or args.init_from}
+        if args.hellaswag is not None:
+            examples = hellaswag.load_examples(args.hellaswag, args.cache_dir, runtime.rank,
+                                               max_examples=args.hellaswag_max_examples)
+            results["hellaswag"] = hellaswag.evaluate(
+                scored, examples, runtime.device, dtype, runtime.rank, runtime.world_size,
+                batch_examples=args.batch_examples, valid_vocab=hellaswag_vocab(model))
+        if args.data_dir is not None:
+            seq_len = args.seq_len or model.config.block_size
+            if seq_len > model.config.block_size:
+                from gpt.config import ConfigError
+
+                raise ConfigError(f"--seq-len {seq_len} exceeds the model's block size "
+                                  f"{model.config.block_size}")
+            loader = ShardLoader(args.data_dir, "val", args.batch_size, seq_len,
+                                 rank=runtime.rank, world_size=runtime.world_size,
+                                 device=runtime.device)
+            steps = min(args.val_steps, loader.steps_per_pass)
+            loss = all_reduce_mean(val_loss(scored, loader, steps, runtime.device_type, dtype),
+                                   runtime)
+            results["val_loss"] = loss.item()
+            results["val_tokens"] = steps * args.batch_size * seq_len * runtime.world_size
+        results["is_master"] = runtime.rank == 0
+        return results
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def hellaswag_vocab(model: torch.nn.Module) -> int | None:
+    """GPT-2's 50257 real ids when the vocabulary is padded past them (never-used ids are
+    masked out of the loss), else None."""
+    vocab = model.config.vocab_size  # type: ignore[union-attr]
+    return 50257 if vocab > 50257 else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+
+    from gpt.config import ConfigError
+    from gpt.data import DataError
+    from gpt.hellaswag import HellaSwagError
+    from gpt.pretrained import PretrainedError
+
+    try:
+        results = run(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (PretrainedError, HellaSwagError, DataError, RuntimeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if not results.pop("is_master"):
+        return 0
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    if "hellaswag" in results:
+        r = results["hellaswag"]
+        print(f"hellaswag: acc {r['acc']:.4f} ({r['correct']}/{r['total']}) | acc_norm "
+              f"{r['acc_norm']:.4f} ({r['correct_norm']}/{r['total']})")
+    if "val_loss" in results:
+        print(f"val loss: {results['val_loss']:.4f} ({results['val_tokens']:,} tokens)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,17 +1,81 @@
-"""Sampling from a GPT model (used by the trainer's periodic samples)."""
+"""Sampling from a GPT model with a KV cache: the trainer's periodic samples and the CLI.
+
+    python -m gpt.generate --init-from gpt2 --prompt "Hello, I'm a language model,"
+    python -m gpt.generate --checkpoint runs/x/ckpt_001000.pt --num-samples 4 --seed 0
+
+The prompt is run through the model once (prefill), then each new token attends to the
+cached keys and values of the earlier ones. Once a sequence is longer than the model's
+block size, the window of positions slides, so cached keys (computed at other positions)
+no longer apply: from there on every token is a full forward over the last block_size
+tokens, exactly what sampling without the cache does.
+"""
 
 from __future__ import annotations
 
+import argparse
+import inspect
+import sys
+from typing import NoReturn, Sequence
+
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt.model import GPT
 
+GPT2_EOT = 50256  # <|endoftext|>
+GPT2_VOCAB = 50257  # real GPT-2 token ids; the model may pad its vocabulary past this
+
+
+def unwrap(model: nn.Module) -> GPT:
+    """The plain GPT under torch.compile's and DDP's wrappers."""
+    while not isinstance(model, GPT):
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if inner is None:
+            raise TypeError(f"expected a GPT model, got {type(model).__name__}")
+        model = inner
+    return model
+
+
+def _next_token(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    valid_vocab: int | None,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """(B, V) logits of the last position -> (B, 1) chosen ids."""
+    logits = logits.float()
+    if valid_vocab is not None:
+        logits[:, valid_vocab:] = float("-inf")
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None and top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = F.softmax(logits, dim=-1)
+    # Sample on the CPU generator's terms so a seed gives the same text on any device.
+    return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
+
+
+def _blocks_take_cache(model: GPT) -> bool:
+    """False if a block's forward was replaced (e.g. by activation checkpointing) with one
+    that cannot pass the cache arguments on; sampling then recomputes without the cache."""
+    for block in model.transformer.h:
+        forward = vars(block).get("forward")
+        if forward is not None:
+            try:
+                inspect.signature(forward).bind(None, None, 0)
+            except (TypeError, ValueError):
+                return False
+    return True
+
 
 @torch.no_grad()
 def sample(
-    model: GPT,
-    prompt_ids: list[int],
+    model: nn.Module,
+    prompt_ids: Sequence[int],
     max_new_tokens: int,
     num_samples: int = 1,
     temperature: float = 1.0,
@@ -19,37 +83,153 @@ def sample(
     valid_vocab: int | None = None,
     generator: torch.Generator | None = None,
     autocast_dtype: torch.dtype = torch.float32,
+    *,
+    use_cache: bool = True,
+    stop_at_eot: bool = False,
+    eot_id: int = GPT2_EOT,
 ) -> torch.Tensor:
     """Return (num_samples, len(prompt) + max_new_tokens) token ids.
 
     Ids >= valid_vocab (the padding rows of a padded vocabulary) are never sampled.
-    temperature 0 means greedy. The context is cropped to the model's block_size.
+    temperature 0 means greedy; top_k None or 0 keeps every token. The context is cropped
+    to the model's block_size. use_cache=False recomputes the whole context each token
+    (the reference the KV cache must match). With stop_at_eot, a row stops at its first
+    generated eot_id and the rest of it is filled with eot_id; generation ends early once
+    every row has stopped (the shape stays the same). See `until_eot` for trimming.
     """
-    device = next(model.parameters()).device
-    idx = torch.tensor([prompt_ids] * num_samples, dtype=torch.long, device=device)
-    was_training = model.training
-    model.eval()
+    if len(prompt_ids) == 0:
+        raise ValueError("the prompt must hold at least one token (e.g. the EOT token)")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    gpt = unwrap(model)
+    device = next(gpt.parameters()).device
+    block = gpt.config.block_size
+    idx = torch.tensor([list(prompt_ids)] * num_samples, dtype=torch.long, device=device)
+    out = torch.full((num_samples, idx.size(1) + max_new_tokens), eot_id, dtype=torch.long,
+                     device=device)
+    out[:, : idx.size(1)] = idx
+    done = torch.zeros(num_samples, 1, dtype=torch.bool, device=device)
+    cache = None
+    if use_cache and idx.size(1) < block and _blocks_take_cache(gpt):
+        cache = gpt.new_kv_cache(min(block, idx.size(1) + max_new_tokens))
+    was_training = gpt.training
+    gpt.eval()
     try:
-        for _ in range(max_new_tokens):
-            context = idx[:, -model.config.block_size :]
+        length = idx.size(1)  # tokens so far
+        for step in range(max_new_tokens):
             with torch.autocast(
                 device.type, dtype=autocast_dtype, enabled=autocast_dtype != torch.float32
             ):
-                logits, _ = model(context)
-            logits = logits[:, -1, :].float()
-            if valid_vocab is not None:
-                logits[:, valid_vocab:] = float("-inf")
-            if temperature == 0:
-                next_id = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                probs = F.softmax(logits, dim=-1)
-                # Sample on the CPU generator's terms so a seed gives the same text anywhere.
-                next_id = torch.multinomial(probs.cpu(), 1, generator=generator).to(device)
-            idx = torch.cat([idx, next_id], dim=1)
+                if cache is not None and length <= cache.max_len:
+                    # First step: the prompt; then only the newest token.
+                    new = out[:, cache.length : length]
+                    logits, _ = gpt(new, kv_cache=cache)
+                else:  # no cache, or past the block size: recompute over the window
+                    logits, _ = gpt(out[:, max(0, length - block) : length])
+            next_id = _next_token(logits[:, -1, :], temperature, top_k, valid_vocab, generator)
+            if stop_at_eot:
+                next_id = next_id.masked_fill(done, eot_id)
+                done |= next_id == eot_id
+            out[:, length : length + 1] = next_id
+            length += 1
+            # Checking `done` reads it back from the device, so only when it can matter.
+            if stop_at_eot and step % 8 == 7 and bool(done.all()):
+                break
     finally:
-        model.train(was_training)
-    return idx
+        gpt.train(was_training)
+    return out
+
+
+def until_eot(ids: Sequence[int], prompt_len: int, eot_id: int = GPT2_EOT) -> list[int]:
+    """A sample's ids up to (not including) the first EOT after the prompt."""
+    ids = list(ids)
+    for i in range(prompt_len, len(ids)):
+        if ids[i] == eot_id:
+            return ids[:i]
+    return ids
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line naming the flag, without the usage block.
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m gpt.generate",
+        description="Generate text from a trainer checkpoint or OpenAI's GPT-2 weights.",
+        allow_abbrev=False,
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", metavar="PATH", help="a checkpoint written by the trainer")
+    src.add_argument(
+        "--init-from",
+        metavar="NAME|DIR",
+        help="gpt2, gpt2-medium, gpt2-large, gpt2-xl (downloaded from the Hugging Face hub) "
+        "or a local Hugging Face GPT-2 folder",
+    )
+    p.add_argument("--prompt", default="Hello, I'm a language model,",
+                   help="text to continue; empty starts from <|endoftext|>")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per sample")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy decoding")
+    p.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest (0: all)")
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                   help="autocast precision; auto: bf16 on CUDA/MPS, fp32 on CPU")
+    p.add_argument("--no-stop-at-eot", dest="stop_at_eot", action="store_false",
+                   help="keep generating after <|endoftext|>")
+    p.add_argument("--no-cache", dest="use_cache", action="store_false",
+                   help="recompute the whole context for each token (slow; for checking)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name in ("max_new_tokens", "num_samples"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.temperature < 0:
+        parser.error(f"--temperature must be >= 0, got {args.temperature}")
+    if args.top_k < 0:
+        parser.error(f"--top-k must be >= 0 (0 keeps every token), got {args.top_k}")
+
+    from gpt.config import ConfigError
+    from gpt.dist import pick_device, resolve_dtype
+    from gpt.pretrained import PretrainedError, load_model
+    from gpt.tokenizer import gpt2_tokenizer
+
+    try:
+        device = pick_device(args.device)
+        dtype = resolve_dtype(args.dtype, device)
+        tokenizer = gpt2_tokenizer()
+        model = load_model(checkpoint=args.checkpoint, init_from=args.init_from, device=device)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (PretrainedError, RuntimeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    prompt = tokenizer.encode_ordinary(args.prompt) or [tokenizer.eot_token]
+    gen = torch.Generator().manual_seed(args.seed)
+    ids = sample(model, prompt, args.max_new_tokens, num_samples=args.num_samples,
+                 temperature=args.temperature, top_k=args.top_k or None,
+                 valid_vocab=min(tokenizer.n_vocab, model.config.vocab_size), generator=gen,
+                 autocast_dtype=dtype, use_cache=args.use_cache, stop_at_eot=args.stop_at_eot,
+                 eot_id=tokenizer.eot_token)
+    for i, row in enumerate(ids.tolist()):
+        if args.stop_at_eot:
+            row = until_eot(row, len(prompt), tokenizer.eot_token)
+        print(f"--- sample {i}")
+        print(args.prompt + tokenizer.decode(row[len(prompt) :]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -14,6 +14,43 @@ import torch.nn.functional as F
 from gpt.config import ModelConfig
 
 
+class KVCache:
+    """Keys and values of the positions seen so far, per layer, for incremental decoding.
+
+    Each layer's buffers have shape (B, n_head, max_len, head_dim) and are allocated on
+    first use with the dtype and device of that layer's keys (so they follow autocast).
+    `length` is the number of positions stored; GPT.forward advances it after each call,
+    and the next call's tokens take positions length, length + 1, ... A sequence cannot
+    grow past max_len (at most the model's block_size): generation past the block size
+    recomputes over the cropped context instead (see gpt.generate).
+    """
+
+    def __init__(self, n_layer: int, max_len: int) -> None:
+        if max_len < 1:
+            raise ValueError(f"KVCache max_len must be >= 1, got {max_len}")
+        self.max_len = max_len
+        self.length = 0
+        self.keys: list[torch.Tensor | None] = [None] * n_layer
+        self.values: list[torch.Tensor | None] = [None] * n_layer
+
+    def update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, heads, T, head_dim) after the cached positions; return all of them."""
+        B, H, T, D = k.shape
+        end = self.length + T
+        if end > self.max_len:
+            raise ValueError(f"KV cache full: {self.length} + {T} positions exceed max_len {self.max_len}")
+        if self.keys[layer] is None:
+            self.keys[layer] = k.new_zeros(B, H, self.max_len, D)
+            self.values[layer] = v.new_zeros(B, H, self.max_len, D)
+        keys, values = self.keys[layer], self.values[layer]
+        assert keys is not None and values is not None
+        keys[:, :, self.length : end] = k
+        values[:, :, self.length : end] = v
+        return keys[:, :, :end], values[:, :, :end]
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -25,18 +62,44 @@ class CausalSelfAttention(nn.Module):
         self.c_proj.residual_scale = True  # type: ignore[attr-defined]  # see GPT._init_weights
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0
+    ) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         # (B, T, C) -> (B, heads, T, head_dim)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        # SDPA picks a fused kernel (flash / memory-efficient / cuDNN) where one fits, and
-        # never materialises the T x T score matrix in that case.
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        dropout_p = self.dropout if self.training else 0.0
+        if kv_cache is None:
+            # SDPA picks a fused kernel (flash / memory-efficient / cuDNN) where one fits, and
+            # never materialises the T x T score matrix in that case.
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        else:
+            y = self._cached_attention(q, k, v, kv_cache, layer, dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    @staticmethod
+    def _cached_attention(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: KVCache,
+        layer: int,
+        dropout_p: float,
+    ) -> torch.Tensor:
+        """Attention of T new queries over the cached positions plus themselves."""
+        start, T = kv_cache.length, q.size(2)
+        k, v = kv_cache.update(layer, k, v)
+        if start == 0:  # prefill: the plain causal case
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        if T == 1:  # one new token is the last position: it may see every cached key
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        # Several new tokens after a prefix: query i sits at position start + i. (SDPA's
+        # is_causal aligns the mask top-left, which is wrong when keys outnumber queries.)
+        rows = torch.arange(start, start + T, device=q.device).unsqueeze(1)
+        mask = rows >= torch.arange(start + T, device=q.device).unsqueeze(0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 class MLP(nn.Module):
@@ -62,8 +125,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def forward(
+        self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv_cache, layer)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -110,19 +175,36 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
+    def new_kv_cache(self, max_len: int | None = None) -> KVCache:
+        """An empty KVCache for up to max_len positions (default: the block size)."""
+        max_len = self.config.block_size if max_len is None else max_len
+        if max_len > self.config.block_size:
+            raise ValueError(f"KV cache max_len {max_len} exceeds block_size {self.config.block_size}")
+        return KVCache(self.config.n_layer, max_len)
+
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx: (B, T) token ids. Returns (logits (B, T, V), mean cross-entropy or None)."""
+        """idx: (B, T) token ids. Returns (logits (B, T, V), mean cross-entropy or None).
+
+        Without kv_cache (training, evaluation) this is one causal pass over idx. With a
+        KVCache, idx continues the cached sequence: its tokens take positions
+        kv_cache.length onwards, attend to the cached keys too, and are appended to the cache.
+        """
         B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(
-                f"sequence length {T} exceeds the model's block_size {self.config.block_size}"
-            )
-        pos = torch.arange(T, device=idx.device)
+        start = 0 if kv_cache is None else kv_cache.length
+        if start + T > self.config.block_size:
+            what = f"sequence length {T}" if start == 0 else f"{start} cached + {T} new positions"
+            raise ValueError(f"{what} exceeds the model's block_size {self.config.block_size}")
+        pos = torch.arange(start, start + T, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
-            x = block(x)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x) if kv_cache is None else block(x, kv_cache, i)
+        if kv_cache is not None:
+            kv_cache.length += T
         logits = self.lm_head(self.transformer.ln_f(x))
         loss = None
         if targets is not None:

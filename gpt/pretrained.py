@@ -1,0 +1,511 @@
+"""OpenAI's GPT-2 weights in and out: Hugging Face GPT-2 folders <-> this package's GPT.
+
+    model = load_pretrained("gpt2")                 # downloads openai-community/gpt2
+    model = load_pretrained("path/to/hf_folder")    # config.json + model.safetensors or .bin
+    export_hf("runs/x/ckpt_001000.pt", "hf/my-gpt2") # a folder transformers can load
+
+    python -m gpt.pretrained export --checkpoint runs/x/ckpt_001000.pt --out hf/my-gpt2
+
+A Hugging Face GPT-2 folder holds config.json and the weights as model.safetensors (or
+pytorch_model.bin). The module names are the same as ours; the difference is that GPT-2's
+attention and MLP projections are Conv1D layers whose weight is stored (in, out), the
+transpose of nn.Linear's (out, in). The causal-mask buffers (attn.bias, attn.masked_bias)
+are dropped and the output head is tied to the token embedding.
+
+The safetensors format is read and written here without the `safetensors` package: an
+8-byte little-endian header length, a JSON header (name -> dtype, shape, byte range), then
+the raw little-endian tensor bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import struct
+import sys
+from pathlib import Path
+from typing import Any, BinaryIO, NoReturn
+
+import torch
+import torch.nn as nn
+
+from gpt.config import ConfigError, ModelConfig
+from gpt.fileio import atomic_write
+from gpt.model import GPT
+
+HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+HUB_ORG = "openai-community"
+GPT2_VOCAB = 50257
+GPT2_EOT = 50256
+CONFIG_FILE = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+# Stored as HF Conv1D (in, out): transposed to nn.Linear's (out, in) and back.
+CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers, not weights
+
+
+class PretrainedError(ValueError):
+    """A weights file, folder or model name that cannot be used; the message names it."""
+
+
+# ---------------------------------------------------------------------------- safetensors
+
+_ST_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+def _check_little_endian() -> None:
+    if sys.byteorder != "little":  # pragma: no cover - every platform torch ships for
+        raise PretrainedError("safetensors files are little-endian; this machine is not")
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """All tensors of a .safetensors file, on the CPU, in their stored dtype."""
+    _check_little_endian()
+    path = Path(path)
+    if not path.is_file():
+        raise PretrainedError(f"{path}: no such file")
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        raw = fh.read(8)
+        if len(raw) < 8:
+            raise PretrainedError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+        (n,) = struct.unpack("<Q", raw)
+        if n > min(size - 8, _MAX_HEADER):
+            raise PretrainedError(f"{path}: not a safetensors file (header length {n} is impossible)")
+        try:
+            header = json.loads(fh.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise PretrainedError(f"{path}: not a safetensors file (bad JSON header: {e})") from None
+        if not isinstance(header, dict):
+            raise PretrainedError(f"{path}: not a safetensors file (header is not a JSON object)")
+        data_start, data_len = 8 + n, size - 8 - n
+        out: dict[str, torch.Tensor] = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            out[name] = _read_tensor(fh, path, name, info, data_start, data_len)
+    return out
+
+
+def _read_tensor(fh: BinaryIO, path: Path, name: str, info: Any, data_start: int,
+                 data_len: int) -> torch.Tensor:
+    try:
+        dtype = _ST_DTYPES[info["dtype"]]
+        shape = [int(d) for d in info["shape"]]
+        begin, end = (int(o) for o in info["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        raise PretrainedError(f"{path}: tensor {name!r} has an unsupported or malformed "
+                              f"header entry {info!r}") from None
+    numel = 1
+    for d in shape:
+        numel *= d
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if min(shape, default=0) < 0 or not 0 <= begin <= end <= data_len or end - begin != nbytes:
+        raise PretrainedError(f"{path}: tensor {name!r}: byte range {begin}..{end} does not "
+                              f"fit shape {shape} of {info['dtype']} (file truncated or corrupt?)")
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    fh.seek(data_start + begin)
+    buf = bytearray(nbytes)
+    if fh.readinto(buf) != nbytes:
+        raise PretrainedError(f"{path}: truncated in tensor {name!r}")
+    return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike,
+                      metadata: dict[str, str] | None = None) -> Path:
+    """Write tensors as a .safetensors file, atomically (temporary file, fsync, rename)."""
+    _check_little_endian()
+    path = Path(path)
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", **(metadata or {})}}
+    offset = 0
+    flat: list[torch.Tensor] = []
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        if t.dtype not in _ST_NAMES:
+            raise PretrainedError(f"{path}: cannot store {name!r} of dtype {t.dtype} in safetensors")
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        flat.append(t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8))
+        offset += nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)  # pad so the tensor data starts 8-byte aligned
+
+    def write(fh: BinaryIO) -> None:
+        fh.write(struct.pack("<Q", len(blob)))
+        fh.write(blob)
+        for t in flat:
+            fh.write(memoryview(t.numpy()))
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, write)
+    return path
+
+
+# ---------------------------------------------------------------------------- import
+
+
+def is_hub_name(name: str) -> bool:
+    return name in HUB_NAMES
+
+
+def download(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Fetch config.json and the weights of an OpenAI GPT-2 model from the Hugging Face hub
+    (safetensors where the repo has them) into huggingface_hub's cache; return the folder."""
+    if name not in HUB_NAMES:
+        raise PretrainedError(f"--init-from {name!r}: not a GPT-2 model name ({', '.join(HUB_NAMES)}) "
+                              "nor an existing folder")
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.utils import EntryNotFoundError, RepositoryNotFoundError
+    except ImportError:
+        raise PretrainedError(f"--init-from {name}: downloading needs `pip install huggingface-hub`") from None
+
+    last_error: Exception | None = None
+    for repo in (f"{HUB_ORG}/{name}", name):  # the current repo, then the legacy id
+        try:
+            config = hf_hub_download(repo, CONFIG_FILE, cache_dir=cache_dir)
+            for weights in WEIGHT_FILES:
+                try:
+                    hf_hub_download(repo, weights, cache_dir=cache_dir)
+                    return Path(config).parent
+                except EntryNotFoundError as e:
+                    last_error = e
+            raise PretrainedError(f"--init-from {name}: hub repo {repo} has none of {', '.join(WEIGHT_FILES)}")
+        except RepositoryNotFoundError as e:
+            last_error = e
+            continue
+        except PretrainedError:
+            raise
+        except Exception as e:  # network, HTTP and offline-mode errors come in many types
+            raise PretrainedError(
+                f"--init-from {name}: could not download {repo} from the Hugging Face hub "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); offline, "
+                "pass a local folder with config.json and model.safetensors"
+            ) from None
+    raise PretrainedError(f"--init-from {name}: not found on the Hugging Face hub ({last_error})")
+
+
+def resolve(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """A local Hugging Face GPT-2 folder: the path itself, or a hub model downloaded."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    if is_hub_name(str(name_or_path)):
+        return download(str(name_or_path), cache_dir)
+    raise PretrainedError(f"--init-from {name_or_path}: no such folder, and not one of {', '.join(HUB_NAMES)}")
+
+
+def read_hf_config(folder: Path) -> dict[str, Any]:
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise PretrainedError(f"{folder}: no {CONFIG_FILE} (not a Hugging Face model folder)")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PretrainedError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise PretrainedError(f"{path}: not a JSON object")
+    return cfg
+
+
+def model_config_from_hf(hf: dict[str, Any], source: str, vocab_size: int | None = None,
+                         block_size: int | None = None, dropout: float = 0.0) -> ModelConfig:
+    """Our ModelConfig for a HF GPT-2 config.json; refuses variants this model cannot compute."""
+    def bad(what: str) -> NoReturn:
+        raise PretrainedError(f"{source}: {what}; only standard GPT-2 models are supported")
+
+    if hf.get("model_type", "gpt2") != "gpt2":
+        bad(f"model_type is {hf.get('model_type')!r}")
+    try:
+        n_layer, n_head, n_embd = int(hf["n_layer"]), int(hf["n_head"]), int(hf["n_embd"])
+        n_positions = int(hf.get("n_positions", hf.get("n_ctx", 1024)))
+        hf_vocab = int(hf.get("vocab_size", GPT2_VOCAB))
+    except (KeyError, TypeError, ValueError) as e:
+        raise PretrainedError(f"{source}: config.json lacks or garbles {e}") from None
+    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        bad(f"activation_function is {hf.get('activation_function')!r} (tanh GELU expected)")
+    if abs(float(hf.get("layer_norm_epsilon", 1e-5)) - 1e-5) > 1e-12:
+        bad(f"layer_norm_epsilon is {hf.get('layer_norm_epsilon')} (1e-5 expected)")
+    if hf.get("n_inner") not in (None, 4 * n_embd):
+        bad(f"n_inner is {hf.get('n_inner')} (4 x n_embd expected)")
+    if not hf.get("scale_attn_weights", True) or hf.get("scale_attn_by_inverse_layer_idx", False):
+        bad("attention scaling differs from GPT-2's")
+    if n_embd % n_head:
+        bad(f"n_embd {n_embd} is not divisible by n_head {n_head}")
+    if vocab_size is not None and vocab_size < hf_vocab:
+        raise PretrainedError(f"{source}: vocab_size {vocab_size} is smaller than the model's {hf_vocab}")
+    if block_size is not None and not 1 <= block_size <= n_positions:
+        raise PretrainedError(f"{source}: block_size {block_size} must be in 1..{n_positions} "
+                              "(the model's n_positions)")
+    return ModelConfig(block_size=block_size or n_positions, vocab_size=vocab_size or hf_vocab,
+                       n_layer=n_layer, n_head=n_head, n_embd=n_embd, dropout=dropout)
+
+
+def read_hf_weights(folder: Path) -> tuple[dict[str, torch.Tensor], Path]:
+    for name in WEIGHT_FILES:
+        path = folder / name
+        if path.is_file():
+            if name.endswith(".safetensors"):
+                return read_safetensors(path), path
+            try:
+                sd = torch.load(path, map_location="cpu", weights_only=True)
+            except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+                raise PretrainedError(f"{path}: not a loadable PyTorch weights file ({e})") from None
+            if not isinstance(sd, dict):
+                raise PretrainedError(f"{path}: holds a {type(sd).__name__}, not a state dict")
+            return sd, path
+    raise PretrainedError(f"{folder}: no {' or '.join(WEIGHT_FILES)} (sharded checkpoints are "
+                          "not supported)")
+
+
+def hf_to_gpt_state_dict(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig,
+                         source: str) -> dict[str, torch.Tensor]:
+    """HF GPT-2 tensors -> our state dict for `cfg` (transposes Conv1D weights, drops the mask
+    buffers, checks the tied head, pads the vocabulary and crops the positions)."""
+    out: dict[str, torch.Tensor] = {}
+    head: torch.Tensor | None = None
+    for key, value in hf_sd.items():
+        name = key[len("transformer."):] if key.startswith("transformer.") else key
+        if name.endswith(IGNORED_SUFFIXES):
+            continue
+        if name == "lm_head.weight":
+            head = value
+            continue
+        if name.endswith(CONV1D_SUFFIXES):
+            value = value.t()
+        out["transformer." + name] = value.to(torch.float32).contiguous()
+    wte = out.get("transformer.wte.weight")
+    if wte is None or "transformer.wpe.weight" not in out:
+        raise PretrainedError(f"{source}: no wte/wpe embedding weights (not a GPT-2 checkpoint)")
+    if head is not None and (head.shape != wte.shape or not torch.equal(head.to(wte.dtype), wte)):
+        raise PretrainedError(f"{source}: lm_head.weight is not tied to wte.weight; untied heads "
+                              "are not supported")
+    if cfg.vocab_size > wte.size(0):
+        # Padding rows hold the mean embedding: their logit is then the mean logit, so together
+        # the extra ids take under (pad / vocab) of the probability (Jensen), e.g. < 0.1% for
+        # 47 rows on 50257, instead of the large share that zero rows (logit 0) would take
+        # from GPT-2's mostly negative logits. They are never sampled (see gpt.generate).
+        pad = wte.mean(dim=0, keepdim=True).expand(cfg.vocab_size - wte.size(0), -1)
+        out["transformer.wte.weight"] = torch.cat([wte, pad])
+    out["transformer.wpe.weight"] = out["transformer.wpe.weight"][: cfg.block_size]
+    out["lm_head.weight"] = out["transformer.wte.weight"]
+    return out
+
+
+def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], source: str,
+                device: str | torch.device = "cpu") -> GPT:
+    """A GPT holding exactly `state_dict`, allocated once on `device` (no random init)."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+    model.to_empty(device=device)
+    model.lm_head.weight = model.transformer.wte.weight  # to_empty does not keep the tie
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    if missing or unexpected:
+        parts = [f"missing {', '.join(missing[:4])}" if missing else "",
+                 f"unexpected {', '.join(unexpected[:4])}" if unexpected else ""]
+        raise PretrainedError(f"{source}: weights do not match the model ({'; '.join(p for p in parts if p)})")
+    for key, value in state_dict.items():
+        if value.shape != expected[key].shape:
+            raise PretrainedError(f"{source}: {key} has shape {tuple(value.shape)}, the model "
+                                  f"expects {tuple(expected[key].shape)}")
+    model.load_state_dict(state_dict)
+    return model
+
+
+def load_pretrained(name_or_path: str | os.PathLike, *, vocab_size: int | None = None,
+                    block_size: int | None = None, dropout: float = 0.0,
+                    device: str | torch.device = "cpu",
+                    cache_dir: str | os.PathLike | None = None) -> GPT:
+    """OpenAI's GPT-2 (gpt2, gpt2-medium, gpt2-large, gpt2-xl; downloaded from the hub) or a
+    local Hugging Face GPT-2 folder, as a GPT in fp32 on `device`.
+
+    vocab_size pads the vocabulary (e.g. to 50304) with mean-embedding rows; block_size
+    keeps the first block_size position embeddings.
+    """
+    folder = resolve(name_or_path, cache_dir)
+    cfg = model_config_from_hf(read_hf_config(folder), str(folder / CONFIG_FILE), vocab_size,
+                               block_size, dropout)
+    hf_sd, path = read_hf_weights(folder)
+    return build_model(cfg, hf_to_gpt_state_dict(hf_sd, cfg, str(path)), str(path), device)
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """(model config, weights) of a trainer checkpoint, with one-line errors. Only the
+    "model" and "config" entries are needed; the file is memory-mapped, so the optimizer
+    state in it is never read."""
+    from gpt.config import from_dict
+
+    path = Path(path)
+    if not path.is_file():
+        raise PretrainedError(f"--checkpoint {path}: no such file")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # bad zip, bad pickle, disallowed object, ...
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise PretrainedError(f"--checkpoint {path}: not a loadable checkpoint "
+                              f"({type(e).__name__}: {first})") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+        raise PretrainedError(f"--checkpoint {path}: not a trainer checkpoint (no model/config)")
+    try:
+        cfg = from_dict(ckpt["config"]).model
+    except (ConfigError, TypeError, AttributeError) as e:
+        raise PretrainedError(f"--checkpoint {path}: its config does not load ({e})") from None
+    return cfg, ckpt["model"]
+
+
+def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> GPT:
+    cfg, sd = read_checkpoint(path)
+    sd = dict(sd)
+    if "lm_head.weight" not in sd and "transformer.wte.weight" in sd:
+        sd["lm_head.weight"] = sd["transformer.wte.weight"]  # tied; a writer may list it once
+    return build_model(cfg, sd, f"--checkpoint {path}", device)
+
+
+def load_model(checkpoint: str | None = None, init_from: str | None = None,
+               device: str | torch.device = "cpu") -> GPT:
+    """The model of a trainer checkpoint, or of --init-from (a GPT-2 name or HF folder)."""
+    if (checkpoint is None) == (init_from is None):
+        raise PretrainedError("give exactly one of --checkpoint and --init-from")
+    if checkpoint is not None:
+        return load_checkpoint_model(checkpoint, device)
+    assert init_from is not None
+    return load_pretrained(init_from, device=device)
+
+
+# ---------------------------------------------------------------------------- export
+
+
+def hf_config(cfg: ModelConfig, vocab_size: int, dtype: torch.dtype) -> dict[str, Any]:
+    """config.json of a Hugging Face GPT2LMHeadModel equal to a model of `cfg`."""
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "activation_function": "gelu_new",
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "n_embd": cfg.n_embd,
+        "n_inner": None,
+        "n_positions": cfg.block_size,
+        "n_ctx": cfg.block_size,
+        "vocab_size": vocab_size,
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "resid_pdrop": cfg.dropout,
+        "embd_pdrop": cfg.dropout,
+        "attn_pdrop": cfg.dropout,
+        "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False,
+        "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True,
+        "bos_token_id": min(GPT2_EOT, vocab_size - 1),
+        "eos_token_id": min(GPT2_EOT, vocab_size - 1),
+        "use_cache": True,
+        "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def gpt_to_hf_state_dict(state_dict: dict[str, torch.Tensor],
+                         vocab_size: int) -> dict[str, torch.Tensor]:
+    """Our weights -> GPT2LMHeadModel's (Conv1D weights transposed, padded vocab rows cut,
+    the tied head left out: transformers re-ties it to wte)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        if key == "lm_head.weight":
+            continue
+        value = value.detach().cpu()
+        if key.endswith(CONV1D_SUFFIXES):
+            value = value.t()
+        elif key == "transformer.wte.weight":
+            value = value[:vocab_size]
+        out[key] = value.contiguous()
+    return out
+
+
+def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLike,
+              out_dir: str | os.PathLike, vocab_size: int | None = None) -> Path:
+    """Write a model (GPT, possibly compiled/DDP-wrapped), checkpoint dict or checkpoint file
+    as a Hugging Face GPT-2 folder: config.json + model.safetensors.
+
+    vocab_size defaults to GPT-2's 50257 (the padding rows are cut), or the model's own if
+    smaller. Each file is written atomically; the weights first, config.json last.
+    """
+    from gpt.checkpoint import clean_state_dict
+    from gpt.config import from_dict
+
+    source = str(model_or_checkpoint) if isinstance(model_or_checkpoint, (str, os.PathLike)) else "model"
+    if isinstance(model_or_checkpoint, nn.Module):
+        from gpt.generate import unwrap
+
+        cfg, sd = unwrap(model_or_checkpoint).config, clean_state_dict(model_or_checkpoint)
+    elif isinstance(model_or_checkpoint, dict):
+        cfg, sd = from_dict(model_or_checkpoint["config"]).model, model_or_checkpoint["model"]
+    else:
+        cfg, sd = read_checkpoint(model_or_checkpoint)
+    vocab = min(cfg.vocab_size, GPT2_VOCAB) if vocab_size is None else vocab_size
+    if not 1 <= vocab <= cfg.vocab_size:
+        raise PretrainedError(f"{source}: vocab_size {vocab} must be in 1..{cfg.vocab_size}")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise PretrainedError(f"--out {out}: exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    hf_sd = gpt_to_hf_state_dict(sd, vocab)
+    write_safetensors(hf_sd, out / "model.safetensors")
+    config = hf_config(cfg, vocab, hf_sd["transformer.wte.weight"].dtype)
+    atomic_write(out / CONFIG_FILE,
+                 lambda fh: fh.write((json.dumps(config, indent=2) + "\n").encode("utf-8")))
+    return out
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _Parser(prog="python -m gpt.pretrained",
+                     description="Convert between trainer checkpoints and Hugging Face GPT-2 folders.",
+                     allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    exp = sub.add_parser("export", help="write a checkpoint as a Hugging Face GPT-2 folder",
+                         allow_abbrev=False)
+    exp.add_argument("--checkpoint", required=True, metavar="PATH", help="trainer checkpoint (.pt)")
+    exp.add_argument("--out", required=True, metavar="DIR", help="folder to write")
+    exp.add_argument("--vocab-size", type=int, default=None,
+                     help="rows of the exported vocabulary (default: 50257, GPT-2's)")
+    args = parser.parse_args(argv)
+    try:
+        out = export_hf(args.checkpoint, args.out, args.vocab_size)
+    except (PretrainedError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out / CONFIG_FILE} and {out / 'model.safetensors'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""Validation loss and the `python -m gpt.evaluate` command line."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt import hellaswag
+from gpt.config import Config, model_preset, to_dict
+from gpt.data import ShardLoader
+from gpt.evaluate import main, val_loss
+from gpt.model import GPT
+from gpt.pretrained import load_checkpoint_model
+
+REPO = Path(__file__).resolve().parent.parent
+
+MINI = [
+    ("A man is sitting on a roof. He", ["is using wrap to wrap a pair of skis.",
+                                         "is ripping level tiles off.", "is holding a cube.",
+                                         "starts pulling up roofing on a roof."], 3),
+    ("Kids", ["play.", "sleep soundly in a very long bed tonight.", "eat.", "run around."], 0),
+    ("The cat", ["sat.", "sat on the mat.", "flew to the moon and back again.", "purred."], 1),
+    ("She opens the fridge and", ["takes out some milk.", "sings.", "drives away.", "a b c"], 0),
+    ("Rain falls. People", ["open umbrellas.", "swim upward.", "eat stones.", "laugh at the sky."], 0),
+]
+
+
+def write_hellaswag(path: Path) -> Path:
+    lines = [json.dumps({"ind": i, "ctx": c, "endings": e, "label": lab, "split": "val"})
+             for i, (c, e, lab) in enumerate(MINI)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_checkpoint(path: Path) -> Path:
+    torch.manual_seed(0)
+    cfg = Config(preset="tiny", model=model_preset("tiny", block_size=64))
+    model = GPT(cfg.model)
+    torch.save({"model": model.state_dict(), "optimizer": {}, "loader": {}, "step": 5,
+                "config": to_dict(cfg)}, path)
+    return path
+
+
+def test_val_loss_is_a_0dim_tensor_near_uniform(random_data_dir: Path) -> None:
+    torch.manual_seed(0)
+    model = GPT(model_preset("tiny", block_size=32))
+    loader = ShardLoader(random_data_dir, "val", 2, 32)
+    loss = val_loss(model, loader, 3, "cpu", torch.float32)
+    assert loss.dim() == 0 and abs(loss.item() - math.log(50304)) < 0.2
+    assert model.training  # restored
+
+
+def test_cli_reports_hellaswag_and_val_loss(tmp_path: Path, random_data_dir: Path,
+                                            capsys) -> None:
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt")
+    data = write_hellaswag(tmp_path / "mini.jsonl")
+    args = ["--checkpoint", str(ckpt), "--hellaswag", str(data), "--batch-examples", "2",
+            "--data-dir", str(random_data_dir), "--val-steps", "2", "--batch-size", "2",
+            "--seq-len", "32", "--device", "cpu"]
+    assert main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # The same numbers as calling the functions directly.
+    model = load_checkpoint_model(ckpt)
+    expected = hellaswag.evaluate(model, hellaswag.load_examples(data), "cpu", batch_examples=2,
+                                  valid_vocab=50257)
+    assert out["hellaswag"] == expected and expected["total"] == 5
+    loader = ShardLoader(random_data_dir, "val", 2, 32)
+    assert out["val_loss"] == pytest.approx(val_loss(model, loader, 2, "cpu", torch.float32).item(),
+                                            abs=1e-5)
+    assert out["val_tokens"] == 2 * 2 * 32
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert f"acc_norm {expected['acc_norm']:.4f}" in text and "val loss" in text
+
+
+def test_cli_errors(tmp_path: Path, capsys) -> None:
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt")
+    with pytest.raises(SystemExit) as exc:
+        main(["--checkpoint", str(ckpt)])
+    assert exc.value.code == 2 and "nothing to do" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--checkpoint", str(ckpt), "--hellaswag", "x", "--batch-examples", "0"])
+    assert exc.value.code == 2 and "--batch-examples" in capsys.readouterr().err
+    assert main(["--checkpoint", str(tmp_path / "none.pt"), "--hellaswag", "x",
+                 "--device", "cpu"]) == 1
+    assert "none.pt: no such file" in capsys.readouterr().err
+    assert main(["--checkpoint", str(ckpt), "--hellaswag", str(tmp_path / "hs.jsonl"),
+                 "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "hs.jsonl: no such HellaSwag file" in err and "Traceback" not in err
+    assert main(["--checkpoint", str(ckpt), "--data-dir", str(tmp_path), "--seq-len", "65",
+                 "--device", "cpu"]) == 2
+    assert "--seq-len 65" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_under_torchrun_two_ranks_matches_one(tmp_path: Path, random_data_dir: Path,
+                                                  capsys) -> None:
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt")
+    data = write_hellaswag(tmp_path / "mini.jsonl")
+    args = ["--checkpoint", str(ckpt), "--hellaswag", str(data), "--batch-examples", "2",
+            "--device", "cpu", "--json"]
+    assert main(args) == 0
+    single = json.loads(capsys.readouterr().out)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "gpt.evaluate", *args],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1  # rank 0 alone prints
+    assert json.loads(lines[0]) == single

@@ -1,0 +1,143 @@
+"""Sampling with a KV cache: it must agree with recomputing the whole context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt.config import Config, model_preset, to_dict
+from gpt.generate import main, sample, until_eot
+from gpt.model import GPT
+
+
+def tiny_model(block_size: int = 64, vocab_size: int = 256, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(model_preset("tiny", block_size=block_size, vocab_size=vocab_size)).eval()
+
+
+def test_cached_logits_match_one_full_forward() -> None:
+    model = tiny_model(block_size=16)
+    idx = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        full, _ = model(idx)
+        cache = model.new_kv_cache()
+        parts = [model(idx[:, :5], kv_cache=cache)[0],  # prefill
+                 model(idx[:, 5:9], kv_cache=cache)[0]]  # several tokens after a prefix
+        for t in range(9, 16):  # then one at a time
+            parts.append(model(idx[:, t : t + 1], kv_cache=cache)[0])
+    assert cache.length == 16
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-5)
+
+
+def test_cache_cannot_grow_past_block_size() -> None:
+    model = tiny_model(block_size=8)
+    cache = model.new_kv_cache()
+    with torch.no_grad():
+        model(torch.zeros(1, 6, dtype=torch.long), kv_cache=cache)
+        with pytest.raises(ValueError, match="block_size 8"):
+            model(torch.zeros(1, 3, dtype=torch.long), kv_cache=cache)
+    with pytest.raises(ValueError, match="exceeds block_size"):
+        model.new_kv_cache(9)
+
+
+@pytest.mark.parametrize("block_size", [64, 16], ids=["within-block", "past-block-size"])
+def test_greedy_with_cache_equals_greedy_without(block_size: int) -> None:
+    model = tiny_model(block_size=block_size)
+    prompt = [3, 14, 15, 92, 65]
+    cached = sample(model, prompt, 40, num_samples=2, temperature=0, use_cache=True)
+    plain = sample(model, prompt, 40, num_samples=2, temperature=0, use_cache=False)
+    assert cached.shape == (2, 45)
+    assert torch.equal(cached, plain)
+    assert cached[:, :5].tolist() == [prompt, prompt]
+
+
+def test_seeded_sampling_with_cache_equals_without() -> None:
+    model = tiny_model(block_size=24)
+    runs = []
+    for use_cache in (True, False):
+        gen = torch.Generator().manual_seed(7)
+        runs.append(sample(model, [1, 2, 3], 30, num_samples=3, temperature=1.0, top_k=20,
+                           generator=gen, use_cache=use_cache))
+    assert torch.equal(runs[0], runs[1])
+    assert not torch.equal(runs[0][0], runs[0][1])  # the rows really are sampled
+
+
+def test_blocks_with_a_replaced_forward_fall_back_to_no_cache() -> None:
+    """Activation checkpointing swaps each block's forward for one taking only x."""
+    model = tiny_model(block_size=32)
+    expected = sample(model, [1, 2], 20, temperature=0)
+    for block in model.transformer.h:
+        block.forward = lambda x, _f=block.forward: _f(x)
+    assert torch.equal(sample(model, [1, 2], 20, temperature=0), expected)
+
+
+def test_padded_vocab_ids_are_never_sampled() -> None:
+    model = tiny_model(vocab_size=300)
+    with torch.no_grad():  # make the padding ids by far the likeliest
+        model.transformer.wte.weight[256:] = model.transformer.wte.weight[:1] * 1000
+    gen = torch.Generator().manual_seed(0)
+    for temperature in (0.0, 1.0):
+        ids = sample(model, [5, 6], 20, num_samples=4, temperature=temperature, top_k=None,
+                     valid_vocab=256, generator=gen)
+        assert int(ids.max()) < 256
+
+
+def test_stop_at_eot_fills_the_rest_of_each_row() -> None:
+    model = tiny_model(block_size=64)
+    free = sample(model, [1, 2, 3], 30, num_samples=4, generator=torch.Generator().manual_seed(1))
+    eot = int(free[0, 6])  # a token row 0 generates, standing in for <|endoftext|>
+    stopped = sample(model, [1, 2, 3], 30, num_samples=4, eot_id=eot, stop_at_eot=True,
+                     generator=torch.Generator().manual_seed(1))
+    assert stopped.shape == free.shape
+    for row_free, row_stop in zip(free.tolist(), stopped.tolist()):
+        kept = until_eot(row_free, 3, eot)
+        assert until_eot(row_stop, 3, eot) == kept
+        assert row_stop[: len(kept)] == kept  # same tokens up to the first EOT...
+        assert all(t == eot for t in row_stop[len(kept) :])  # ...then only EOT
+    assert until_eot([eot, 9, 9, eot, 4], prompt_len=1, eot_id=eot) == [eot, 9, 9]
+
+
+def test_sampling_restores_training_mode_and_rejects_empty_prompt() -> None:
+    model = tiny_model().train()
+    sample(model, [1], 2)
+    assert model.training
+    with pytest.raises(ValueError, match="at least one token"):
+        sample(model, [], 2)
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def write_checkpoint(path: Path, block_size: int = 64) -> Path:
+    """A trainer-style checkpoint of a tiny model with GPT-2's padded vocabulary."""
+    torch.manual_seed(0)
+    cfg = Config(preset="tiny", model=model_preset("tiny", block_size=block_size))
+    model = GPT(cfg.model)
+    torch.save({"model": model.state_dict(), "config": to_dict(cfg), "step": 1}, path)
+    return path
+
+
+def test_cli_generates_greedily_with_and_without_cache(tmp_path: Path, capsys) -> None:
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt")
+    args = ["--checkpoint", str(ckpt), "--prompt", "Hello, I'm", "--max-new-tokens", "12",
+            "--temperature", "0", "--num-samples", "2", "--device", "cpu", "--no-stop-at-eot"]
+    assert main(args) == 0
+    cached = capsys.readouterr().out
+    assert main(args + ["--no-cache"]) == 0
+    assert capsys.readouterr().out == cached
+    assert cached.count("--- sample") == 2 and "Hello, I'm" in cached
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys) -> None:
+    assert main(["--checkpoint", str(tmp_path / "missing.pt"), "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "missing.pt" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as exc:
+        main(["--checkpoint", "x.pt", "--max-new-tokens", "0"])
+    assert exc.value.code == 2
+    assert "--max-new-tokens" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["--prompt", "hi"])  # neither --checkpoint nor --init-from
+    assert exc.value.code == 2
