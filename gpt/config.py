@@ -143,6 +143,18 @@ class TrainConfig:
     dist_timeout: float = _opt(
         600.0, "seconds a collective may wait for the other ranks before the job fails"
     )
+    nvtx: bool = _opt(False, "NVTX ranges (step, forward, backward, optimizer) for Nsight Systems")
+    profile_start: int = _opt(10, "first step recorded by --profile-steps / --torch-profile")
+    profile_steps: int = _opt(
+        0, "record this many steps from --profile-start between cudaProfilerStart/Stop, "
+        "for `nsys --capture-range=cudaProfilerApi` (launch/profile_nsys.sh); 0: off"
+    )
+    torch_profile: str | None = _opt(
+        None, "write a torch.profiler Chrome trace of steps from --profile-start to this folder"
+    )
+    memory_snapshot: str | None = _opt(
+        None, "CUDA: record allocations and write a snapshot here at the end, for pytorch.org/memory_viz"
+    )
     peak_tflops: float | None = _opt(
         None, "the device's bf16 dense peak in TFLOP/s for MFU (default: looked up by name)"
     )
@@ -381,6 +393,8 @@ def validate(cfg: Config) -> None:
     _check(t.max_steps >= 1, f"--max-steps must be >= 1, got {t.max_steps}")
     for name in ("log_every", "val_steps", "sample_tokens", "num_samples"):
         _check(getattr(t, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(t, name)}")
+    _check(t.profile_start >= 0, f"--profile-start must be >= 0, got {t.profile_start}")
+    _check(t.profile_steps >= 0, f"--profile-steps must be >= 0 (0: off), got {t.profile_steps}")
     _check(t.keep_checkpoints >= 1, f"--keep-checkpoints must be >= 1, got {t.keep_checkpoints}")
     _check(t.max_bad_steps >= 1, f"--max-bad-steps must be >= 1, got {t.max_bad_steps}")
     _check(t.dist_timeout > 0, f"--dist-timeout must be > 0 seconds, got {t.dist_timeout}")

@@ -54,7 +54,7 @@ def apply_activation_checkpointing(model: GPT) -> None:
         forward = block.forward
         # An instance attribute shadows the method, so module hooks (FSDP's) still run
         # around __call__ and the parameter names do not change.
-        block.forward = lambda x, _f=forward: checkpoint(_f, x, use_reentrant=False)
+        block.forward = lambda *a, _f=forward, **kw: checkpoint(_f, *a, use_reentrant=False, **kw)
 
 
 def wrap_model(model: GPT, mode: str, runtime: Runtime, compile_model: bool) -> nn.Module:

@@ -33,6 +33,7 @@ from gpt.generate import sample
 from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_tflops
 from gpt.model import GPT
 from gpt.optim import lr_at
+from gpt.profiling import CudaProfilerWindow, MemorySnapshot, TorchProfile, nvtx_range
 from gpt.tokenizer import gpt2_tokenizer
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -172,6 +173,7 @@ def forward_backward(
     grad_clip: float,
     device_type: str,
     autocast_dtype: torch.dtype,
+    nvtx: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of the mean loss over `accum_steps` micro-batches, unscaled and clipped.
 
@@ -184,13 +186,15 @@ def forward_backward(
     for micro in range(accum_steps):
         parallel.set_grad_sync(model, micro == accum_steps - 1)
         x, y = loader.next_batch()
-        with torch.autocast(device_type, dtype=autocast_dtype, enabled=use_autocast):
+        with nvtx_range("forward", nvtx), torch.autocast(device_type, dtype=autocast_dtype,
+                                                         enabled=use_autocast):
             _, loss = model(x, y)
         # Each micro-batch's mean loss is divided by the number of micro-batches, so the
         # summed gradients are those of the mean loss over the whole batch.
         loss = loss / accum_steps
         loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-        scaler.scale(loss).backward()
+        with nvtx_range("backward", nvtx):
+            scaler.scale(loss).backward()
     scaler.unscale_(optimizer)  # no-op unless fp16; clipping must see the true gradients
     max_norm = grad_clip if grad_clip > 0 else math.inf
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
@@ -198,11 +202,13 @@ def forward_backward(
     return loss_sum, parallel.full_tensor(norm)
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, lr: float) -> None:
+def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, lr: float,
+                   nvtx: bool = False) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
-    scaler.step(optimizer)  # skips the update itself if fp16 gradients overflowed
-    scaler.update()
+    with nvtx_range("optimizer", nvtx):
+        scaler.step(optimizer)  # skips the update itself if fp16 gradients overflowed
+        scaler.update()
 
 
 def train_step(
@@ -473,8 +479,15 @@ def run_loop(run: Run) -> dict[str, Any]:
     ckpt_path: Path | None = None
     last_loss: float | None = None
     stopped_by: int | None = None
+    profiled = range(t.profile_start, t.profile_start + max(1, t.profile_steps))
     try:
-        with StopSignal() as stop:
+        with StopSignal() as stop, \
+                MemorySnapshot(t.memory_snapshot, enabled=bool(t.memory_snapshot) and rt.is_master), \
+                CudaProfilerWindow(t.profile_start, max(1, t.profile_steps),
+                                   enabled=t.profile_steps > 0) as window, \
+                TorchProfile(t.torch_profile, enabled=bool(t.torch_profile),
+                             wait=max(0, t.profile_start - start - 1), warmup=1,
+                             active=len(profiled), name=f"rank{rt.rank}") as tprof:
             timer.reset()
             while True:
                 at_end = s.step >= end
@@ -502,19 +515,22 @@ def run_loop(run: Run) -> dict[str, Any]:
                     break
 
                 step = s.step
+                window.step(step)
                 lr = lr_at(step, cfg.optim.max_lr, cfg.optim.min_lr_ratio,
                            cfg.optim.warmup_steps, t.max_steps)
-                loss, norm = forward_backward(run.train_model, run.scaler, run.optimizer,
-                                              run.train_loader, run.accum, cfg.optim.grad_clip,
-                                              rt.device_type, run.autocast_dtype)
-                if not run.scaler.is_enabled() and not math.isfinite(norm.item()):
-                    # The norm is global (gradients are reduced), so every rank agrees.
-                    skip_step(run, step, log)
-                else:
-                    optimizer_step(run.optimizer, run.scaler, lr)
-                    s.bad_in_row = 0
+                with nvtx_range(f"step {step}", t.nvtx):
+                    loss, norm = forward_backward(run.train_model, run.scaler, run.optimizer,
+                                                  run.train_loader, run.accum, cfg.optim.grad_clip,
+                                                  rt.device_type, run.autocast_dtype, t.nvtx)
+                    if not run.scaler.is_enabled() and not math.isfinite(norm.item()):
+                        # The norm is global (gradients are reduced), so every rank agrees.
+                        skip_step(run, step, log)
+                    else:
+                        optimizer_step(run.optimizer, run.scaler, lr, t.nvtx)
+                        s.bad_in_row = 0
                 s.step += 1
                 timer.steps += 1
+                tprof.step()
 
                 if step % t.log_every == 0 or s.step == end:
                     loss = all_reduce_mean(loss, rt)  # every rank joins, only on log steps
