@@ -143,6 +143,17 @@ class TrainConfig:
     dist_timeout: float = _opt(
         600.0, "seconds a collective may wait for the other ranks before the job fails"
     )
+    init_from: str | None = _opt(
+        None, "start from OpenAI's GPT-2 weights (gpt2, gpt2-medium, gpt2-large, gpt2-xl; "
+        "downloaded) or a local Hugging Face GPT-2 folder; the model shape comes from them"
+    )
+    hellaswag_every: int = _opt(0, "HellaSwag accuracy every N steps and at the end (0 disables)")
+    hellaswag_file: str | None = _opt(
+        None, "HellaSwag jsonl (default: the official validation set, downloaded once)"
+    )
+    hellaswag_max_examples: int | None = _opt(
+        None, "score only the first N HellaSwag examples (default: all 10,042)"
+    )
     nvtx: bool = _opt(False, "NVTX ranges (step, forward, backward, optimizer) for Nsight Systems")
     profile_start: int = _opt(10, "first step recorded by --profile-steps / --torch-profile")
     profile_steps: int = _opt(
@@ -403,7 +414,11 @@ def validate(cfg: Config) -> None:
         f"--stop-at-step must be >= 1, got {t.stop_at_step}",
     )
     _check(bool(t.resume), "--resume must be 'auto', 'none' or a checkpoint path")
-    for name in ("val_every", "sample_every", "checkpoint_every"):
+    _check(
+        t.hellaswag_max_examples is None or t.hellaswag_max_examples >= 1,
+        f"--hellaswag-max-examples must be >= 1, got {t.hellaswag_max_examples}",
+    )
+    for name in ("val_every", "sample_every", "checkpoint_every", "hellaswag_every"):
         _check(getattr(t, name) >= 0, f"{flag(name)} must be >= 0 (0 disables), got {getattr(t, name)}")
     _check(
         t.peak_tflops is None or t.peak_tflops > 0,

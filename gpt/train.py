@@ -6,6 +6,7 @@ The same file runs one process or one rank under torchrun.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import platform
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from gpt import checkpoint, parallel
+from gpt import checkpoint, hellaswag, parallel, pretrained
 from gpt.checkpoint import CheckpointError
 from gpt.config import (Config, ConfigError, describe, from_dict, grad_accum_steps, parse_args,
                         to_dict, to_toml)
@@ -36,6 +37,7 @@ from gpt.optim import lr_at
 from gpt.profiling import CudaProfilerWindow, MemorySnapshot, TorchProfile, nvtx_range
 from gpt.tokenizer import gpt2_tokenizer
 
+GPT2_VOCAB = 50257  # tokenizer ids; the model's extra (padding) rows are never scored
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -73,6 +75,7 @@ class Run:
     train_loader: ShardLoader
     val_loader: ShardLoader | None
     tokenizer: Any
+    hellaswag_examples: list[Any] = field(default_factory=list)
     state: LoopState = field(default_factory=LoopState)
     resumed_from: Path | None = None
 
@@ -323,6 +326,10 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
     # otherwise rank 0 samples alone.
     samples_here = runtime.is_master or t.parallel == "fsdp"
     tokenizer = gpt2_tokenizer() if t.sample_every > 0 and samples_here else None
+    examples: list[Any] = []
+    if t.hellaswag_every > 0:  # every rank scores its share; rank 0 downloads, once
+        examples = hellaswag.load_examples(t.hellaswag_file, None, runtime.rank, None,
+                                           t.hellaswag_max_examples)
 
     model = GPT(cfg.model)
     notes: list[str] = []
@@ -330,6 +337,13 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
         assert resume_path is not None
         notes = check_resume_config(ckpt, cfg, Path(resume_path))
         model.load_state_dict(ckpt["model"])  # before any sharding: every rank has it all
+    elif t.init_from:
+        pre = pretrained.load_pretrained(t.init_from, vocab_size=cfg.model.vocab_size,
+                                         block_size=cfg.model.block_size, dropout=cfg.model.dropout)
+        model.load_state_dict(pre.state_dict())
+        del pre
+        if runtime.is_master:
+            print(f"initialised from {t.init_from}")
     model.to(runtime.device)
     if t.activation_checkpointing:
         parallel.apply_activation_checkpointing(model)
@@ -341,7 +355,7 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
     run = Run(cfg=cfg, runtime=runtime, out_dir=out_dir, model=model, train_model=train_model,
               optimizer=optimizer, fused=fused, scaler=scaler, autocast_dtype=autocast_dtype,
               accum=accum, compiled=compiled, train_loader=train_loader, val_loader=val_loader,
-              tokenizer=tokenizer)
+              tokenizer=tokenizer, hellaswag_examples=examples)
     if ckpt is not None:
         restore(run, ckpt)
         run.resumed_from = Path(resume_path) if resume_path else None
@@ -500,6 +514,15 @@ def run_loop(run: Run) -> dict[str, Any]:
                     if log:
                         log.write({"type": "val", "step": s.step, "val_loss": s.last_val})
                     timer.reset()  # evaluation time is not training time
+                if run.hellaswag_examples and (s.step % t.hellaswag_every == 0 or at_end):
+                    hs = hellaswag.evaluate(run.train_model, run.hellaswag_examples, rt.device,
+                                            run.autocast_dtype, rt.rank, rt.world_size,
+                                            valid_vocab=min(cfg.model.vocab_size, GPT2_VOCAB))
+                    run.say(f"step {s.step:6d} | hellaswag acc_norm {hs['acc_norm']:.4f} "
+                            f"(acc {hs['acc']:.4f}, {hs['total']} examples)")
+                    if log:
+                        log.write({"type": "hellaswag", "step": s.step, **hs})
+                    timer.reset()
                 periodic = t.checkpoint_every and s.step % t.checkpoint_every == 0
                 if s.step > start and (at_end or periodic):
                     ckpt_path = save_checkpoint(run)
@@ -584,8 +607,21 @@ def skip_step(run: Run, step: int, log: MetricsLog | None) -> None:
         )
 
 
+def with_pretrained_shape(cfg: Config) -> Config:
+    """--init-from decides the model's depth and width (its config.json is read; the weights
+    are loaded later, in build_run, unless a checkpoint is resumed instead)."""
+    if not cfg.train.init_from:
+        return cfg
+    folder = pretrained.resolve(cfg.train.init_from)
+    pre = pretrained.model_config_from_hf(pretrained.read_hf_config(folder), str(folder),
+                                          cfg.model.vocab_size, cfg.model.block_size)
+    shape = {k: getattr(pre, k) for k in ("n_layer", "n_head", "n_embd")}
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **shape))
+
+
 def train(cfg: Config) -> dict[str, Any]:
     """Run training as configured (one process, or one rank under torchrun)."""
+    cfg = with_pretrained_shape(cfg)
     runtime = init_runtime(cfg.train.device, cfg.train.dist_timeout)
     clean = False
     try:
@@ -604,7 +640,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"{prefix}error: {e}", file=sys.stderr)
         return 2
-    except (DataError, CheckpointError, TrainingDiverged) as e:
+    except (DataError, CheckpointError, TrainingDiverged, pretrained.PretrainedError,
+            hellaswag.HellaSwagError) as e:
         print(f"{prefix}error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

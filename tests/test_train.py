@@ -179,3 +179,42 @@ def test_cli_rejects_unknown_flag_and_bad_value() -> None:
     assert proc.returncode == 2 and "--max-steps" in proc.stderr  # suggestion
     proc = run_cli("--seq-len", "2048")
     assert proc.returncode == 2 and "--seq-len 2048 exceeds the model's --block-size 1024" in proc.stderr
+
+
+@pytest.mark.slow
+def test_fine_tune_from_hf_folder_with_hellaswag(random_data_dir: Path, tmp_path: Path) -> None:
+    """--init-from a local HF GPT-2 folder (shape and weights from it), HellaSwag during training."""
+    import json
+
+    from gpt.pretrained import export_hf
+
+    torch.manual_seed(3)
+    source = GPT(model_preset("tiny", n_layer=3, block_size=32))
+    export_hf(source, tmp_path / "hf")
+    hs = tmp_path / "hs.jsonl"
+    rows = [{"ctx": f"The cat sat on the mat number {i}.", "label": i % 4,
+             "endings": ["and slept.", "and ate a fish.", "then it left the room quietly.", "!"]}
+            for i in range(6)]
+    hs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    proc = run_cli(*TINY, "--data-dir", str(random_data_dir), "--out-dir", str(out),
+                   "--init-from", str(tmp_path / "hf"), "--max-steps", "2", "--val-every", "0",
+                   "--sample-every", "0", "--max-lr", "1e-9", "--warmup-steps", "0",
+                   "--hellaswag-every", "1", "--hellaswag-file", str(hs))
+    assert proc.returncode == 0, proc.stderr
+    assert "initialised from" in proc.stdout
+    ckpt = load(out / "ckpt_000002.pt")
+    assert from_dict(ckpt["config"]).model.n_layer == 3  # the shape came from the folder
+    # lr ~0: the weights are still the exported ones (the real vocab rows)
+    torch.testing.assert_close(ckpt["model"]["transformer.h.2.mlp.c_fc.weight"],
+                               source.transformer.h[2].mlp.c_fc.weight, atol=1e-6, rtol=0)
+    records = read_metrics(out, "hellaswag")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all(r["total"] == 6 and 0 <= r["acc_norm"] <= 1 for r in records)
+
+
+def test_init_from_missing_folder_is_a_clear_error(random_data_dir: Path, tmp_path: Path) -> None:
+    proc = run_cli(*TINY, "--data-dir", str(random_data_dir), "--out-dir", str(tmp_path / "r"),
+                   "--init-from", str(tmp_path / "nope"))
+    assert proc.returncode == 1
+    assert "--init-from" in proc.stderr and "nope" in proc.stderr and "Traceback" not in proc.stderr
