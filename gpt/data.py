@@ -43,11 +43,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from gpt.fileio import atomic_write
+
+if TYPE_CHECKING:  # torch is imported where the loader needs it, so shard tools
+    import torch  # (fineweb.py and its workers) start fast and small
 
 __all__ = [
     "DTYPE_CODES",
@@ -326,6 +329,8 @@ class ShardLoader:
 
     @staticmethod
     def _parse_device(device: str | torch.device) -> torch.device:
+        import torch
+
         try:
             return torch.device(device)
         except (RuntimeError, TypeError) as exc:
@@ -421,6 +426,8 @@ class ShardLoader:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Next (x, y), int64 tensors of shape (B, T) on the loader's device."""
+        import torch
+
         self._set_layout(self._epoch)
         window = self._step * self._world_size + self._rank
         n = self._B * self._T + 1
@@ -439,6 +446,8 @@ class ShardLoader:
 
     def _to_cuda(self, window: int, n: int) -> torch.Tensor:
         """Fill a pinned buffer and start an async copy of it to the GPU."""
+        import torch
+
         if not self._pinned:
             self._pinned = [torch.empty(n, dtype=torch.int64, pin_memory=True) for _ in range(2)]
         k = self._next_buf

@@ -1,0 +1,386 @@
+"""Shard-preparation throughput: gpt.prepare against the obvious multiprocessing baseline.
+
+    python benchmarks/bench_prepare.py                      # writes benchmarks/prepare_cpu<N>.json
+    python benchmarks/bench_prepare.py --mb 8 --repeats 1   # a quick look
+
+Both methods read the same jsonl file, in one run, with the same number of worker
+processes, and must produce the same token stream (checked by hash):
+
+* baseline: ``multiprocessing.Pool.imap(encode_ordinary, documents, chunksize=16)``, one
+  document per item, each result appended (with its EOT) to one growing numpy buffer.
+* ours: ``gpt.prepare.prepare`` end to end, shard files written and fsynced included, with
+  ``--shard-tokens`` 1M so its bounded memory shows (100M shards hold 200 MB each).
+
+The inputs are tiny shakespeare cut into documents and repeated to ``--mb`` megabytes:
+``paragraphs`` (blank-line-separated, ~150 characters each: many small documents) and
+``4k-docs`` (paragraphs joined into ~4 KB documents, nearer FineWeb-Edu's typical length).
+Each measurement runs in a fresh subprocess, methods alternating, so other load on the
+machine affects both alike; tokens/s is the median over repeats, timed from the first
+input byte read to the last token stored (interpreter start-up and the ~1 s load of the
+BPE tables excluded). Also recorded: CPU seconds of the main process and of the workers,
+and a *ceiling*, run in the same rotation: the same number of forked processes encoding
+their shares of the documents, already in memory, with no IPC at all, i.e. what any
+method could reach on these cores at that time.
+
+Memory is the peak over repeats of the process tree's summed RSS and PSS (PSS sampled 1
+time in 5), every 20 ms. Both children import the same modules (torch comes with
+gpt.data), so both have the same ~250 MB floor; PSS counts the pages forked workers
+share only once. ``--scale`` reruns each method on a 3x larger input: a flat line there
+is what bounded memory means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+INPUTS = ("paragraphs", "4k-docs")
+
+
+# --------------------------------------------------------------------------
+# Inputs
+
+
+def build_input(kind: str, mb: float, folder: Path) -> Path:
+    """tiny shakespeare as jsonl documents, repeated to about `mb` megabytes."""
+    text = SHAKESPEARE.read_text(encoding="utf-8")
+    paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+    if kind == "paragraphs":
+        docs = paragraphs
+    else:
+        docs, cur = [], ""
+        for p in paragraphs:
+            cur = f"{cur}\n\n{p}" if cur else p
+            if len(cur) >= 4000:
+                docs.append(cur)
+                cur = ""
+        docs.append(cur)
+    block = "".join(json.dumps({"text": d}) + "\n" for d in docs).encode()
+    path = folder / f"{kind}.jsonl"
+    with open(path, "wb") as f:
+        for _ in range(max(1, round(mb * 1e6 / len(block)))):
+            f.write(block)
+    return path
+
+
+def describe_input(path: Path) -> dict:
+    docs = chars = 0
+    with open(path, "rb") as f:
+        for line in f:
+            docs += 1
+            chars += len(json.loads(line)["text"])
+    return {"file_bytes": path.stat().st_size, "documents": docs, "text_chars": chars,
+            "mean_doc_chars": round(chars / docs)}
+
+
+# --------------------------------------------------------------------------
+# The two methods (run inside a child process)
+
+_enc = None
+
+
+def _init_baseline() -> None:
+    global _enc
+    from gpt.tokenizer import gpt2_tokenizer
+
+    _enc = gpt2_tokenizer()
+
+
+def _encode_doc(text: str) -> list[int]:
+    return _enc.encode_ordinary(text)
+
+
+def _docs(path: Path):
+    with open(path, "rb") as f:
+        for line in f:
+            yield json.loads(line)["text"]
+
+
+def run_baseline(path: Path, workers: int, work: Path) -> tuple[int, str]:
+    import multiprocessing as mp
+
+    import numpy as np
+
+    from gpt.tokenizer import gpt2_tokenizer
+
+    eot = gpt2_tokenizer().eot_token
+    buf = np.empty(1 << 20, dtype=np.uint16)
+    n = 0
+    with mp.Pool(workers, initializer=_init_baseline) as pool:
+        for ids in pool.imap(_encode_doc, _docs(path), chunksize=16):
+            end = n + 1 + len(ids)
+            if end > buf.size:  # grow by doubling, as a list would
+                bigger = np.empty(max(end, 2 * buf.size), dtype=np.uint16)
+                bigger[:n] = buf[:n]
+                buf = bigger
+            buf[n] = eot
+            buf[n + 1 : end] = ids
+            n = end
+    return n, hashlib.sha256(buf[:n].tobytes()).hexdigest()
+
+
+def run_ours(path: Path, workers: int, work: Path) -> tuple[int, str]:
+    from gpt.prepare import PrepareConfig, prepare
+
+    cfg = PrepareConfig(sources=(str(path),), out_dir=str(work / "shards"), val_tokens=100_000,
+                        shard_tokens=1_000_000, workers=workers, progress=False, overwrite=True)
+    res = prepare(cfg)
+    return res.tokens, ""
+
+
+_ceiling_docs: list[str] = []
+
+
+def _ceiling_part(part: tuple[int, int]) -> int:
+    i, n = part
+    return sum(_enc.encode_to_numpy(d, disallowed_special=()).size + 1 for d in _ceiling_docs[i::n])
+
+
+def run_ceiling(path: Path, workers: int, work: Path) -> tuple[int, str]:
+    """`workers` forked processes, each encoding its share of documents already in memory,
+    with no IPC but a count: what any method could reach on these cores at this moment."""
+    import multiprocessing as mp
+
+    global _ceiling_docs
+    _ceiling_docs = list(_docs(path))  # inherited by the forked workers
+    with mp.Pool(workers, initializer=_init_baseline) as pool:
+        pool.map(abs, range(workers))  # the workers are up before the clock starts
+        t0 = time.perf_counter()
+        tokens = sum(pool.map(_ceiling_part, [(i, workers) for i in range(workers)], chunksize=1))
+        return tokens, str(time.perf_counter() - t0)
+
+
+def stream_hash(out: Path) -> str:
+    from gpt.data import read_shard
+
+    h = hashlib.sha256()
+    for split in ("val", "train"):
+        for p in sorted(out.glob(f"{split}_*.bin")):
+            h.update(read_shard(p).tobytes())
+    return h.hexdigest()
+
+
+def child(method: str, path: Path, workers: int, work: Path) -> None:
+    import gpt.prepare  # noqa: F401  both methods start from the same imports (torch included)
+
+    import resource
+
+    from gpt.tokenizer import gpt2_tokenizer
+
+    gpt2_tokenizer()  # loading the BPE tables (~1 s) is the same fixed cost for both: not timed
+    fn = {"baseline": run_baseline, "ours": run_ours, "ceiling": run_ceiling}[method]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    tokens, digest = fn(path, workers, work)
+    seconds = time.perf_counter() - t0
+    main_cpu = time.process_time() - cpu0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pool's workers, once joined
+    workers_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if method == "ours":
+        digest = stream_hash(work / "shards")  # after the clock stops
+    if method == "ceiling":
+        seconds, digest = float(digest), ""
+    print(json.dumps({"tokens": tokens, "seconds": seconds, "sha256": digest,
+                      "main_cpu_s": main_cpu, "workers_cpu_s": workers_cpu}))
+
+
+# --------------------------------------------------------------------------
+# The parent: runs children, samples their memory
+
+
+def measure(method: str, path: Path, workers: int, work: Path) -> dict:
+    import psutil
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", method, "--input", str(path),
+           "--workers", str(workers), "--work", str(work)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root = psutil.Process(proc.pid)
+    peak_rss = peak_pss = 0
+    tick = 0
+    while proc.poll() is None:
+        # RSS is cheap to read; PSS (from smaps) is not, so it is sampled 1 time in 5.
+        full = tick % 5 == 0
+        tick += 1
+        rss = pss = 0
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        for p in procs:
+            try:
+                if full:
+                    info = p.memory_full_info()
+                    pss += getattr(info, "pss", info.rss)
+                else:
+                    info = p.memory_info()
+                rss += info.rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        peak_rss = max(peak_rss, rss)
+        peak_pss = max(peak_pss, pss)
+        time.sleep(0.02)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"{method} failed:\n{err}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result.update(peak_rss_mb=round(peak_rss / 2**20, 1), peak_pss_mb=round(peak_pss / 2**20, 1))
+    return result
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "usable_cpus": usable,
+            "platform": platform.platform()}
+
+
+def versions() -> dict:
+    import numpy
+    import tiktoken
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "gpt/prepare.py"], cwd=REPO,
+                                    capture_output=True, text=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = "unknown", None
+    return {"python": platform.python_version(), "tiktoken": tiktoken.__version__,
+            "numpy": numpy.__version__, "git_commit": commit, "prepare_py_uncommitted": dirty}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mb", type=float, default=30.0, help="input size per kind in MB (default 30)")
+    p.add_argument("--workers", type=int, default=2, help="worker processes for both methods (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per method and input (default 3)")
+    p.add_argument("--inputs", nargs="+", choices=INPUTS, default=list(INPUTS))
+    p.add_argument("--scale", type=float, default=3.0,
+                   help="memory check: one more run of each method on the first input made this "
+                        "many times larger (default 3; 0 skips it)")
+    p.add_argument("--out", default=None, help="result JSON (default benchmarks/prepare_cpu<workers>.json)")
+    p.add_argument("--child", choices=("baseline", "ours", "ceiling"), help=argparse.SUPPRESS)
+    p.add_argument("--input", help=argparse.SUPPRESS)
+    p.add_argument("--work", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the repo's gpt
+    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(REPO.parent / "shared" / "data" / "tiktoken_cache"))
+    if args.child:
+        child(args.child, Path(args.input), args.workers, Path(args.work))
+        return 0
+    if not SHAKESPEARE.is_file():
+        raise SystemExit(f"{SHAKESPEARE} not found: the benchmark input is built from it")
+
+    out_path = Path(args.out) if args.out else REPO / "benchmarks" / f"prepare_cpu{args.workers}.json"
+    report = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine(),
+        "versions": versions(),
+        "workers": args.workers,
+        "repeats": args.repeats,
+        "load_average_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "inputs": {},
+    }
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_prepare_") as tmp:
+        tmp = Path(tmp)
+        for kind in args.inputs:
+            path = build_input(kind, args.mb, tmp)
+            info = describe_input(path)
+            methods = ["baseline", "ours", "ceiling"]
+            runs: dict[str, list[dict]] = {m: [] for m in methods}
+            for r in range(args.repeats):
+                for method in methods[r % 3 :] + methods[: r % 3]:  # rotate the order
+                    res = measure(method, path, args.workers, tmp)
+                    res["tokens_per_s"] = res["tokens"] / res["seconds"]
+                    runs[method].append(res)
+                    print(f"{kind:10s} {method:8s} run {r + 1}: {res['tokens_per_s'] / 1e6:.3f}M tok/s, "
+                          f"peak RSS {res['peak_rss_mb']} MB, PSS {res['peak_pss_mb']} MB", file=sys.stderr)
+            ceiling = runs.pop("ceiling")
+            hashes = {res["sha256"] for m in runs.values() for res in m}
+            entry = {"input": info, "same_tokens": len(hashes) == 1, "tokens": runs["ours"][0]["tokens"],
+                     "ceiling_tokens_per_s_median": round(statistics.median(x["tokens_per_s"] for x in ceiling)),
+                     "ceiling_tokens_per_s_runs": [round(x["tokens_per_s"]) for x in ceiling]}
+            for method, results in runs.items():
+                entry[method] = {
+                    "tokens_per_s_median": round(statistics.median(x["tokens_per_s"] for x in results)),
+                    "tokens_per_s_runs": [round(x["tokens_per_s"]) for x in results],
+                    "seconds_runs": [round(x["seconds"], 3) for x in results],
+                    # CPU time is less sensitive than wall time to other load on the machine
+                    "main_cpu_s_median": round(statistics.median(x["main_cpu_s"] for x in results), 3),
+                    "workers_cpu_s_median": round(statistics.median(x["workers_cpu_s"] for x in results), 3),
+                    "tokens_per_cpu_s_median": round(statistics.median(
+                        x["tokens"] / (x["main_cpu_s"] + x["workers_cpu_s"]) for x in results)),
+                    "peak_rss_mb": max(x["peak_rss_mb"] for x in results),
+                    "peak_pss_mb": max(x["peak_pss_mb"] for x in results),
+                }
+            entry["speedup"] = round(entry["ours"]["tokens_per_s_median"] / entry["baseline"]["tokens_per_s_median"], 3)
+            entry["cpu_efficiency_ratio"] = round(
+                entry["ours"]["tokens_per_cpu_s_median"] / entry["baseline"]["tokens_per_cpu_s_median"], 3)
+            report["inputs"][kind] = entry
+            rows.append((kind, info, entry))
+        if args.scale > 0:
+            kind = args.inputs[0]
+            path = build_input(kind, args.mb * args.scale, tmp)
+            scaled = {"input": kind, "file_bytes": path.stat().st_size}
+            for method in ("baseline", "ours"):
+                res = measure(method, path, args.workers, tmp)
+                first = report["inputs"][kind][method]
+                scaled[method] = {
+                    "peak_rss_mb": [first["peak_rss_mb"], res["peak_rss_mb"]],
+                    "peak_pss_mb": [first["peak_pss_mb"], res["peak_pss_mb"]],
+                    "tokens_per_s": round(res["tokens"] / res["seconds"]),
+                }
+                print(f"{kind} x{args.scale:g} {method}: peak RSS {res['peak_rss_mb']} MB, "
+                      f"PSS {res['peak_pss_mb']} MB", file=sys.stderr)
+            report["memory_scaling"] = scaled
+    report["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    out_path.write_text(json.dumps(report, indent=2) + "\n")
+
+    print(f"\n{args.workers} workers, {report['machine']['cpu']} ({report['machine']['usable_cpus']} usable CPUs), "
+          f"median of {args.repeats}")
+    print("| input | docs | mean doc chars | tokens | baseline tok/s | ours tok/s | speedup | "
+          "ceiling tok/s | tok per CPU-s base / ours | main-process CPU s base / ours | "
+          "peak RSS MB base / ours | peak PSS MB base / ours | same tokens |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for kind, info, e in rows:
+        b, o = e["baseline"], e["ours"]
+        print(f"| {kind} | {info['documents']:,} | {info['mean_doc_chars']} | {e['tokens']:,} | "
+              f"{b['tokens_per_s_median']:,} | {o['tokens_per_s_median']:,} | {e['speedup']:.2f}x | "
+              f"{e['ceiling_tokens_per_s_median']:,} | "
+              f"{b['tokens_per_cpu_s_median']:,} / {o['tokens_per_cpu_s_median']:,} | "
+              f"{b['main_cpu_s_median']} / {o['main_cpu_s_median']} | "
+              f"{b['peak_rss_mb']} / {o['peak_rss_mb']} | {b['peak_pss_mb']} / {o['peak_pss_mb']} | {e['same_tokens']} |")
+    if "memory_scaling" in report:
+        m = report["memory_scaling"]
+        print(f"\npeak PSS MB, {m['input']} at {args.mb:g} MB -> {args.mb * args.scale:g} MB of input: "
+              f"baseline {m['baseline']['peak_pss_mb'][0]} -> {m['baseline']['peak_pss_mb'][1]}, "
+              f"ours {m['ours']['peak_pss_mb'][0]} -> {m['ours']['peak_pss_mb'][1]}")
+    print(f"\nwrote {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
