@@ -112,6 +112,16 @@ def bench_ddp(runtime: Runtime, preset: str, batch_size: int, seq_len: int, warm
     }
 
 
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment(runtime: Runtime) -> dict[str, Any]:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -119,7 +129,7 @@ def environment(runtime: Runtime) -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError):
         commit = None
     device = (torch.cuda.get_device_name(runtime.device) if runtime.device_type == "cuda"
-              else platform.processor() or platform.machine())
+              else _cpu_name())
     return {"command": " ".join(["torchrun", "-m", "gpt.commbench", *sys.argv[1:]]),
             "backend": dist.get_backend(), "world_size": runtime.world_size, "device": device,
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "commit": commit,
@@ -137,14 +147,17 @@ def format_table(result: dict[str, Any]) -> str:
                          f"{r['max_ms']:>8.3f} {r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f}")
         return "\n".join(lines)
     d = result["ddp"]
+    frac = d["hidden_comm_fraction"]
+    hidden = (f"{frac * 100:.0f}% of the all-reduce hidden behind backward" if frac is not None
+              and frac >= 0 else "none hidden: overlapping slowed the step by more than the "
+              "bare all-reduce takes, as when ranks share CPU cores")
     return "\n".join([
         head,
         f"model {d['model']} ({d['params']:,} params), B={d['batch_size']} T={d['seq_len']} {d['dtype']}",
         f"forward+backward, no gradient sync : {d['compute_fwd_bwd']['median_ms']:.2f} ms",
         f"forward+backward, DDP all-reduce   : {d['synced_fwd_bwd']['median_ms']:.2f} ms",
         f"all-reduce of all gradients alone  : {d['grad_allreduce']['median_ms']:.2f} ms",
-        f"exposed communication              : {d['exposed_comm_ms']:.2f} ms "
-        f"({(d['hidden_comm_fraction'] or 0) * 100:.0f}% of it hidden behind backward)",
+        f"exposed communication              : {d['exposed_comm_ms']:.2f} ms ({hidden})",
     ])
 
 
