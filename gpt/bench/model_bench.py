@@ -7,6 +7,8 @@ share warm caches and one cell's OOM cannot poison the next.
 from __future__ import annotations
 
 import argparse
+import itertools
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
@@ -196,6 +198,12 @@ MODEL_NOTES = [
 ]
 
 
+def _grid(args: Any) -> Iterator[tuple[Any, ...]]:
+    """Every (size, T, B, precision, compile, attention) cell of a sweep, in order."""
+    return itertools.product(args.sizes, args.seq_len, args.batch_size, args.precision,
+                             args.compile, args.attention)
+
+
 def run_model(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
     args = ctx.args
     resolve_grid(args, ctx)
@@ -205,17 +213,11 @@ def run_model(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]
         return [report.Section("model", results, MODEL_COLUMNS, MODEL_NOTES)]
 
     with ctx.memory_snapshot():
-        for size in args.sizes:
-            for T in args.seq_len:
-                for B in args.batch_size:
-                    for precision in args.precision:
-                        for comp in args.compile:
-                            for attention in args.attention:
-                                for mode in args.modes:
-                                    results.append(model_cell(
-                                        ctx, size, T, B, mode, precision, comp == "on",
-                                        attention, args.vocab_size))
-                                    ctx.save(results, sections())
+        for size, T, B, precision, comp, attention in _grid(args):
+            for mode in args.modes:
+                results.append(model_cell(ctx, size, T, B, mode, precision, comp == "on",
+                                          attention, args.vocab_size))
+                ctx.save(results, sections())
     return results, sections()
 
 
@@ -382,14 +384,8 @@ def run_components(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Sect
         return [report.Section("components", results, COMPONENT_COLUMNS, COMPONENT_NOTES)]
 
     with ctx.memory_snapshot():
-        for size in args.sizes:
-            for T in args.seq_len:
-                for B in args.batch_size:
-                    for precision in args.precision:
-                        for comp in args.compile:
-                            for attention in args.attention:
-                                results.extend(component_cells(
-                                    ctx, size, T, B, precision, comp == "on", attention,
-                                    args.vocab_size))
-                                ctx.save(results, sections())
+        for size, T, B, precision, comp, attention in _grid(args):
+            results.extend(component_cells(ctx, size, T, B, precision, comp == "on", attention,
+                                           args.vocab_size))
+            ctx.save(results, sections())
     return results, sections()
