@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,16 +29,12 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from gpt.bench.report import git_commit
 from gpt.config import PRESETS, model_preset
-from gpt.dist import Runtime, init_runtime, shutdown
+from gpt.dist import Runtime, device_name, init_runtime, shutdown, synchronize
 from gpt.model import GPT
 
 SIZES_MB = (1, 10, 100, 1000)
-
-
-def _sync(runtime: Runtime) -> None:
-    if runtime.device_type == "cuda":
-        torch.cuda.synchronize(runtime.device)
 
 
 def time_it(fn: Callable[[], None], runtime: Runtime, warmup: int, iters: int) -> list[float]:
@@ -49,11 +43,11 @@ def time_it(fn: Callable[[], None], runtime: Runtime, warmup: int, iters: int) -
         fn()
     samples = []
     for _ in range(iters):
-        _sync(runtime)
+        synchronize(runtime.device)
         dist.barrier()
         t0 = time.perf_counter()
         fn()
-        _sync(runtime)
+        synchronize(runtime.device)
         samples.append(time.perf_counter() - t0)
     # The slowest rank decides a collective's time: take each iteration's max over ranks.
     t = torch.tensor(samples, dtype=torch.float64)
@@ -112,27 +106,12 @@ def bench_ddp(runtime: Runtime, preset: str, batch_size: int, seq_len: int, warm
     }
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def environment(runtime: Runtime) -> dict[str, Any]:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    device = (torch.cuda.get_device_name(runtime.device) if runtime.device_type == "cuda"
-              else _cpu_name())
+    commit, dirty = git_commit()
     return {"command": " ".join(["torchrun", "-m", "gpt.commbench", *sys.argv[1:]]),
-            "backend": dist.get_backend(), "world_size": runtime.world_size, "device": device,
-            "cpu_count": os.cpu_count(), "torch": torch.__version__, "commit": commit,
+            "backend": dist.get_backend(), "world_size": runtime.world_size,
+            "device": device_name(runtime.device),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "commit": commit, "dirty": dirty,
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 

@@ -7,8 +7,12 @@ them; nothing here is global.
 from __future__ import annotations
 
 import os
+import platform
+import subprocess
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -142,8 +146,48 @@ def all_reduce_mean(t: torch.Tensor, runtime: Runtime) -> torch.Tensor:
     return t
 
 
-def bf16_supported(device: torch.device) -> bool:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op on CPU), before reading a host clock."""
     if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def cpu_name() -> str:
+    """The processor's model name (from /proc/cpuinfo on Linux), else what platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith(("model name", "hardware", "cpu model")):
+                name = line.split(":", 1)[1].strip()
+                if name:
+                    return name
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
+                                 capture_output=True, text=True, timeout=5)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return f"Apple MPS ({cpu_name()})"
+    return cpu_name()
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """bf16 in hardware: Ampere (8.0) or newer on CUDA, ROCm, CPU autocast, recent MPS."""
+    if device.type == "cuda":
+        if torch.version.hip:
+            return True
         # Native bf16 tensor cores arrived with Ampere (compute capability 8.0); older GPUs
         # report bf16 "supported" through slow emulation, where fp16 is the right choice.
         return torch.cuda.get_device_capability(device)[0] >= 8

@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from gpt.config import ConfigError, OptimConfig
 from gpt.dist import Runtime
 from gpt.model import GPT
-from gpt.optim import build_optimizer, param_groups
+from gpt.optim import build_optimizer, fused_supported, param_groups
 
 MODES = ("ddp", "fsdp", "zero1")
 
@@ -83,7 +83,7 @@ def make_optimizer(model: GPT, mode: str, cfg: OptimConfig, runtime: Runtime) ->
         return build_optimizer(model, cfg, runtime.device)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    fused = runtime.device_type in ("cuda", "cpu") if cfg.fused is None else cfg.fused
+    fused = fused_supported(runtime.device) if cfg.fused is None else cfg.fused
     opt = ZeroRedundancyOptimizer(
         param_groups(model, cfg.weight_decay),
         optimizer_class=torch.optim.AdamW,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import platform
 import random
 import signal
 import sys
@@ -24,11 +23,11 @@ import torch.nn as nn
 
 from gpt import checkpoint, hellaswag, parallel, pretrained
 from gpt.checkpoint import CheckpointError
-from gpt.config import (Config, ConfigError, describe, from_dict, grad_accum_steps, parse_args,
+from gpt.config import (Config, ConfigError, describe, grad_accum_steps, parse_args,
                         to_dict, to_toml)
 from gpt.data import DataError, ShardLoader, find_shards
-from gpt.dist import (Runtime, all_reduce_mean, any_rank, broadcast_object, gather_objects,
-                      init_runtime, resolve_dtype, shutdown)
+from gpt.dist import (Runtime, all_reduce_mean, any_rank, broadcast_object, device_name,
+                      gather_objects, init_runtime, resolve_dtype, shutdown, synchronize)
 from gpt.evaluate import val_loss
 from gpt.generate import sample
 from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_tflops
@@ -120,20 +119,14 @@ class StepTimer:
     start: float = 0.0
     steps: int = 0
 
-    def sync(self) -> None:
-        if self.runtime.device_type == "cuda":
-            torch.cuda.synchronize(self.runtime.device)
-        elif self.runtime.device_type == "mps":
-            torch.mps.synchronize()
-
     def reset(self) -> None:
-        self.sync()
+        synchronize(self.runtime.device)
         self.start = time.perf_counter()
         self.steps = 0
 
     def lap(self) -> float:
         """Seconds per step since the last lap/reset."""
-        self.sync()
+        synchronize(self.runtime.device)
         now = time.perf_counter()
         per_step = (now - self.start) / max(1, self.steps)
         self.start, self.steps = now, 0
@@ -262,14 +255,13 @@ def resolve_resume(cfg: Config, out_dir: Path) -> tuple[Path | None, list[str]]:
 
 def check_resume_config(ckpt: dict[str, Any], cfg: Config, path: Path) -> list[str]:
     """Refuse a checkpoint of another model; return notes on other settings that changed."""
-    saved = ckpt["config"]
-    diffs = checkpoint.model_differences(saved.get("model", {}), to_dict(cfg)["model"])
+    saved, current = ckpt["config"], to_dict(cfg)
+    diffs = checkpoint.model_differences(saved.get("model", {}), current["model"])
     if diffs:
         raise CheckpointError(
             f"{path}: the checkpoint's model differs from this config: " + "; ".join(diffs)
         )
     notes = []
-    current = to_dict(cfg)
     for section in ("data", "optim", "train"):
         for key, value in current[section].items():
             old = saved.get(section, {}).get(key)
@@ -477,10 +469,9 @@ def run_loop(run: Run) -> dict[str, Any]:
     cfg, rt, s = run.cfg, run.runtime, run.state
     t, d = cfg.train, cfg.data
     flops_tok = flops_per_token(cfg.model, d.seq_len)
-    device_name = (torch.cuda.get_device_name(rt.device) if rt.device_type == "cuda"
-                   else platform.processor() or rt.device_type)
-    peak = t.peak_tflops or peak_tflops(device_name)
-    header = banner(run, device_name, flops_tok, peak)
+    name = device_name(rt.device)
+    peak = t.peak_tflops or peak_tflops(name)
+    header = banner(run, name, flops_tok, peak)
     log: MetricsLog | None = None
     if rt.is_master:
         (run.out_dir / "config.toml").write_text(to_toml(cfg))

@@ -50,20 +50,10 @@ PRECISION = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def native_bf16(device: torch.device) -> bool:
-    """bf16 in hardware: Ampere (8.0) or newer on CUDA, ROCm, CPU autocast, recent MPS.
-    (torch.cuda.is_bf16_supported() also says yes on older GPUs that only emulate it.)"""
-    if device.type == "cuda":
-        if torch.version.hip:
-            return True
-        return torch.cuda.get_device_capability(device)[0] >= 8
-    return bf16_supported(device)
-
-
 def precision_skip_reason(name: str, device: torch.device) -> str | None:
     if name == "tf32" and device.type != "cuda":
         return "tf32 needs CUDA (on this device it would be the fp32 run again)"
-    if name == "bf16" and not native_bf16(device):
+    if name == "bf16" and not bf16_supported(device):
         what = (torch.cuda.get_device_name(device) if device.type == "cuda" else str(device))
         return f"bf16 not supported in hardware on {what}"
     return None

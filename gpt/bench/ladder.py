@@ -38,12 +38,12 @@ from gpt.bench.common import (
     make_batch,
     make_step_fn,
     mode_flops_per_token,
-    native_bf16,
     tf32_mode,
 )
 from gpt.bench.report import Column, fmt_int, fmt_mem, fmt_ms, fmt_pct, fmt_x, status_text
 from gpt.bench.timing import reset_dynamo, run_guarded
 from gpt.config import ModelConfig, OptimConfig, TrainConfig, model_preset
+from gpt.dist import bf16_supported
 from gpt.optim import param_groups
 
 
@@ -234,7 +234,7 @@ def run(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
                     skip = "tf32 needs CUDA"
                 new = dataclasses.replace(state, tf32=True)
             elif key == "bf16":
-                if not native_bf16(device):
+                if not bf16_supported(device):
                     skip = f"no hardware bf16 on {ctx.info['device']}"
                 new = dataclasses.replace(state, autocast="bf16")
             elif key == "compile":

@@ -13,36 +13,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from gpt.dist import device_name
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def cpu_name() -> str:
-    """The processor's model name (from /proc/cpuinfo on Linux), else what platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.lower().startswith(("model name", "hardware", "cpu model")):
-                name = line.split(":", 1)[1].strip()
-                if name:
-                    return name
-    except OSError:
-        pass
-    if sys.platform == "darwin":
-        try:
-            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
-                                 capture_output=True, text=True, timeout=5)
-            if out.returncode == 0 and out.stdout.strip():
-                return out.stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "mps":
-        return f"Apple MPS ({cpu_name()})"
-    return cpu_name()
 
 
 def git_commit() -> tuple[str | None, bool | None]:

@@ -29,6 +29,8 @@ from typing import Any, Callable
 
 import torch
 
+from gpt.dist import synchronize
+
 from gpt.profiling import cuda_profiler_range, nvtx_range
 
 # Host enqueue time / device time above which a result is flagged as launch-bound.
@@ -61,13 +63,6 @@ def summarize(samples: list[float]) -> Stats:
         max=max(samples),
         n=len(samples),
     )
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 @dataclass
