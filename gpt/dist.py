@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
@@ -68,6 +68,38 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def restart_store_prefix(env: Mapping[str, str]) -> str | None:
+    """A key prefix that keeps one torchrun restart's rendezvous apart from the last one's.
+
+    torchrun's agent hosts the TCPStore that workers meet in and, since torch 2.5, keeps the
+    same store across `--max-restarts` restarts without prefixing the keys. A restarted
+    worker can then read the address its dead predecessor published and connect to a port
+    nobody listens on: gloo times out, NCCL fails to connect (pytorch issue #135712). With
+    one agent (one node) every worker has the same TORCHELASTIC_RESTART_COUNT, so it
+    names the attempt. Across nodes the agents count restarts separately, so there the
+    prefix would split the world; launch/ scripts set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    instead, which makes the agent hand each attempt a fresh store.
+    """
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or env.get("GROUP_WORLD_SIZE", "1") != "1":
+        return None
+    if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
+        return None
+    return f"gpt2-trainer/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def restart_store_warning(env: Mapping[str, str]) -> str | None:
+    """The advice a multi-node torchrun job with restarts needs, where the trainer cannot
+    keep restarts apart itself (see restart_store_prefix)."""
+    shared = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    restarts = int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    if shared and restarts > 0 and env.get("GROUP_WORLD_SIZE", "1") != "1":
+        return ("warning: torchrun --max-restarts across nodes reuses one rendezvous store, and a "
+                "restarted worker can hang connecting to the address of the one it replaces "
+                "(pytorch issue #135712); set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in torchrun's "
+                "environment on every node (launch/multi_node.sh does)")
+    return None
+
+
 def init_runtime(requested_device: str = "auto", timeout_s: float = 600.0) -> Runtime:
     """A plain single process, or one rank of a torchrun job (RANK/LOCAL_RANK/WORLD_SIZE).
 
@@ -87,7 +119,17 @@ def init_runtime(requested_device: str = "auto", timeout_s: float = 600.0) -> Ru
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=timeout_s)
-    dist.init_process_group(backend=backend, timeout=timeout)
+    prefix = restart_store_prefix(os.environ)
+    warning = restart_store_warning(os.environ)
+    if warning and rank == 0:
+        print(warning, file=sys.stderr)
+    if prefix is None:
+        dist.init_process_group(backend=backend, timeout=timeout)
+    else:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              world_size, is_master=False, timeout=timeout)
+        dist.init_process_group(backend=backend, store=dist.PrefixStore(prefix, store),
+                                rank=rank, world_size=world_size, timeout=timeout)
     control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
     return Runtime(device=device, rank=rank, local_rank=local_rank, world_size=world_size,
                    distributed=True, control_group=control)

@@ -22,6 +22,10 @@
 #   NCCL_IB_HCA=mlx5_0,mlx5_1  which InfiniBand adapters to use; NCCL_IB_DISABLE=1 forces TCP
 #   TORCH_NCCL_ASYNC_ERROR_HANDLING=1 (default) a failed collective aborts the job
 #                              instead of hanging; --dist-timeout bounds any wait
+#   TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (set below) gives every restart a fresh store.
+#                              torchrun otherwise reuses one store across restarts and a
+#                              restarted worker can read its dead predecessor's address
+#                              and hang connecting to it (pytorch issue #135712)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +35,7 @@ MASTER_PORT=${MASTER_PORT:-29500}
 NGPUS=${NGPUS:-$(python -c "import torch; print(max(1, torch.cuda.device_count()))")}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
 
 exec torchrun \
   --nnodes="$NNODES" \

@@ -173,3 +173,36 @@ def test_commbench_under_torchrun(what: str, extra: list[str], tmp_path: Path) -
         d = result["ddp"]
         assert d["compute_fwd_bwd"]["median_ms"] > 0 and d["grad_allreduce"]["median_ms"] > 0
         assert d["exposed_comm_ms"] >= 0 and "exposed communication" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# torchrun restarts: keep one attempt's rendezvous keys apart from the last one's
+
+AGENT_ENV = {"TORCHELASTIC_USE_AGENT_STORE": "True", "GROUP_WORLD_SIZE": "1",
+             "MASTER_ADDR": "localhost", "MASTER_PORT": "29500",
+             "TORCHELASTIC_MAX_RESTARTS": "3"}
+
+
+def test_each_restart_on_one_node_rendezvous_under_its_own_prefix() -> None:
+    from gpt.dist import restart_store_prefix
+
+    first = restart_store_prefix({**AGENT_ENV, "TORCHELASTIC_RESTART_COUNT": "0"})
+    second = restart_store_prefix({**AGENT_ENV, "TORCHELASTIC_RESTART_COUNT": "1"})
+    assert first and second and first != second
+    # Not torchrun's shared store (opted out, or a plain env:// launch): torch's own path.
+    assert restart_store_prefix({**AGENT_ENV, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None
+    assert restart_store_prefix({"MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}) is None
+    # Several nodes count restarts apart, so a prefix from the count could split the world.
+    assert restart_store_prefix({**AGENT_ENV, "GROUP_WORLD_SIZE": "2"}) is None
+
+
+def test_multi_node_restarts_on_a_shared_store_are_warned_about() -> None:
+    from gpt.dist import restart_store_warning
+
+    warning = restart_store_warning({**AGENT_ENV, "GROUP_WORLD_SIZE": "2"})
+    assert warning and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in warning
+    assert restart_store_warning(AGENT_ENV) is None  # one node: handled by the prefix
+    assert restart_store_warning({**AGENT_ENV, "GROUP_WORLD_SIZE": "2",
+                                  "TORCHELASTIC_MAX_RESTARTS": "0"}) is None
+    assert restart_store_warning({**AGENT_ENV, "GROUP_WORLD_SIZE": "2",
+                                  "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None

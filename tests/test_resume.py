@@ -142,15 +142,15 @@ def test_signal_finishes_the_step_saves_and_exits(sig: int, data_dir: Path, tmp_
 @pytest.mark.slow
 def test_elastic_restart_after_a_rank_is_killed(data_dir: Path, tmp_path: Path) -> None:
     """torchrun --max-restarts with --resume auto: SIGKILL one worker mid-run; the job
-    restarts from the last checkpoint and finishes. (More than one restart is allowed:
-    gloo's re-rendezvous on a loaded 2-core machine occasionally fails once by itself,
-    which a further restart absorbs, as it would in production.)"""
+    restarts once from the last checkpoint and finishes. (One restart is all it gets: the
+    restarted workers must not trip over the dead ones' rendezvous keys, which torchrun
+    leaves in the store it reuses; see gpt.dist.restart_store_prefix.)"""
     out = tmp_path / "run"
     args = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "12",
             "--checkpoint-every", "2", "--data-dir", str(data_dir), "--out-dir", str(out),
             "--resume", "auto"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(torchrun_cmd(*args, extra=("--max-restarts=3",)), cwd=REPO, env=env,
+    proc = subprocess.Popen(torchrun_cmd(*args, extra=("--max-restarts=1",)), cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -164,7 +164,7 @@ def test_elastic_restart_after_a_rank_is_killed(data_dir: Path, tmp_path: Path) 
         kill_tree(proc)
     assert proc.returncode == 0, stderr[-3000:]
     runs = read_metrics(out, "run")
-    assert len(runs) >= 2 and all(r["resumed_from"] for r in runs[1:])  # restarts resumed
+    assert len(runs) == 2 and runs[1]["resumed_from"]  # one restart, and it resumed
     assert sorted(losses(out)) == list(range(12))
     assert load(out / "ckpt_000012.pt")["step"] == 12
 
