@@ -78,16 +78,22 @@ def _free_space(folder: Path) -> str:
         return "free space unknown"
 
 
-def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint safely (weights_only); memory-mapped, so only what is used is read."""
+def load(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+         required: tuple[str, ...] = REQUIRED_KEYS) -> dict[str, Any]:
+    """Load a checkpoint safely (weights_only); memory-mapped, so only what is used is read.
+
+    `required` names the entries the caller needs: all of them to resume training, only
+    "model" and "config" to evaluate, sample or export.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except Exception as e:  # truncated zip, bad pickle, unsupported object, ...
-        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
-    missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {first})") from None
+    missing = [k for k in required if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise CheckpointError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
     return ckpt
@@ -101,17 +107,18 @@ def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def find_latest(out_dir: Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint that loads, and a warning for each newer one that does not."""
+def find_latest(out_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
+    """The newest checkpoint that loads (path and contents), and a warning for each newer
+    one that does not."""
     warnings_: list[str] = []
     for _, path in reversed(list_checkpoints(out_dir)):
         try:
-            load(path)
+            ckpt = load(path)
         except CheckpointError as e:
             warnings_.append(f"skipping damaged checkpoint: {e}")
             continue
-        return path, warnings_
-    return None, warnings_
+        return path, ckpt, warnings_
+    return None, None, warnings_
 
 
 def rotate(out_dir: Path, keep: int, protect: set[str]) -> list[Path]:

@@ -31,7 +31,9 @@ from typing import Any, BinaryIO, NoReturn
 import torch
 import torch.nn as nn
 
-from gpt.config import ConfigError, ModelConfig
+from gpt.checkpoint import CheckpointError, clean_state_dict
+from gpt.checkpoint import load as load_checkpoint_file
+from gpt.config import ConfigError, ModelConfig, from_dict
 from gpt.fileio import atomic_write
 from gpt.model import GPT
 
@@ -355,19 +357,10 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, tor
     """(model config, weights) of a trainer checkpoint, with one-line errors. Only the
     "model" and "config" entries are needed; the file is memory-mapped, so the optimizer
     state in it is never read."""
-    from gpt.config import from_dict
-
-    path = Path(path)
-    if not path.is_file():
-        raise PretrainedError(f"--checkpoint {path}: no such file")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # bad zip, bad pickle, disallowed object, ...
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise PretrainedError(f"--checkpoint {path}: not a loadable checkpoint "
-                              f"({type(e).__name__}: {first})") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
-        raise PretrainedError(f"--checkpoint {path}: not a trainer checkpoint (no model/config)")
+        ckpt = load_checkpoint_file(path, required=("model", "config"))
+    except CheckpointError as e:
+        raise PretrainedError(f"--checkpoint {e}") from None
     try:
         cfg = from_dict(ckpt["config"]).model
     except (ConfigError, TypeError, AttributeError) as e:
@@ -451,9 +444,6 @@ def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLik
     vocab_size defaults to GPT-2's 50257 (the padding rows are cut), or the model's own if
     smaller. Each file is written atomically; the weights first, config.json last.
     """
-    from gpt.checkpoint import clean_state_dict
-    from gpt.config import from_dict
-
     source = str(model_or_checkpoint) if isinstance(model_or_checkpoint, (str, os.PathLike)) else "model"
     if isinstance(model_or_checkpoint, nn.Module):
         from gpt.generate import unwrap

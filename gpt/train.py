@@ -229,8 +229,10 @@ def train_step(
 # building a run, resuming, checkpointing
 
 
-def resolve_resume(cfg: Config, out_dir: Path) -> tuple[Path | None, list[str]]:
-    """Which checkpoint to start from (rank 0 decides): (path or None, warnings)."""
+def resolve_resume(cfg: Config, out_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
+    """Which checkpoint to start from (rank 0 decides): (path, its contents, warnings), or
+    (None, None, warnings) for a fresh start. The contents are returned because checking
+    the file meant loading it (memory-mapped), and rank 0 need not do that twice."""
     resume = cfg.train.resume
     existing = checkpoint.list_checkpoints(out_dir)
     if resume == "none":
@@ -239,18 +241,17 @@ def resolve_resume(cfg: Config, out_dir: Path) -> tuple[Path | None, list[str]]:
                 f"--out-dir {out_dir} already holds checkpoints ({existing[-1][1].name} is the "
                 f"newest); continue it with --resume auto, or pick a new --out-dir"
             )
-        return None, []
+        return None, None, []
     if resume == "auto":
-        path, warnings = checkpoint.find_latest(out_dir)
+        path, ckpt, warnings = checkpoint.find_latest(out_dir)
         if path is None and existing:
             raise CheckpointError(
                 f"--resume auto: no checkpoint in {out_dir} could be read: "
                 + "; ".join(warnings)
             )
-        return path, warnings
+        return path, ckpt, warnings
     path = Path(resume)
-    checkpoint.load(path)  # raises a clear CheckpointError if it is missing or damaged
-    return path, []
+    return path, checkpoint.load(path), []  # a clear CheckpointError if missing or damaged
 
 
 def check_resume_config(ckpt: dict[str, Any], cfg: Config, path: Path) -> list[str]:
@@ -280,9 +281,10 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
     # Rank 0 decides where to start; every rank then reads that file (the run folder is
     # on storage every node sees, as multi-node training needs anyway).
     decision: tuple[str | None, list[str], str | None] = (None, [], None)
+    ckpt: dict[str, Any] | None = None
     if runtime.is_master:
         try:
-            path, warnings = resolve_resume(cfg, out_dir)
+            path, ckpt, warnings = resolve_resume(cfg, out_dir)
             decision = (str(path) if path else None, warnings, None)
         except (ConfigError, CheckpointError) as e:
             decision = (None, [], f"{type(e).__name__}:{e}")
@@ -293,7 +295,8 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
     for w in warnings:
         if runtime.is_master:
             print(f"warning: {w}", file=sys.stderr)
-    ckpt = checkpoint.load(resume_path) if resume_path else None
+    if resume_path and ckpt is None:
+        ckpt = checkpoint.load(resume_path)
 
     seed_everything(t.seed)
     set_matmul_precision(runtime, t.tf32)

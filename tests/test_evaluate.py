@@ -90,7 +90,7 @@ def test_cli_errors(tmp_path: Path, capsys) -> None:
     assert exc.value.code == 2 and "--batch-examples" in capsys.readouterr().err
     assert main(["--checkpoint", str(tmp_path / "none.pt"), "--hellaswag", "x",
                  "--device", "cpu"]) == 1
-    assert "none.pt: no such file" in capsys.readouterr().err
+    assert "none.pt: no such checkpoint file" in capsys.readouterr().err
     assert main(["--checkpoint", str(ckpt), "--hellaswag", str(tmp_path / "hs.jsonl"),
                  "--device", "cpu"]) == 1
     err = capsys.readouterr().err

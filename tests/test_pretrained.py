@@ -294,11 +294,11 @@ def test_export_cli_errors(tmp_path: Path, capsys) -> None:
     assert pretrained.main(["export", "--checkpoint", str(tmp_path / "no.pt"), "--out",
                             str(tmp_path / "hf")]) == 1
     err = capsys.readouterr().err
-    assert "no.pt: no such file" in err and "Traceback" not in err
+    assert "no.pt: no such checkpoint file" in err and "Traceback" not in err
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     assert pretrained.main(["export", "--checkpoint", str(tmp_path / "junk.pt"), "--out",
                             str(tmp_path / "hf")]) == 1
-    assert "not a loadable checkpoint" in capsys.readouterr().err
+    assert "junk.pt: not a readable checkpoint" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         pretrained.main(["export", "--out", "x"])
     assert exc.value.code == 2

@@ -256,8 +256,8 @@ def test_damaged_newest_checkpoint_is_skipped_with_a_warning(monkeypatch, data_d
     good = out / "ckpt_000002.pt"
     damaged = out / "ckpt_000004.pt"
     damaged.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
-    path, warnings = checkpoint.find_latest(out)
-    assert path == good
+    path, ckpt, warnings = checkpoint.find_latest(out)
+    assert path == good and ckpt is not None and ckpt["step"] == 2
     assert len(warnings) == 1 and str(damaged) in warnings[0]
     with pytest.raises(CheckpointError, match="ckpt_000004.pt: not a readable checkpoint"):
         load(damaged)
