@@ -17,6 +17,7 @@ rank 0 prints a table and writes the JSON given by --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -66,7 +67,7 @@ def bench_allreduce(runtime: Runtime, sizes_mb: list[float], warmup: int, iters:
     for mb in sizes_mb:
         numel = int(mb * 1e6) // 4
         buf = torch.randn(numel, device=runtime.device)
-        samples = time_it(lambda: dist.all_reduce(buf), runtime, warmup, iters)
+        samples = time_it(functools.partial(dist.all_reduce, buf), runtime, warmup, iters)
         s = stats(samples)
         seconds = s["median_ms"] / 1e3
         algbw = numel * 4 / seconds / 1e9

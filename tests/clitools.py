@@ -19,6 +19,20 @@ TINY = ["--model", "tiny", "--block-size", "32", "--seq-len", "32", "--batch-siz
 QUIET = ["--val-every", "0", "--sample-every", "0"]
 
 
+def write_random_shards(folder: Path, seed: int, train: tuple[int, ...],
+                        val: tuple[int, ...] = ()) -> Path:
+    """A data folder of random GPT-2 token ids: one train_/val_ shard per size given."""
+    import numpy as np
+
+    from gpt.data import write_shard
+
+    rng = np.random.default_rng(seed)
+    for split, sizes in (("train", train), ("val", val)):
+        for i, n in enumerate(sizes):
+            write_shard(folder / f"{split}_{i:06d}.bin", rng.integers(0, 50257, n))
+    return folder
+
+
 def run_cli(*args: str, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
     """`python train_gpt2.py ARGS`, captured."""
     return subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), *args],

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clitools import write_random_shards
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 SHAKESPEARE = SHARED_DATA / "tinyshakespeare" / "input.txt"
@@ -53,9 +55,4 @@ def shakespeare_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_tokens
 @pytest.fixture()
 def random_data_dir(tmp_path: Path) -> Path:
     """Synthetic shards of random token ids (no tokenizer needed)."""
-    from gpt.data import write_shard
-
-    rng = np.random.default_rng(0)
-    write_shard(tmp_path / "train_000000.bin", rng.integers(0, 50257, 30_000))
-    write_shard(tmp_path / "val_000000.bin", rng.integers(0, 50257, 5_000))
-    return tmp_path
+    return write_random_shards(tmp_path, seed=0, train=(30_000,), val=(5_000,))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from clitools import QUIET, TINY, read_metrics, run_cli, run_torchrun
+from clitools import QUIET, TINY, read_metrics, run_cli, run_torchrun, write_random_shards
 from gpt.checkpoint import load
 from gpt.data import ShardLoader, write_shard
 
@@ -21,11 +21,7 @@ ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "3"]
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(1)
-    write_shard(out / "train_000000.bin", rng.integers(0, 50257, 20_000))
-    write_shard(out / "train_000001.bin", rng.integers(0, 50257, 7_000))
-    return out
+    return write_random_shards(tmp_path_factory.mktemp("data"), seed=1, train=(20_000, 7_000))
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from clitools import (QUIET, REPO, TINY, kill_tree, read_metrics, run_cli, run_torchrun,
-                      torchrun_cmd, wait_for)
+                      torchrun_cmd, wait_for, write_random_shards)
 from gpt import checkpoint
 from gpt.checkpoint import CheckpointError, load
 from gpt.config import parse_args
@@ -28,12 +28,8 @@ ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "6"]
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(2)
-    write_shard(out / "train_000000.bin", rng.integers(0, 50257, 9_000))
-    write_shard(out / "train_000001.bin", rng.integers(0, 50257, 9_000))
-    write_shard(out / "val_000000.bin", rng.integers(0, 50257, 3_000))
-    return out
+    return write_random_shards(tmp_path_factory.mktemp("data"), seed=2, train=(9_000, 9_000),
+                               val=(3_000,))
 
 
 def losses(out: Path) -> dict[int, float]:

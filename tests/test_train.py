@@ -17,7 +17,7 @@ from gpt.model import GPT
 from gpt.optim import build_optimizer
 from gpt.train import train_step
 
-from clitools import TINY, read_metrics, run_cli, run_torchrun
+from clitools import TINY, read_metrics, run_cli
 
 
 def grads_after_step(data: Path, batch_size: int, accum: int) -> dict[str, torch.Tensor]:

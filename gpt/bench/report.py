@@ -177,7 +177,7 @@ def md_header(info: dict[str, Any]) -> str:
         f"{tf32.get('cudnn_allow_tf32')} (each row records its own setting)",
         f"- commit: {info.get('commit')}" + (" (with local changes)" if info.get("commit_dirty") else ""),
         f"- time: {info.get('time')}",
-        f"- peak bf16 TFLOP/s for MFU: "
+        "- peak bf16 TFLOP/s for MFU: "
         + (f"{info['peak_tflops']:g} ({info.get('peak_tflops_source')})"
            if info.get("peak_tflops") else "unknown (MFU not reported; set --peak-tflops)"),
     ]
