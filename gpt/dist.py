@@ -77,7 +77,7 @@ def restart_store_prefix(env: Mapping[str, str]) -> str | None:
     nobody listens on: gloo times out, NCCL fails to connect (pytorch issue #135712). With
     one agent (one node) every worker has the same TORCHELASTIC_RESTART_COUNT, so it
     names the attempt. Across nodes the agents count restarts separately, so there the
-    prefix would split the world; launch/ scripts set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+    prefix would split the world; launch/multi_node.sh sets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
     instead, which makes the agent hand each attempt a fresh store.
     """
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or env.get("GROUP_WORLD_SIZE", "1") != "1":
