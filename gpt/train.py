@@ -7,6 +7,7 @@ The same file runs one process or one rank under torchrun.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import random
@@ -300,11 +301,13 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
 
     seed_everything(t.seed)
     set_matmul_precision(runtime, t.tf32)
-    vocab_check = cfg.model.vocab_size if d.check_tokens else None
-    train_loader = ShardLoader(d.data_dir, "train", d.batch_size, d.seq_len,
-                               rank=runtime.rank, world_size=runtime.world_size, seed=t.seed,
-                               shuffle=d.shuffle, device=runtime.device, vocab_size=vocab_check,
-                               max_token=cfg.model.vocab_size - 1)
+    # The train and val loaders differ only in split and shuffling.
+    make_loader = functools.partial(
+        ShardLoader, d.data_dir, batch_size=d.batch_size, seq_len=d.seq_len, rank=runtime.rank,
+        world_size=runtime.world_size, seed=t.seed, device=runtime.device,
+        vocab_size=cfg.model.vocab_size if d.check_tokens else None,
+        max_token=cfg.model.vocab_size - 1)
+    train_loader = make_loader("train", shuffle=d.shuffle)
     val_loader = None
     if t.val_every > 0:
         try:
@@ -313,10 +316,7 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
             if runtime.is_master:
                 print(f"note: {d.data_dir} has no val_* shards; validation is off")
         else:
-            val_loader = ShardLoader(d.data_dir, "val", d.batch_size, d.seq_len,
-                                     rank=runtime.rank, world_size=runtime.world_size,
-                                     seed=t.seed, device=runtime.device, vocab_size=vocab_check,
-                                     max_token=cfg.model.vocab_size - 1)
+            val_loader = make_loader("val")
     # Under FSDP the forward pass is a collective, so every rank samples (the same text);
     # otherwise rank 0 samples alone.
     samples_here = runtime.is_master or t.parallel == "fsdp"
@@ -353,7 +353,7 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
               tokenizer=tokenizer, hellaswag_examples=examples)
     if ckpt is not None:
         restore(run, ckpt)
-        run.resumed_from = Path(resume_path) if resume_path else None
+        run.resumed_from = Path(resume_path)
         run.say(f"resumed from {resume_path} at step {run.state.step}")
         for note in notes:
             run.say(f"note: setting changed since the checkpoint: {note}")
@@ -519,10 +519,8 @@ def run_loop(run: Run) -> dict[str, Any]:
                     timer.reset()
                 periodic = t.checkpoint_every and s.step % t.checkpoint_every == 0
                 if s.step > start and (at_end or periodic):
-                    ckpt_path = save_checkpoint(run)
+                    ckpt_path = checkpoint_and_log(run, log)
                     run.say(f"saved checkpoint {ckpt_path}")
-                    if log:
-                        log.write({"type": "checkpoint", "step": s.step, "path": str(ckpt_path)})
                     timer.reset()
                 if run.tokenizer is not None and s.step > start and (
                         s.step % t.sample_every == 0 or at_end):
@@ -552,34 +550,40 @@ def run_loop(run: Run) -> dict[str, Any]:
                 if step % t.log_every == 0 or s.step == end:
                     loss = all_reduce_mean(loss, rt)  # every rank joins, only on log steps
                     sec = timer.lap()
-                    last_loss = loss.item()
+                    last_loss, grad_norm = loss.item(), norm.item()
                     tok_s = d.total_batch_tokens / sec
                     util = mfu(tok_s / rt.world_size, flops_tok, peak)  # per-device MFU
                     run.say(
                         f"step {step:6d} | loss {last_loss:.6f} | lr {lr:.4e} | norm "
-                        f"{norm.item():.4f} | {sec * 1000:.1f} ms | {tok_s:,.0f} tok/s"
+                        f"{grad_norm:.4f} | {sec * 1000:.1f} ms | {tok_s:,.0f} tok/s"
                         + (f" | MFU {util * 100:.1f}%" if util is not None else "")
                     )
                     if log:
                         log.write({"type": "train", "step": step, "loss": last_loss, "lr": lr,
-                                   "grad_norm": norm.item(), "ms": sec * 1000,
+                                   "grad_norm": grad_norm, "ms": sec * 1000,
                                    "tokens_per_s": tok_s, "mfu": util})
 
                 if any_rank(stop.signum is not None, rt):  # all ranks stop at the same step
                     stopped_by = stop.signum or signal.SIGTERM
-                    ckpt_path = save_checkpoint(run)
-                    name = signal.Signals(stopped_by).name
-                    run.say(f"{name} received: saved checkpoint {ckpt_path} at step {s.step}; "
+                    signame = signal.Signals(stopped_by).name
+                    ckpt_path = checkpoint_and_log(run, log, reason=signame)
+                    run.say(f"{signame} received: saved checkpoint {ckpt_path} at step {s.step}; "
                             f"continue with --resume auto")
-                    if log:
-                        log.write({"type": "checkpoint", "step": s.step, "path": str(ckpt_path),
-                                   "reason": name})
                     break
     finally:
         if log:
             log.close()
     return {"loss": last_loss, "val_loss": s.last_val, "checkpoint": ckpt_path,
             "steps": s.step, "skipped": s.skipped, "stopped_by": stopped_by}
+
+
+def checkpoint_and_log(run: Run, log: MetricsLog | None, reason: str | None = None) -> Path:
+    """save_checkpoint, and record it in the metrics log (with why, if not periodic)."""
+    path = save_checkpoint(run)
+    if log:
+        record = {"type": "checkpoint", "step": run.state.step, "path": str(path)}
+        log.write(record if reason is None else {**record, "reason": reason})
+    return path
 
 
 def skip_step(run: Run, step: int, log: MetricsLog | None) -> None:
