@@ -12,7 +12,6 @@ import argparse
 import dataclasses
 import difflib
 import json
-import sys
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -211,14 +210,27 @@ def _field_type(cls: type, f: dataclasses.Field) -> type:
     return tp
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line naming the flag, then `hint`: the full
+    usage block would bury it. Every command line of the package uses it."""
+
+    hint = ""
+
     def error(self, message: str) -> typing.NoReturn:
-        # One line naming the flag; the full usage block would bury it.
-        self.exit(2, f"{self.prog}: error: {message}\n(run with --help to list every flag)\n")
+        self.exit(2, f"{self.prog}: error: {message}\n{self.hint}")
+
+
+def check_at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                       names: typing.Iterable[str]) -> None:
+    """parser.error for the first of these (optional) int flags that is below 1."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="train_gpt2.py",
         description="Pre-train a GPT-2 model. Values: defaults <- --model preset <- "
         "--config TOML file <- flags.",
@@ -226,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,  # a typo must not silently match a longer flag
         argument_default=argparse.SUPPRESS,  # so we can tell which flags were given
     )
+    parser.hint = "(run with --help to list every flag)\n"
     parser.add_argument("--config", metavar="FILE", help="TOML file of settings (see README)")
     parser.add_argument(
         "--model",
@@ -487,9 +500,3 @@ def describe(cfg: Config) -> str:
         items = dataclasses.asdict(getattr(cfg, section))
         out.append(f"{section}: " + ", ".join(f"{k}={v}" for k, v in items.items()))
     return "\n".join(out)
-
-
-def main_error(message: str) -> typing.NoReturn:
-    """Print a one-line error for the user and exit non-zero (no traceback)."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)

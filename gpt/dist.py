@@ -243,6 +243,15 @@ def bf16_supported(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def autocast(device_type: str, dtype: torch.dtype) -> torch.autocast:
+    """Autocast to `dtype` on the device; switched off for fp32, the weights' own dtype."""
+    return torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32)
+
+
 def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
     """The autocast dtype (torch.float32 means no autocast).
 
@@ -255,7 +264,7 @@ def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
         if device.type == "mps" and bf16_supported(device):
             return torch.bfloat16
         return torch.float32
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[requested]
+    dtype = DTYPES[requested]
     if dtype is torch.bfloat16 and not bf16_supported(device):
         raise ConfigError(f"--dtype bf16: {device} does not support bfloat16 (use fp16 or fp32)")
     if dtype is torch.float16 and device.type == "cpu":

@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 
+from gpt.config import OneLineParser, check_at_least_one
 from gpt.data import ShardLoader
+from gpt.dist import autocast
+from gpt.tokenizer import GPT2_VOCAB
 
 
 @torch.no_grad()
@@ -42,7 +45,7 @@ def val_loss(
     losses = []
     for _ in range(min(steps, loader.steps_per_pass)):
         x, y = loader.next_batch()
-        with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype != torch.float32):
+        with autocast(device_type, autocast_dtype):
             _, loss = model(x, y)
         losses.append(loss.float())
     model.train(was_training)
@@ -52,15 +55,10 @@ def val_loss(
 # ---------------------------------------------------------------------------- CLI
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m gpt.evaluate",
-                description="Score a checkpoint or OpenAI GPT-2 on HellaSwag and/or validation loss.",
-                allow_abbrev=False)
+    p = OneLineParser(prog="python -m gpt.evaluate", allow_abbrev=False,
+                      description="Score a checkpoint or OpenAI GPT-2 on HellaSwag and/or "
+                      "validation loss.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", metavar="PATH", help="a checkpoint written by the trainer")
     src.add_argument("--init-from", metavar="NAME|DIR",
@@ -91,18 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.hellaswag is None and args.data_dir is None:
         parser.error("nothing to do: give --hellaswag FILE and/or --data-dir DIR")
-    for name in ("batch_examples", "val_steps", "batch_size", "seq_len", "hellaswag_max_examples"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    check_at_least_one(parser, args, ("batch_examples", "val_steps", "batch_size", "seq_len",
+                                      "hellaswag_max_examples"))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as the arguments say (one process or one torchrun rank); results dict."""
-    import torch.distributed as dist
-
     from gpt import hellaswag
-    from gpt.dist import all_reduce_mean, init_runtime, resolve_dtype
+    from gpt.dist import all_reduce_mean, init_runtime, resolve_dtype, shutdown
     from gpt.pretrained import load_model
 
     runtime = init_runtime(args.device)
@@ -117,7 +111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                                max_examples=args.hellaswag_max_examples)
             results["hellaswag"] = hellaswag.evaluate(
                 scored, examples, runtime.device, dtype, runtime.rank, runtime.world_size,
-                batch_examples=args.batch_examples, valid_vocab=hellaswag_vocab(model))
+                batch_examples=args.batch_examples, valid_vocab=GPT2_VOCAB)
         if args.data_dir is not None:
             seq_len = args.seq_len or model.config.block_size
             if seq_len > model.config.block_size:
@@ -136,15 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["is_master"] = runtime.rank == 0
         return results
     finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def hellaswag_vocab(model: torch.nn.Module) -> int | None:
-    """GPT-2's 50257 real ids when the vocabulary is padded past them (never-used ids are
-    masked out of the loss), else None."""
-    vocab = model.config.vocab_size  # type: ignore[union-attr]
-    return 50257 if vocab > 50257 else None
+        shutdown(runtime, clean=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,16 +15,17 @@ from __future__ import annotations
 import argparse
 import inspect
 import sys
-from typing import NoReturn, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt.config import OneLineParser, check_at_least_one
+from gpt.dist import autocast
 from gpt.model import GPT
+from gpt.tokenizer import GPT2_EOT
 
-GPT2_EOT = 50256  # <|endoftext|>
-GPT2_VOCAB = 50257  # real GPT-2 token ids; the model may pad its vocabulary past this
 
 
 def unwrap(model: nn.Module) -> GPT:
@@ -117,9 +118,7 @@ def sample(
     try:
         length = idx.size(1)  # tokens so far
         for step in range(max_new_tokens):
-            with torch.autocast(
-                device.type, dtype=autocast_dtype, enabled=autocast_dtype != torch.float32
-            ):
+            with autocast(device.type, autocast_dtype):
                 if cache is not None and length <= cache.max_len:
                     # First step: the prompt; then only the newest token.
                     new = out[:, cache.length : length]
@@ -152,14 +151,8 @@ def until_eot(ids: Sequence[int], prompt_len: int, eot_id: int = GPT2_EOT) -> li
 # ---------------------------------------------------------------------------- CLI
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        # One line naming the flag, without the usage block.
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog="python -m gpt.generate",
         description="Generate text from a trainer checkpoint or OpenAI's GPT-2 weights.",
         allow_abbrev=False,
@@ -192,9 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    for name in ("max_new_tokens", "num_samples"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_at_least_one(parser, args, ("max_new_tokens", "num_samples"))
     if args.temperature < 0:
         parser.error(f"--temperature must be >= 0, got {args.temperature}")
     if args.top_k < 0:

@@ -42,7 +42,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt.dist import autocast
 from gpt.fileio import atomic_write
+from gpt.tokenizer import GPT2_EOT
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_EXAMPLES = 10042
@@ -155,7 +157,7 @@ def tokenize(record: dict[str, Any], tokenizer: Tokenizer) -> Example:
     """Context tokens, and each ending tokenized with the leading space it follows on."""
     context = list(tokenizer.encode_ordinary(record["ctx"]))
     if not context:  # the first ending token needs a position to be predicted from
-        context = [getattr(tokenizer, "eot_token", 50256)]
+        context = [getattr(tokenizer, "eot_token", GPT2_EOT)]
     endings = tuple(tuple(tokenizer.encode_ordinary(" " + e)) for e in record["endings"])
     return Example(tuple(context), endings, int(record["label"]))
 
@@ -246,7 +248,7 @@ def completion_losses(
     device = torch.device(device)
     inputs, targets, mask, labels = (t.to(device, non_blocking=True)
                                      for t in build_batch(examples, seq_len))
-    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype != torch.float32):
+    with autocast(device.type, autocast_dtype):
         logits, _ = model(inputs)
     logits = logits.float()
     if valid_vocab is not None and valid_vocab < logits.size(-1):

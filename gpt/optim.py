@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -41,14 +42,23 @@ def fused_supported(device: torch.device) -> bool:
     return device.type in ("cuda", "cpu", "mps")
 
 
+def want_fused(cfg: OptimConfig, device: torch.device) -> bool:
+    """--fused as given, or (unset) whether the device has a fused AdamW."""
+    return fused_supported(device) if cfg.fused is None else cfg.fused
+
+
+def adamw_kwargs(cfg: OptimConfig) -> dict[str, Any]:
+    """AdamW's settings from the config (the LR is set again on every step)."""
+    return dict(lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+
+
 def build_optimizer(
     model: nn.Module, cfg: OptimConfig, device: torch.device
 ) -> tuple[torch.optim.AdamW, bool]:
     """AdamW over the model's decay groups. Returns (optimizer, whether it is fused)."""
     groups = param_groups(model, cfg.weight_decay)
-    kwargs = dict(lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
-    want_fused = fused_supported(device) if cfg.fused is None else cfg.fused
-    if want_fused:
+    kwargs = adamw_kwargs(cfg)
+    if want_fused(cfg, device):
         try:
             return torch.optim.AdamW(groups, fused=True, **kwargs), True
         except (RuntimeError, TypeError) as e:

@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from gpt.config import ConfigError, OptimConfig
 from gpt.dist import Runtime
 from gpt.model import GPT
-from gpt.optim import build_optimizer, fused_supported, param_groups
+from gpt.optim import adamw_kwargs, build_optimizer, param_groups, want_fused
 
 MODES = ("ddp", "fsdp", "zero1")
 
@@ -83,12 +83,10 @@ def make_optimizer(model: GPT, mode: str, cfg: OptimConfig, runtime: Runtime) ->
         return build_optimizer(model, cfg, runtime.device)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    fused = fused_supported(runtime.device) if cfg.fused is None else cfg.fused
-    opt = ZeroRedundancyOptimizer(
-        param_groups(model, cfg.weight_decay),
-        optimizer_class=torch.optim.AdamW,
-        lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=fused,
-    )
+    fused = want_fused(cfg, runtime.device)
+    opt = ZeroRedundancyOptimizer(param_groups(model, cfg.weight_decay),
+                                  optimizer_class=torch.optim.AdamW, fused=fused,
+                                  **adamw_kwargs(cfg))
     return opt, fused
 
 

@@ -19,7 +19,6 @@ the raw little-endian tensor bytes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pickle
@@ -33,14 +32,13 @@ import torch.nn as nn
 
 from gpt.checkpoint import CheckpointError, clean_state_dict
 from gpt.checkpoint import load as load_checkpoint_file
-from gpt.config import ConfigError, ModelConfig, from_dict
+from gpt.config import ConfigError, ModelConfig, OneLineParser, from_dict
 from gpt.fileio import atomic_write
 from gpt.model import GPT
+from gpt.tokenizer import GPT2_EOT, GPT2_VOCAB
 
 HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 HUB_ORG = "openai-community"
-GPT2_VOCAB = 50257
-GPT2_EOT = 50256
 CONFIG_FILE = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # Stored as HF Conv1D (in, out): transposed to nn.Linear's (out, in) and back.
@@ -471,16 +469,11 @@ def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLik
 # ---------------------------------------------------------------------------- CLI
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m gpt.pretrained",
-                     description="Convert between trainer checkpoints and Hugging Face GPT-2 folders.",
-                     allow_abbrev=False)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="python -m gpt.pretrained",
+                           description="Convert between trainer checkpoints and Hugging Face "
+                           "GPT-2 folders.", allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     exp = sub.add_parser("export", help="write a checkpoint as a Hugging Face GPT-2 folder",
                          allow_abbrev=False)
     exp.add_argument("--checkpoint", required=True, metavar="PATH", help="trainer checkpoint (.pt)")

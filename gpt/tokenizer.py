@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+GPT2_VOCAB = 50257  # real GPT-2 token ids; a model may pad its vocabulary past this
+GPT2_EOT = 50256  # <|endoftext|>, the delimiter between documents
+
 
 def gpt2_tokenizer():
     """tiktoken's 'gpt2' encoding. It downloads its BPE files on first use; offline, set

@@ -27,18 +27,17 @@ from gpt.checkpoint import CheckpointError
 from gpt.config import (Config, ConfigError, describe, grad_accum_steps, parse_args,
                         to_dict, to_toml)
 from gpt.data import DataError, ShardLoader, find_shards
-from gpt.dist import (Runtime, all_reduce_mean, any_rank, broadcast_object, device_name,
-                      gather_objects, init_runtime, resolve_dtype, shutdown, synchronize)
+from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, any_rank, autocast,
+                      broadcast_object, device_name, gather_objects, init_runtime, resolve_dtype, shutdown,
+                      synchronize)
 from gpt.evaluate import val_loss
 from gpt.generate import sample
 from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_tflops
 from gpt.model import GPT
 from gpt.optim import lr_at
 from gpt.profiling import CudaProfilerWindow, MemorySnapshot, TorchProfile, nvtx_range
-from gpt.tokenizer import gpt2_tokenizer
+from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
 
-GPT2_VOCAB = 50257  # tokenizer ids; the model's extra (padding) rows are never scored
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 class TrainingDiverged(RuntimeError):
@@ -179,12 +178,10 @@ def forward_backward(
     """
     optimizer.zero_grad(set_to_none=True)
     loss_sum: torch.Tensor | None = None
-    use_autocast = autocast_dtype != torch.float32
     for micro in range(accum_steps):
         parallel.set_grad_sync(model, micro == accum_steps - 1)
         x, y = loader.next_batch()
-        with nvtx_range("forward", nvtx), torch.autocast(device_type, dtype=autocast_dtype,
-                                                         enabled=use_autocast):
+        with nvtx_range("forward", nvtx), autocast(device_type, autocast_dtype):
             _, loss = model(x, y)
         # Each micro-batch's mean loss is divided by the number of micro-batches, so the
         # summed gradients are those of the mean loss over the whole batch.
@@ -509,9 +506,10 @@ def run_loop(run: Run) -> dict[str, Any]:
                         log.write({"type": "val", "step": s.step, "val_loss": s.last_val})
                     timer.reset()  # evaluation time is not training time
                 if run.hellaswag_examples and (s.step % t.hellaswag_every == 0 or at_end):
+                    # GPT-2's ids only: a padded vocabulary's extra rows are masked out.
                     hs = hellaswag.evaluate(run.train_model, run.hellaswag_examples, rt.device,
                                             run.autocast_dtype, rt.rank, rt.world_size,
-                                            valid_vocab=min(cfg.model.vocab_size, GPT2_VOCAB))
+                                            valid_vocab=GPT2_VOCAB)
                     run.say(f"step {s.step:6d} | hellaswag acc_norm {hs['acc_norm']:.4f} "
                             f"(acc {hs['acc']:.4f}, {hs['total']} examples)")
                     if log:
