@@ -23,10 +23,10 @@ their shares of the documents, already in memory, with no IPC at all, i.e. what 
 method could reach on these cores at that time.
 
 Memory is the peak over repeats of the process tree's summed RSS and PSS (PSS sampled 1
-time in 5), every 20 ms. Both children import the same modules (torch comes with
-gpt.data), so both have the same ~250 MB floor; PSS counts the pages forked workers
-share only once. ``--scale`` reruns each method on a 3x larger input: a flat line there
-is what bounded memory means.
+time in 5), every 20 ms. Both children import the same modules (gpt.prepare, which
+does not import torch), so both start from the same floor; PSS counts the pages forked
+workers share only once. ``--scale`` reruns each method on a 3x larger input: a flat
+line there is what bounded memory means.
 """
 
 from __future__ import annotations
@@ -173,9 +173,9 @@ def stream_hash(out: Path) -> str:
 
 
 def child(method: str, path: Path, workers: int, work: Path) -> None:
-    import gpt.prepare  # noqa: F401  both methods start from the same imports (torch included)
-
     import resource
+
+    import gpt.prepare  # noqa: F401  both methods start from the same imports
 
     from gpt.tokenizer import gpt2_tokenizer
 
@@ -248,11 +248,9 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "usable_cpus": usable,
+    from gpt.prepare import available_cpus
+
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "usable_cpus": available_cpus(),
             "platform": platform.platform()}
 
 

@@ -199,17 +199,23 @@ def shard_num_tokens(path: str | os.PathLike) -> int:
     return _read_header(Path(path))[0]
 
 
+def _bad_token_error(path: Path, tokens: np.ndarray, bad: np.ndarray, offset: int, what: str) -> ShardError:
+    """The error for the first token where `bad` (a mask over `tokens`, which start at
+    index `offset` of the shard) is set; `what` says why that id is wrong."""
+    idx = int(np.flatnonzero(bad)[0])
+    return ShardError(
+        f"{path}: token id {int(tokens[idx])} at index {offset + idx} is {what}; "
+        f"wrong tokenizer or corrupt shard, {_RECREATE_HINT}"
+    )
+
+
 def _check_vocab(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
     """Raise on the first token id >= vocab_size, scanning in chunks."""
     for start in range(0, tokens.size, _SCAN_CHUNK):
         chunk = np.asarray(tokens[start : start + _SCAN_CHUNK])
         if int(chunk.max()) < vocab_size:
             continue
-        idx = int(np.flatnonzero(chunk >= vocab_size)[0])
-        raise ShardError(
-            f"{path}: token id {int(chunk[idx])} at index {start + idx} is >= "
-            f"vocab_size {vocab_size}; wrong tokenizer or corrupt shard, {_RECREATE_HINT}"
-        )
+        raise _bad_token_error(path, chunk, chunk >= vocab_size, start, f">= vocab_size {vocab_size}")
 
 
 def read_shard(path: str | os.PathLike, vocab_size: int | None = None) -> np.ndarray:
@@ -410,12 +416,8 @@ class ShardLoader:
             i += 1
 
     def _bad_token(self, shard: int, piece: np.ndarray, offset: int) -> None:
-        j = int(np.flatnonzero(piece > self._max_token)[0])
-        raise ShardError(
-            f"{self._paths[shard]}: token id {int(piece[j])} at index {offset + j} is beyond "
-            f"the model's vocabulary (largest id {self._max_token}); wrong tokenizer or "
-            f"corrupt shard, {_RECREATE_HINT}"
-        )
+        raise _bad_token_error(self._paths[shard], piece, piece > self._max_token, offset,
+                               f"beyond the model's vocabulary (largest id {self._max_token})")
 
     # ---- batches
 

@@ -617,11 +617,9 @@ class HFSource:
         # Batches of one column: far cheaper than a Python dict per example.
         for batch in ds.iter(batch_size=1024):
             for text in batch[self.text_field]:
-                if text is not None and not isinstance(text, str):
-                    raise PrepareError(
-                        f"--source {self.name} example {self._seen}: field {self.text_field!r} holds "
-                        f"{type(text).__name__}, not text; choose a text field with --text-field"
-                    )
+                if text is not None and not isinstance(text, str):  # _text_of raises the error
+                    _text_of({self.text_field: text}, self.text_field,
+                             f"--source {self.name} example {self._seen}")
                 self._seen += 1
                 yield (text or "",)
 
@@ -907,10 +905,6 @@ def _write_json(path: Path, obj: dict[str, Any]) -> None:
     atomic_write(path, lambda fh: fh.write(data))
 
 
-def _shard_files(out: Path) -> list[Path]:
-    return sorted(p for p in out.iterdir() if _SHARD_FILE.fullmatch(p.name))
-
-
 def _short(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -942,14 +936,16 @@ def _existing(out: Path, settings: dict[str, Any], overwrite: bool) -> _Existing
     if not out.is_dir():
         raise PrepareError(f"--out {out}: exists and is not a folder")
     meta_path = out / METADATA_NAME
-    ours = _shard_files(out) + [p for p in out.iterdir() if _SHARD_TEMP.fullmatch(p.name)]
+    listing = list(out.iterdir())
+    shard_files = sorted(p for p in listing if _SHARD_FILE.fullmatch(p.name))
+    ours = shard_files + [p for p in listing if _SHARD_TEMP.fullmatch(p.name)]
     if overwrite:
         fresh.to_delete = ours + ([meta_path] if meta_path.exists() else [])
         return fresh
     if not meta_path.exists():
-        if _shard_files(out):
+        if shard_files:
             raise PrepareError(
-                f"--out {out}: holds {len(_shard_files(out))} shard files but no {METADATA_NAME}, "
+                f"--out {out}: holds {len(shard_files)} shard files but no {METADATA_NAME}, "
                 f"so their tokenizer and settings are unknown; pass --overwrite to delete them, "
                 f"or choose another --out"
             )
@@ -982,6 +978,20 @@ def _existing(out: Path, settings: dict[str, Any], overwrite: bool) -> _Existing
     return _Existing(kept, complete, str(meta.get("created", _now())), [] if complete else stale)
 
 
+def _totals(shards: list[dict[str, Any]]) -> dict[str, int]:
+    """metadata.json's "totals" of a list of shard entries (its key order is the file's)."""
+    val = sum(s["tokens"] for s in shards if s["split"] == "val")
+    train = sum(s["tokens"] for s in shards if s["split"] == "train")
+    return {
+        "tokens": val + train,
+        "val_tokens": val,
+        "train_tokens": train,
+        "documents": sum(s["documents"] for s in shards),
+        "val_shards": sum(s["split"] == "val" for s in shards),
+        "train_shards": sum(s["split"] == "train" for s in shards),
+    }
+
+
 class _ShardWriter:
     """Cuts the token stream into val then train shards, each written atomically and
     followed by an atomic metadata.json update."""
@@ -997,12 +1007,11 @@ class _ShardWriter:
         self.out, self.cfg, self.meta, self.on_shard = out, cfg, meta, on_shard
         self.shards = list(existing.shards)
         self.to_delete = existing.to_delete
-        self.written = {"val": 0, "train": 0}  # tokens in shards on disk
-        self.count = {"val": 0, "train": 0}  # shards on disk
-        for s in self.shards:
-            self.written[s["split"]] += s["tokens"]
-            self.count[s["split"]] += 1
-        self.documents = sum(s["documents"] for s in self.shards)
+        totals = _totals(self.shards)
+        # Tokens and shards on disk, kept up to date as shards are written.
+        self.written = {"val": totals["val_tokens"], "train": totals["train_tokens"]}
+        self.count = {"val": totals["val_shards"], "train": totals["train_shards"]}
+        self.documents = totals["documents"]
         # Grown as a shard fills, up to one shard: a small input never reserves 100M tokens.
         self.buf = np.empty(min(cfg.shard_tokens, 1 << 20), dtype=np.uint16)
         self.filled = 0
@@ -1091,14 +1100,7 @@ class _ShardWriter:
             complete=complete,
             updated=_now(),
             shards=self.shards,
-            totals={
-                "tokens": self.written["val"] + self.written["train"],
-                "val_tokens": self.written["val"],
-                "train_tokens": self.written["train"],
-                "documents": self.documents,
-                "val_shards": self.count["val"],
-                "train_shards": self.count["train"],
-            },
+            totals=_totals(self.shards),
         )
         _write_json(self.out / METADATA_NAME, meta)
 
@@ -1124,10 +1126,8 @@ def _check_config(cfg: PrepareConfig) -> None:
 
 
 def _load_tokenizer() -> Any:
-    from gpt.tokenizer import gpt2_tokenizer
-
     try:
-        return gpt2_tokenizer()
+        return _get_encoder()
     except RuntimeError as e:
         raise PrepareError(str(e)) from None
 
@@ -1230,7 +1230,6 @@ def _input_changed(out: Path, start: Position) -> PrepareError:
 
 
 def _result(out: Path, shards: list[dict[str, Any]], kept: int, t0: float) -> PrepareResult:
-    val = sum(s["tokens"] for s in shards if s["split"] == "val")
-    train = sum(s["tokens"] for s in shards if s["split"] == "train")
-    docs = sum(s["documents"] for s in shards)
-    return PrepareResult(out, shards, val, train, docs, kept, time.perf_counter() - t0)
+    totals = _totals(shards)
+    return PrepareResult(out, shards, totals["val_tokens"], totals["train_tokens"],
+                         totals["documents"], kept, time.perf_counter() - t0)
