@@ -32,8 +32,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt.bench.report import git_commit
 from gpt.config import PRESETS, model_preset
-from gpt.dist import Runtime, device_name, init_runtime, shutdown, synchronize
+from gpt.dist import Runtime, autocast, device_name, init_runtime, shutdown, synchronize
 from gpt.model import GPT
+from gpt.parallel import set_grad_sync
+from gpt.tokenizer import GPT2_VOCAB
 
 SIZES_MB = (1, 10, 100, 1000)
 
@@ -82,19 +84,19 @@ def bench_ddp(runtime: Runtime, preset: str, batch_size: int, seq_len: int, warm
     cfg = model_preset(preset, block_size=seq_len)
     model = DDP(GPT(cfg).to(runtime.device),
                 device_ids=[runtime.local_rank] if runtime.device_type == "cuda" else None)
-    x = torch.randint(0, 50257, (batch_size, seq_len), device=runtime.device)
+    x = torch.randint(0, GPT2_VOCAB, (batch_size, seq_len), device=runtime.device)
     dtype = torch.bfloat16 if runtime.device_type == "cuda" else torch.float32
 
     def fwd_bwd(sync: bool) -> None:
-        model.require_backward_grad_sync = sync
-        with torch.autocast(runtime.device_type, dtype=dtype, enabled=dtype != torch.float32):
+        set_grad_sync(model, sync)
+        with autocast(runtime.device_type, dtype):
             _, loss = model(x, x)
         loss.backward()
         model.zero_grad(set_to_none=True)
 
     compute = stats(time_it(lambda: fwd_bwd(False), runtime, warmup, iters))
     synced = stats(time_it(lambda: fwd_bwd(True), runtime, warmup, iters))
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = model.module.num_params()
     flat = torch.randn(n_params, device=runtime.device)
     comm = stats(time_it(lambda: dist.all_reduce(flat), runtime, warmup, iters))
     exposed = max(0.0, synced["median_ms"] - compute["median_ms"])
@@ -160,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     runtime = init_runtime(args.device)
     clean = False
     try:
-        result: dict[str, Any] = environment(runtime)
+        # Only rank 0 reports: the others skip the git calls.
+        result: dict[str, Any] = environment(runtime) if runtime.is_master else {}
         if args.what == "allreduce":
             result["allreduce"] = bench_allreduce(runtime, args.sizes_mb, args.warmup, args.iters)
         else:

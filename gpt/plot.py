@@ -52,18 +52,6 @@ class RunMetrics:
                 values.append(float(v))
         return steps, values
 
-    @property
-    def train(self) -> dict[int, dict[str, Any]]:
-        return self.records["train"]
-
-    @property
-    def val(self) -> dict[int, dict[str, Any]]:
-        return self.records["val"]
-
-    @property
-    def hellaswag(self) -> dict[int, dict[str, Any]]:
-        return self.records["hellaswag"]
-
 
 def resolve_path(path: str | Path) -> Path:
     p = Path(path)

@@ -21,10 +21,17 @@ import torch
 import torch.nn.functional as F
 
 from gpt.bench import report
-from gpt.bench.common import DTYPES, Context, add_common_args, compile_skip_reason
+from gpt.bench.common import (
+    Context,
+    add_common_args,
+    compile_seconds,
+    compile_skip_reason,
+    compiled_warmup,
+)
 from gpt.bench.naive import causal_mask, naive_attention
 from gpt.bench.report import Column, fmt_mem, fmt_ms, fmt_x, status_text
-from gpt.bench.timing import allocated_memory, reset_dynamo, run_guarded, synchronize
+from gpt.bench.timing import allocated_memory, reset_dynamo, run_guarded
+from gpt.dist import DTYPES, synchronize
 
 SDPA_BACKENDS = {
     "sdpa-flash": "FLASH_ATTENTION",
@@ -145,7 +152,7 @@ def attention_cell(ctx: Context, impl: str, head_dim: int, T: int, B: int, H: in
     if skip:
         return {**result, "status": "skipped", "reason": skip}
     compiled = impl.endswith("-compiled")
-    warmup = max(ctx.args.warmup, 1) if compiled else ctx.args.warmup
+    warmup = compiled_warmup(ctx.args.warmup, compiled)
     label = f"{impl}_d{head_dim}_T{T}_B{B}_H{H}_{dtype_name}"
 
     def cell() -> dict[str, Any]:
@@ -207,7 +214,7 @@ def attention_cell(ctx: Context, impl: str, head_dim: int, T: int, B: int, H: in
             "peak_mem_bytes": t_bwd.peak_mem_bytes,
         }
         if compiled:
-            out_d["compile_s"] = max(0.0, first_ms - out_d["fwdbwd_ms"]) / 1e3
+            out_d["compile_s"] = compile_seconds(first_ms, out_d["fwdbwd_ms"])
         return out_d
 
     ctx.log(f"[attention] {label} ...")

@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import datetime as _dt
 import importlib.util
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,12 +17,14 @@ import torch.nn as nn
 
 from gpt.bench import report
 from gpt.bench.naive import use_naive_attention
-from gpt.bench.timing import Timing, time_fn
+from gpt.bench.timing import Timing, bind_setup, time_fn
 from gpt.config import PRESETS, ModelConfig, model_preset
 from gpt.dist import bf16_supported
+from gpt.dist import autocast as _autocast
 from gpt.metrics import flops_per_token, mfu, peak_tflops
 from gpt.model import GPT
 from gpt.profiling import MemorySnapshot, TorchProfile, nvtx_range
+from gpt.tokenizer import GPT2_VOCAB
 
 # --------------------------------------------------------------------------------------
 # Precision
@@ -46,8 +47,6 @@ PRECISION = {
     "tf32": Precision("tf32", True, None),
     "bf16": Precision("bf16", True, torch.bfloat16),
 }
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def precision_skip_reason(name: str, device: torch.device) -> str | None:
@@ -75,9 +74,10 @@ def tf32_mode(enabled: bool, device: torch.device) -> Iterator[None]:
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[Any]:
+    """gpt.dist.autocast, with None meaning no autocast (as fp32 does)."""
     if dtype is None or dtype == torch.float32:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+    return _autocast(device.type, dtype)
 
 
 def compile_skip_reason(device: torch.device) -> str | None:
@@ -96,6 +96,28 @@ def compile_skip_reason(device: torch.device) -> str | None:
     return None
 
 
+def cell_skip_reason(precision: str, device: torch.device, compiled: bool) -> str | None:
+    """Why a (precision, compile) cell cannot run here: the precision's reason first, then
+    torch.compile's (asked only for a compiled cell)."""
+    skip = precision_skip_reason(precision, device)
+    if skip is None and compiled:
+        skip = compile_skip_reason(device)
+    return skip
+
+
+def compiled_warmup(warmup: int, compiled: bool) -> int:
+    """Warm-up calls for a cell: at least one when compiled, since the first compiled call
+    is the compilation and must never be measured."""
+    return max(warmup, 1) if compiled else warmup
+
+
+def compile_seconds(first_call_ms: float | None, steady_ms: float) -> float | None:
+    """Compilation time: the first (compiling) call minus one steady-state call, in s."""
+    if first_call_ms is None:
+        return None
+    return max(0.0, first_call_ms - steady_ms) / 1e3
+
+
 # --------------------------------------------------------------------------------------
 # Models and inputs
 
@@ -103,8 +125,6 @@ SIZE_GROUPS = {
     # GPT-2's four sizes and the 2.7B benchmark size (small/medium/... are aliases)
     "all": ["gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "2.7B"],
 }
-
-GPT2_VOCAB = 50257
 
 
 def expand_sizes(names: Sequence[str]) -> list[str]:
@@ -148,7 +168,6 @@ def make_batch(batch_size: int, seq_len: int, vocab_size: int, device: torch.dev
 
 
 MODES = ("fwd", "fwdbwd", "step")
-MODE_NAMES = {"fwd": "forward", "fwdbwd": "forward+backward", "step": "train step"}
 
 
 def mode_flops_per_token(cfg: ModelConfig, seq_len: int, mode: str) -> float:
@@ -257,10 +276,6 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                         "torch.profiler and write a Chrome trace per cell into DIR")
 
 
-def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")
-
-
 @dataclass
 class Context:
     """What a subcommand needs: parsed args, device, MFU peak, the run record, outputs."""
@@ -313,6 +328,18 @@ class Context:
             return None
         return mfu(tokens_per_s, flops_tok, self.peak)
 
+    def throughput(self, timing: Timing, cfg: ModelConfig, batch_size: int, seq_len: int,
+                   mode: str, *, tflops: bool = False) -> dict[str, Any]:
+        """tokens_per_s (from the median), flops_per_token for the mode, achieved TFLOP/s
+        when ``tflops`` is asked for, and MFU against this run's peak."""
+        tok_s = batch_size * seq_len / (timing.stats.median / 1e3)
+        flops_tok = mode_flops_per_token(cfg, seq_len, mode)
+        out: dict[str, Any] = {"tokens_per_s": tok_s, "flops_per_token": flops_tok}
+        if tflops:
+            out["tflops"] = tok_s * flops_tok / 1e12
+        out["mfu"] = self.mfu(tok_s, flops_tok)
+        return out
+
     def log(self, message: str) -> None:
         if not self.quiet:
             print(message, file=sys.stderr, flush=True)
@@ -338,12 +365,9 @@ class Context:
                       setup: Callable[[], Any] | None = None) -> None:
         active = max(1, min(self.args.steps, 3))
         with TorchProfile(self.args.torch_profile, wait=0, warmup=1, active=active,
-                          name=f"{self.command}_{_safe(label)}") as prof:
+                          name=f"{self.command}_{label}") as prof:
             for _ in range(1 + active):
-                if setup is None:
-                    fn()
-                else:
-                    fn(setup())
+                bind_setup(fn, setup)()
                 prof.step()
 
     # -- outputs

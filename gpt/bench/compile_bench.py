@@ -134,33 +134,36 @@ def run(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
                 *({"part": "attention", **r} for r in attn_rows)]
 
     with ctx.memory_snapshot():
+        # Each pair is saved after its eager cell, then with the compiled cell and the
+        # comparison together.
         if "attention" in a.parts:
+            def attn_cell(impl: str) -> dict[str, Any]:
+                r = attention_cell(ctx, impl, a.head_dim, a.attn_seq_len, a.attn_batch_size,
+                                   a.n_head, "bf16" if ctx.device.type == "cuda" else "fp32")
+                attn_rows.append(r)
+                return r
+
             for impl in a.attn_impls:
-                pair = {}
-                for variant in (impl, f"{impl}-compiled"):
-                    r = attention_cell(ctx, variant, a.head_dim, a.attn_seq_len,
-                                       a.attn_batch_size, a.n_head,
-                                       "bf16" if ctx.device.type == "cuda" else "fp32")
-                    attn_rows.append(r)
-                    pair[variant] = r
-                    ctx.save(results(), sections())
-                eager, comp = pair[impl], pair[f"{impl}-compiled"]
+                eager = attn_cell(impl)
+                ctx.save(results(), sections())
+                comp = attn_cell(f"{impl}-compiled")
                 label = f"{impl} attention d={a.head_dim} T={a.attn_seq_len}"
                 comparisons.append(_compare("attention", f"{label} fwd", eager, comp, "fwd_ms"))
                 comparisons.append(_compare("attention", f"{label} fwd+bwd", eager, comp,
                                             "fwdbwd_ms"))
                 ctx.save(results(), sections())
         if "model" in a.parts:
+            def cell(mode: str, compiled: bool) -> dict[str, Any]:
+                r = model_cell(ctx, a.size, a.seq_len, a.batch_size, mode, a.precision, compiled)
+                model_rows.append(r)
+                return r
+
             for mode in a.modes:
-                pair = {}
-                for compiled in (False, True):
-                    r = model_cell(ctx, a.size, a.seq_len, a.batch_size, mode, a.precision,
-                                   compiled)
-                    model_rows.append(r)
-                    pair[compiled] = r
-                    ctx.save(results(), sections())
+                eager = cell(mode, False)
+                ctx.save(results(), sections())
+                comp = cell(mode, True)
                 comparisons.append(_compare(
                     "model", f"{a.size} B={a.batch_size} T={a.seq_len} {a.precision} {mode}",
-                    pair[False], pair[True], "ms"))
+                    eager, comp, "ms"))
                 ctx.save(results(), sections())
     return results(), sections()

@@ -29,22 +29,24 @@ import torch
 
 from gpt.bench import report
 from gpt.bench.common import (
-    GPT2_VOCAB,
     Context,
     add_common_args,
+    bench_model_config,
     build_model,
+    compile_seconds,
     compile_skip_reason,
+    compiled_warmup,
     expand_sizes,
     make_batch,
     make_step_fn,
-    mode_flops_per_token,
     tf32_mode,
 )
 from gpt.bench.report import Column, fmt_int, fmt_mem, fmt_ms, fmt_pct, fmt_x, status_text
 from gpt.bench.timing import reset_dynamo, run_guarded
-from gpt.config import ModelConfig, OptimConfig, TrainConfig, model_preset
-from gpt.dist import bf16_supported
-from gpt.optim import param_groups
+from gpt.config import ModelConfig, OptimConfig, TrainConfig
+from gpt.dist import DTYPE_NAMES, DTYPES, bf16_supported, resolve_dtype
+from gpt.optim import adamw_kwargs, build_optimizer, param_groups
+from gpt.tokenizer import GPT2_VOCAB
 
 
 @dataclass(frozen=True)
@@ -109,17 +111,15 @@ def _resolve(ctx: Context) -> None:
 
 def trainer_defaults(device: torch.device, allow_compile: bool) -> tuple[Settings, str | None]:
     """What train_gpt2.py does with no flags on this device."""
-    from gpt.dist import resolve_dtype
-
     t, o, m = TrainConfig(), OptimConfig(), ModelConfig()
     dtype = resolve_dtype(t.dtype, device)
-    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
     compile_on = t.compile if t.compile is not None else device.type == "cuda"
     note = None
     if compile_on and not allow_compile:
         compile_on, note = False, "compile off (--no-compile-rungs)"
     fused = o.fused if o.fused is not None else True  # build_optimizer falls back if it must
-    return Settings(tf32=t.tf32 and device.type == "cuda", autocast=names.get(dtype),
+    return Settings(tf32=t.tf32 and device.type == "cuda",
+                    autocast=None if dtype == torch.float32 else DTYPE_NAMES[dtype],
                     compile=compile_on, attention="sdpa", vocab_size=m.vocab_size,
                     fused_adamw=fused, trainer_step=True), note
 
@@ -136,9 +136,9 @@ class _FixedBatch:
 
 def _rung_cell(ctx: Context, s: Settings) -> dict[str, Any]:
     a, device = ctx.args, ctx.device
-    cfg = model_preset(a.size, block_size=max(1024, a.seq_len), vocab_size=s.vocab_size)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, None: None}[s.autocast]
-    warmup = max(a.warmup, 1) if s.compile else a.warmup
+    cfg = bench_model_config(a.size, a.seq_len, s.vocab_size)
+    dtype = DTYPES[s.autocast] if s.autocast else None
+    warmup = compiled_warmup(a.warmup, s.compile)
     optim_cfg = OptimConfig()
 
     def cell() -> dict[str, Any]:
@@ -151,7 +151,6 @@ def _rung_cell(ctx: Context, s: Settings) -> dict[str, Any]:
             x, y = make_batch(a.batch_size, a.seq_len, cfg.vocab_size, device, a.seed)
             scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
             if s.trainer_step:
-                from gpt.optim import build_optimizer
                 from gpt.train import train_step
 
                 optimizer, fused = build_optimizer(model, optim_cfg, device)
@@ -162,8 +161,10 @@ def _rung_cell(ctx: Context, s: Settings) -> dict[str, Any]:
                                optim_cfg.grad_clip, device.type,
                                dtype if dtype is not None else torch.float32)
             else:
-                kwargs = dict(lr=optim_cfg.max_lr, betas=(optim_cfg.beta1, optim_cfg.beta2),
-                              eps=optim_cfg.eps)
+                # Not build_optimizer: its unfused AdamW leaves the kernel choice to torch
+                # (foreach on CUDA), while these rungs pass fused=False, which on CUDA also
+                # turns torch's foreach default off.
+                kwargs = adamw_kwargs(optim_cfg)
                 groups = param_groups(model, optim_cfg.weight_decay)
                 if s.fused_adamw:
                     try:
@@ -177,13 +178,11 @@ def _rung_cell(ctx: Context, s: Settings) -> dict[str, Any]:
                                   optimizer=optimizer, grad_clip=optim_cfg.grad_clip,
                                   scaler=scaler if scaler.is_enabled() else None, nvtx=ctx.nvtx)
             timing = ctx.time(fn, label=f"ladder_{a.size}", warmup=warmup)
-        tok_s = a.batch_size * a.seq_len / (timing.stats.median / 1e3)
-        flops_tok = mode_flops_per_token(cfg, a.seq_len, "step")
         out = {"params": model.num_params(), "fused_adamw": fused, **timing.to_dict(),
-               "ms_per_step": timing.stats.median, "tokens_per_s": tok_s,
-               "flops_per_token": flops_tok, "mfu": ctx.mfu(tok_s, flops_tok)}
+               "ms_per_step": timing.stats.median,
+               **ctx.throughput(timing, cfg, a.batch_size, a.seq_len, "step")}
         if s.compile and timing.first_call_ms is not None:
-            out["compile_s"] = max(0.0, timing.first_call_ms - timing.stats.median) / 1e3
+            out["compile_s"] = compile_seconds(timing.first_call_ms, timing.stats.median)
         return out
 
     def classify(exc: BaseException) -> dict[str, Any] | None:

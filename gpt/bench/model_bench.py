@@ -24,12 +24,12 @@ from gpt.bench.common import (
     autocast,
     bench_model_config,
     build_model,
-    compile_skip_reason,
+    cell_skip_reason,
+    compile_seconds,
+    compiled_warmup,
     expand_sizes,
     make_batch,
     make_step_fn,
-    mode_flops_per_token,
-    precision_skip_reason,
     tf32_mode,
 )
 from gpt.bench.report import Column, fmt_int, fmt_mem, fmt_ms, fmt_pct, status_text
@@ -119,15 +119,11 @@ def model_cell(ctx: Context, size: str, T: int, B: int, mode: str, precision: st
         "autocast": "bf16" if prec.autocast is torch.bfloat16 else None,
         "compile": compiled, "attention": attention,
     }
-    skip = precision_skip_reason(precision, device)
-    if skip is None and compiled:
-        skip = compile_skip_reason(device)
+    skip = cell_skip_reason(precision, device, compiled)
     if skip is not None:
         return {**result, "status": "skipped", "reason": skip}
     label = cell_label(size, T, B, mode, precision, compiled, attention)
-    warmup = ctx.args.warmup
-    if compiled and warmup < 1:
-        warmup = 1  # the first compiled call is the compilation: never measure it
+    warmup = compiled_warmup(ctx.args.warmup, compiled)
     result["warmup"] = warmup
 
     def cell() -> dict[str, Any]:
@@ -145,19 +141,14 @@ def model_cell(ctx: Context, size: str, T: int, B: int, mode: str, precision: st
                               optimizer=optimizer, grad_clip=OptimConfig().grad_clip,
                               nvtx=ctx.nvtx)
             timing = ctx.time(fn, label=label, warmup=warmup)
-        flops_tok = mode_flops_per_token(cfg, T, mode)
-        tok_s = B * T / (timing.stats.median / 1e3)
         out = {
             "params": model.num_params(),
             "fused_adamw": fused,
             **timing.to_dict(),
-            "tokens_per_s": tok_s,
-            "flops_per_token": flops_tok,
-            "tflops": tok_s * flops_tok / 1e12,
-            "mfu": ctx.mfu(tok_s, flops_tok),
+            **ctx.throughput(timing, cfg, B, T, mode, tflops=True),
         }
         if compiled and timing.first_call_ms is not None:
-            out["compile_s"] = max(0.0, timing.first_call_ms - timing.stats.median) / 1e3
+            out["compile_s"] = compile_seconds(timing.first_call_ms, timing.stats.median)
         return out
 
     ctx.log(f"[{ctx.command}] {label} ...")
@@ -291,12 +282,10 @@ def component_cells(ctx: Context, size: str, T: int, B: int, precision: str, com
     base = {"size": size, "seq_len": T, "batch_size": B, "precision": precision,
             "tf32": prec.tf32 and device.type == "cuda", "compile": compiled,
             "attention": attention, "vocab_size": cfg.vocab_size}
-    skip = precision_skip_reason(precision, device)
-    if skip is None and compiled:
-        skip = compile_skip_reason(device)
+    skip = cell_skip_reason(precision, device, compiled)
     if skip is not None:
         return [{**base, "component": c, "status": "skipped", "reason": skip} for c in COMPONENTS]
-    warmup = max(ctx.args.warmup, 1) if compiled else ctx.args.warmup
+    warmup = compiled_warmup(ctx.args.warmup, compiled)
     label = cell_label(size, T, B, "parts", precision, compiled, attention)
     results: list[dict[str, Any]] = []
     state: dict[str, Any] = {}

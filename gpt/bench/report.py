@@ -224,6 +224,4 @@ def write_outputs(out_dir: str | Path, name: str, payload: dict[str, Any],
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, (torch.dtype, torch.device, Path)):
         return str(obj)
-    if isinstance(obj, float):
-        return obj
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

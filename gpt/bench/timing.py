@@ -19,8 +19,8 @@ Rules it enforces, so that numbers are right by construction:
 
 from __future__ import annotations
 
+import functools
 import gc
-import math
 import statistics
 import time
 import traceback
@@ -100,6 +100,13 @@ class Timing:
         }
 
 
+def bind_setup(fn: Callable[..., Any], setup: Callable[[], Any] | None) -> Callable[[], Any]:
+    """``fn`` itself without ``setup``; else runs ``setup()`` now and returns ``fn`` bound to
+    its result, so the setup's work stays outside the region where the call is timed.
+    Dropping the returned callable drops the setup's result with it."""
+    return fn if setup is None else functools.partial(fn, setup())
+
+
 def time_fn(
     fn: Callable[[Any], Any] | Callable[[], Any],
     device: torch.device,
@@ -130,13 +137,13 @@ def time_fn(
     # (compilation included) can be reported apart from the steady state.
     warmup_ms: list[float] = []
     for _ in range(warmup):
-        arg = setup() if setup is not None else None
+        call = bind_setup(fn, setup)
         synchronize(device)
         t0 = time.perf_counter()
-        fn() if setup is None else fn(arg)  # type: ignore[call-arg]
+        call()
         synchronize(device)
         warmup_ms.append((time.perf_counter() - t0) * 1e3)
-        del arg
+        del call
 
     samples: list[float] = []
     if device.type != "cpu":
@@ -150,27 +157,27 @@ def time_fn(
             if use_events:
                 events = []
                 for _ in range(steps):
-                    arg = setup() if setup is not None else None
+                    call = bind_setup(fn, setup)
                     start = torch.cuda.Event(enable_timing=True)
                     end = torch.cuda.Event(enable_timing=True)
                     with nvtx_range("step", nvtx):
                         start.record()
-                        fn() if setup is None else fn(arg)  # type: ignore[call-arg]
+                        call()
                         end.record()
-                    del arg
+                    del call
                     events.append((start, end))
                 torch.cuda.synchronize(device)
                 samples = [s.elapsed_time(e) for s, e in events]
             else:
                 for _ in range(steps):
-                    arg = setup() if setup is not None else None
+                    call = bind_setup(fn, setup)
                     synchronize(device)
                     with nvtx_range("step", nvtx):
                         t0 = time.perf_counter()
-                        fn() if setup is None else fn(arg)  # type: ignore[call-arg]
+                        call()
                         synchronize(device)
                         samples.append((time.perf_counter() - t0) * 1e3)
-                    del arg
+                    del call
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -183,12 +190,12 @@ def time_fn(
         # the host to the GPU's pace, which would hide the answer.
         host: list[float] = []
         for _ in range(host_probe):
-            arg = setup() if setup is not None else None
+            call = bind_setup(fn, setup)
             torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            fn() if setup is None else fn(arg)  # type: ignore[call-arg]
+            call()
             host.append((time.perf_counter() - t0) * 1e3)
-            del arg
+            del call
         torch.cuda.synchronize(device)
         host_ms = statistics.median(host)
 
@@ -222,17 +229,17 @@ def allocated_memory(device: torch.device) -> int | None:
     return None
 
 
-def free_memory(device: torch.device | None = None, reset_compiler: bool = False,
+def free_memory(device: torch.device, reset_compiler: bool = False,
                 collect: bool = True) -> None:
     """Return cached memory after a cell (the cell's tensors must be unreferenced)."""
     if reset_compiler:
         reset_dynamo()
     if collect:
         gc.collect()  # tensors kept alive by reference cycles (tracebacks, graphs)
-    if torch.cuda.is_available() and (device is None or device.type == "cuda"):
+    if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    if device is not None and device.type == "mps":
+    elif device.type == "mps":
         torch.mps.empty_cache()
 
 
@@ -314,6 +321,3 @@ def run_guarded(
                 collect=compiled or result["status"] != "ok" or device.type != "cpu")
     return result
 
-
-def nan_to_none(x: float | None) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
