@@ -1,4 +1,5 @@
-"""Helpers for tests that run the trainer's command line in subprocesses."""
+"""Shared test helpers: the trainer's command line in subprocesses, shared data paths,
+small models and trainer-style checkpoints."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+TRAIN_SCRIPT = REPO / "train_gpt2.py"
+SHARED_DATA = REPO.parent / "shared" / "data"
+SHAKESPEARE = SHARED_DATA / "tinyshakespeare" / "input.txt"
 
 # A 2-layer, 64-wide model on 32-token sequences: a CPU step takes well under a second.
 TINY = ["--model", "tiny", "--block-size", "32", "--seq-len", "32", "--batch-size", "4",
@@ -35,21 +40,58 @@ def write_random_shards(folder: Path, seed: int, train: tuple[int, ...],
 
 def run_cli(*args: str, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
     """`python train_gpt2.py ARGS`, captured."""
-    return subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), *args],
+    return subprocess.run([sys.executable, str(TRAIN_SCRIPT), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
-def torchrun_cmd(*args: str, nproc: int = 2, extra: tuple[str, ...] = ()) -> list[str]:
+def torchrun_cmd(*args: str, nproc: int = 2, extra: tuple[str, ...] = (),
+                 target: Sequence[str] = (str(TRAIN_SCRIPT),)) -> list[str]:
+    """torchrun's command line; `target` is what it launches: a script, or ("-m", module)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}", *extra, str(REPO / "train_gpt2.py"), *args]
+            f"--nproc_per_node={nproc}", *extra, *target, *args]
+
+
+# Set by a launcher for its workers; torchrun sets its own, so none may leak in from here.
+_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def run_torchrun(*args: str, nproc: int = 2, extra: tuple[str, ...] = (),
+                 target: Sequence[str] = (str(TRAIN_SCRIPT),),
                  timeout: int = 300) -> subprocess.CompletedProcess:
-    """`torchrun --standalone --nproc_per_node=N train_gpt2.py ARGS` (gloo on CPU), captured."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")  # 2 ranks on 2 cores: no oversubscription
-    return subprocess.run(torchrun_cmd(*args, nproc=nproc, extra=extra), cwd=REPO,
+    """`torchrun --standalone --nproc_per_node=N TARGET ARGS` (gloo on CPU), captured;
+    TARGET is train_gpt2.py unless given."""
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+    env["OMP_NUM_THREADS"] = "1"  # 2 ranks on 2 cores: no oversubscription
+    return subprocess.run(torchrun_cmd(*args, nproc=nproc, extra=extra, target=target), cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def meta_gpt(name: str, **overrides: object):
+    """A preset GPT built on the meta device: shapes without memory, so even 2.7B is instant."""
+    import torch
+
+    from gpt.config import model_preset
+    from gpt.model import GPT
+
+    with torch.device("meta"):
+        return GPT(model_preset(name, **overrides))
+
+
+def write_checkpoint(path: Path, model=None, step: int = 1, block_size: int = 64) -> Path:
+    """A trainer-style checkpoint of `model`; by default a tiny model (seed 0) with GPT-2's
+    padded vocabulary and the given block size."""
+    import torch
+
+    from gpt.config import Config, model_preset, to_dict
+    from gpt.model import GPT
+
+    if model is None:
+        torch.manual_seed(0)
+        model = GPT(model_preset("tiny", block_size=block_size))
+    cfg = Config(preset="tiny", model=model.config)
+    torch.save({"model": model.state_dict(), "optimizer": {}, "loader": {}, "step": step,
+                "config": to_dict(cfg)}, path)
+    return path
 
 
 def read_metrics(out: Path, kind: str | None = None) -> list[dict]:

@@ -8,11 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clitools import write_random_shards
+from clitools import SHAKESPEARE, SHARED_DATA, write_random_shards
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO.parent / "shared" / "data"
-SHAKESPEARE = SHARED_DATA / "tinyshakespeare" / "input.txt"
 TIKTOKEN_CACHE = SHARED_DATA / "tiktoken_cache"
 
 
@@ -24,16 +21,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def shakespeare_tokens() -> np.ndarray:
-    """GPT-2 tokens of tiny shakespeare (uint16), or a skip when the corpus is absent."""
-    if not SHAKESPEARE.is_file():
-        pytest.skip(f"{SHAKESPEARE} not found: the tiny-shakespeare tests need shared/data")
+def enc():
+    """The GPT-2 tokenizer, or a skip when its files are neither cached nor downloadable."""
     from gpt.tokenizer import gpt2_tokenizer
 
     try:
-        enc = gpt2_tokenizer()
+        return gpt2_tokenizer()
     except RuntimeError as e:
         pytest.skip(f"GPT-2 tokenizer unavailable offline: {e}")
+
+
+@pytest.fixture(scope="session")
+def shakespeare_tokens(request: pytest.FixtureRequest) -> np.ndarray:
+    """GPT-2 tokens of tiny shakespeare (uint16), or a skip when the corpus is absent."""
+    if not SHAKESPEARE.is_file():
+        pytest.skip(f"{SHAKESPEARE} not found: the tiny-shakespeare tests need shared/data")
+    enc = request.getfixturevalue("enc")
     ids = enc.encode_ordinary(SHAKESPEARE.read_text(encoding="utf-8"))
     return np.asarray([enc.eot_token, *ids], dtype=np.uint16)
 

@@ -146,15 +146,10 @@ def test_single_node_launcher_runs_two_cpu_ranks(data_dir: Path, tmp_path: Path)
                                         ("ddp", ["--seq-len", "32"])])
 def test_commbench_under_torchrun(what: str, extra: list[str], tmp_path: Path) -> None:
     import json
-    import subprocess
-    import sys
 
     out = tmp_path / "r.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "gpt.commbench", what, *extra, "--warmup", "1", "--iters", "3", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
+    proc = run_torchrun(what, *extra, "--warmup", "1", "--iters", "3", "--out", str(out),
+                        target=("-m", "gpt.commbench"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["backend"] == "gloo" and result["world_size"] == 2 and result["torch"]

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from gpt import hellaswag
-from gpt.config import Config, model_preset, to_dict
+from gpt.config import model_preset
 from gpt.data import ShardLoader
 from gpt.evaluate import main, val_loss
 from gpt.model import GPT
 from gpt.pretrained import load_checkpoint_model
 
-REPO = Path(__file__).resolve().parent.parent
+from clitools import run_torchrun, write_checkpoint
 
 MINI = [
     ("A man is sitting on a roof. He", ["is using wrap to wrap a pair of skis.",
@@ -36,15 +33,6 @@ def write_hellaswag(path: Path) -> Path:
     lines = [json.dumps({"ind": i, "ctx": c, "endings": e, "label": lab, "split": "val"})
              for i, (c, e, lab) in enumerate(MINI)]
     path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def write_checkpoint(path: Path) -> Path:
-    torch.manual_seed(0)
-    cfg = Config(preset="tiny", model=model_preset("tiny", block_size=64))
-    model = GPT(cfg.model)
-    torch.save({"model": model.state_dict(), "optimizer": {}, "loader": {}, "step": 5,
-                "config": to_dict(cfg)}, path)
     return path
 
 
@@ -109,14 +97,7 @@ def test_cli_under_torchrun_two_ranks_matches_one(tmp_path: Path, random_data_di
             "--device", "cpu", "--json"]
     assert main(args) == 0
     single = json.loads(capsys.readouterr().out)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "gpt.evaluate", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
-    )
+    proc = run_torchrun(*args, target=("-m", "gpt.evaluate"), timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == 1  # rank 0 alone prints

@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.config import Config, model_preset, to_dict
+from gpt.config import model_preset
 from gpt.generate import main, sample, until_eot
 from gpt.model import GPT
+
+from clitools import write_checkpoint
 
 
 def tiny_model(block_size: int = 64, vocab_size: int = 256, seed: int = 0) -> GPT:
@@ -73,15 +75,22 @@ def test_blocks_with_a_replaced_forward_fall_back_to_no_cache() -> None:
     assert torch.equal(sample(model, [1, 2], 20, temperature=0), expected)
 
 
-def test_padded_vocab_ids_are_never_sampled() -> None:
-    model = tiny_model(vocab_size=300)
-    with torch.no_grad():  # make the padding ids by far the likeliest
-        model.transformer.wte.weight[256:] = model.transformer.wte.weight[:1] * 1000
+@pytest.mark.parametrize("vocab_size,valid_vocab", [(300, 256), (50304, 50257)],
+                         ids=["small", "gpt2-padded"])
+def test_padded_vocab_ids_are_never_sampled(vocab_size: int, valid_vocab: int) -> None:
+    model = tiny_model(block_size=32, vocab_size=vocab_size)
+    with torch.no_grad():  # make the padding rows the most likely tokens by far:
+        model.transformer.ln_f.weight.zero_()  # the final hidden state becomes the constant
+        model.transformer.ln_f.bias.fill_(5.0)  # vector 5, whose product with the rows set
+        model.transformer.wte.weight[valid_vocab:] = 1.0  # to 1 dwarfs every other logit
     gen = torch.Generator().manual_seed(0)
     for temperature in (0.0, 1.0):
-        ids = sample(model, [5, 6], 20, num_samples=4, temperature=temperature, top_k=None,
-                     valid_vocab=256, generator=gen)
-        assert int(ids.max()) < 256
+        ids = sample(model, [1, 2, 3], 20, num_samples=3, temperature=temperature, top_k=None,
+                     valid_vocab=valid_vocab, generator=gen)
+        assert ids.shape == (3, 23)
+        assert int(ids.max()) < valid_vocab
+    unmasked = sample(model, [1, 2, 3], max_new_tokens=5, top_k=None, generator=gen)
+    assert int(unmasked[:, 3:].min()) >= valid_vocab  # the test's premise: they would win otherwise
 
 
 def test_stop_at_eot_fills_the_rest_of_each_row() -> None:
@@ -108,15 +117,6 @@ def test_sampling_restores_training_mode_and_rejects_empty_prompt() -> None:
 
 
 # ---------------------------------------------------------------------------- CLI
-
-
-def write_checkpoint(path: Path, block_size: int = 64) -> Path:
-    """A trainer-style checkpoint of a tiny model with GPT-2's padded vocabulary."""
-    torch.manual_seed(0)
-    cfg = Config(preset="tiny", model=model_preset("tiny", block_size=block_size))
-    model = GPT(cfg.model)
-    torch.save({"model": model.state_dict(), "config": to_dict(cfg), "step": 1}, path)
-    return path
 
 
 def test_cli_generates_greedily_with_and_without_cache(tmp_path: Path, capsys) -> None:

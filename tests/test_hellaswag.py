@@ -164,10 +164,7 @@ REAL_SET = [
 ]
 
 
-def test_batched_scoring_matches_per_candidate_reference(tmp_path: Path) -> None:
-    from gpt.tokenizer import gpt2_tokenizer
-
-    enc = gpt2_tokenizer()
+def test_batched_scoring_matches_per_candidate_reference(tmp_path: Path, enc) -> None:
     examples = hellaswag.load_examples(write_jsonl(tmp_path / "real.jsonl", REAL_SET),
                                        tokenizer=enc)
     assert examples[0].endings[1] == tuple(enc.encode_ordinary(" is ripping level tiles off."))

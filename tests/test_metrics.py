@@ -6,17 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from gpt.config import model_preset
 from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_tflops
-from gpt.model import GPT
 
-
-def meta_gpt(name: str, **overrides: object) -> GPT:
-    with torch.device("meta"):
-        return GPT(model_preset(name, **overrides))
-
+from clitools import meta_gpt
 
 # --------------------------------------------------------------------------
 # flops_per_token

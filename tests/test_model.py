@@ -10,6 +10,8 @@ import torch
 from gpt.config import PRESETS, model_preset
 from gpt.model import GPT
 
+from clitools import meta_gpt
+
 # Published parameter counts of OpenAI's GPT-2 models (vocab 50257, context 1024).
 GPT2_COUNTS = {
     "gpt2": 124_439_808,
@@ -19,15 +21,9 @@ GPT2_COUNTS = {
 }
 
 
-def meta_model(name: str, **overrides) -> GPT:
-    """Build on the meta device: shapes without memory, so even 2.7B is instant."""
-    with torch.device("meta"):
-        return GPT(model_preset(name, **overrides))
-
-
 @pytest.mark.parametrize("name,count", GPT2_COUNTS.items())
 def test_gpt2_parameter_counts(name: str, count: int) -> None:
-    assert meta_model(name, vocab_size=50257).num_params() == count
+    assert meta_gpt(name, vocab_size=50257).num_params() == count
 
 
 def test_tied_head_counted_once_and_shared() -> None:
@@ -44,11 +40,14 @@ def test_tied_head_counted_once_and_shared() -> None:
      ("xl", 48, 25, 1600), ("2.7B", 32, 32, 2560)],
 )
 def test_benchmark_presets(name: str, layers: int, heads: int, width: int) -> None:
-    model = meta_model(name)
+    model = meta_gpt(name)
     cfg = model.config
     assert (cfg.n_layer, cfg.n_head, cfg.n_embd) == (layers, heads, width)
     assert model.transformer.h[0].mlp.c_fc.out_features == 4 * width  # d_ff
     assert len(model.transformer.h) == layers
+
+
+def test_gpt2_and_small_presets_exist() -> None:
     assert set(PRESETS) >= {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "tiny", "mini"}
 
 

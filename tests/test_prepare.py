@@ -20,22 +20,10 @@ import gpt.prepare as prep
 from gpt.data import DataError, find_shards, read_shard, write_shard
 from gpt.prepare import PrepareConfig, PrepareError, parse_count, prepare, split_paragraphs, split_pieces
 
-REPO = Path(__file__).resolve().parent.parent
-SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-
+from clitools import QUIET, REPO, SHAKESPEARE, TINY, read_metrics, run_cli
 
 # --------------------------------------------------------------------------
-# Helpers and fixtures
-
-
-@pytest.fixture(scope="session")
-def enc():
-    from gpt.tokenizer import gpt2_tokenizer
-
-    try:
-        return gpt2_tokenizer()
-    except RuntimeError as e:
-        pytest.skip(f"GPT-2 tokenizer unavailable offline: {e}")
+# Helpers and fixtures (`enc`, the GPT-2 tokenizer, comes from conftest)
 
 
 _WORDS = ["the", "quick", "brown", "fox", "Jumps", "over", "lazy", "dog's", "we'll", "naïve",
@@ -688,11 +676,6 @@ def test_fineweb_output_trains(tmp_path: Path) -> None:
                 "--val-tokens", "5000", "--shard-tokens", "50000"]
     done = subprocess.run(prep_cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    train = [sys.executable, str(REPO / "train_gpt2.py"), "--model", "tiny", "--block-size", "32",
-             "--seq-len", "32", "--batch-size", "4", "--total-batch-tokens", "256", "--max-steps", "3",
-             "--val-every", "0", "--sample-every", "0", "--device", "cpu", "--data-dir", str(data),
-             "--out-dir", str(runs)]
-    done = subprocess.run(train, cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = run_cli(*TINY, *QUIET, "--max-steps", "3", "--data-dir", str(data), "--out-dir", str(runs))
     assert done.returncode == 0, done.stderr[-3000:]
-    records = [json.loads(line) for line in (runs / "metrics.jsonl").read_text().splitlines()]
-    assert len([r for r in records if r.get("type") == "train"]) == 3
+    assert len(read_metrics(runs, "train")) == 3

@@ -12,9 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from gpt import pretrained
-from gpt.config import Config, model_preset, to_dict
+from gpt.config import model_preset
 from gpt.model import GPT
 from gpt.pretrained import PretrainedError, export_hf, load_pretrained, read_safetensors
+
+from clitools import write_checkpoint
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, n_positions=24, vocab_size=100)
 
@@ -135,8 +137,10 @@ def test_safetensors_round_trip_and_layout(tmp_path: Path) -> None:
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8 : 8 + n])
     assert n % 8 == 0 and header["__metadata__"] == {"format": "pt"}  # transformers checks it
-    assert header["w"] == {"dtype": "F32", "shape": [3, 4],
-                           "data_offsets": header["w"]["data_offsets"]}
+    start, end = header["w"]["data_offsets"]
+    assert header["w"] == {"dtype": "F32", "shape": [3, 4], "data_offsets": [start, end]}
+    assert end - start == tensors["w"].numel() * tensors["w"].element_size() == 48
+    assert raw[8 + n + start : 8 + n + end] == tensors["w"].numpy().tobytes()  # little-endian F32
     back = read_safetensors(path)
     for name, t in tensors.items():
         assert back[name].dtype == t.dtype and torch.equal(back[name], t), name
@@ -277,10 +281,7 @@ def test_export_then_import_gives_identical_logits(tmp_path: Path) -> None:
 
 def test_export_of_a_padded_checkpoint_cuts_the_padding(tmp_path: Path, capsys) -> None:
     model = tiny_gpt(vocab_size=50304)
-    cfg = Config(preset="tiny", model=model.config)
-    ckpt = tmp_path / "ckpt_000010.pt"
-    torch.save({"model": model.state_dict(), "optimizer": {}, "loader": {}, "step": 10,
-                "config": to_dict(cfg)}, ckpt)
+    ckpt = write_checkpoint(tmp_path / "ckpt_000010.pt", model, step=10)
     assert pretrained.main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
     assert "model.safetensors" in capsys.readouterr().out
     config = json.loads((tmp_path / "hf" / "config.json").read_text())

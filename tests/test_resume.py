@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,6 +170,15 @@ def test_elastic_restart_after_a_rank_is_killed(data_dir: Path, tmp_path: Path) 
 # the non-finite guard (in process, with the gradient norm made NaN on chosen steps)
 
 
+def train_in_process(monkeypatch: pytest.MonkeyPatch, data_dir: Path, out: Path,
+                     *flags: str) -> dict:
+    import gpt.train as train_mod
+
+    monkeypatch.delenv("RANK", raising=False)
+    cfg = parse_args([*ARGS, "--data-dir", str(data_dir), "--out-dir", str(out), *flags])
+    return train_mod.train(cfg)
+
+
 def run_with_bad_steps(monkeypatch: pytest.MonkeyPatch, data_dir: Path, out: Path,
                        bad: set[int], *flags: str) -> dict:
     import gpt.train as train_mod
@@ -185,9 +195,22 @@ def run_with_bad_steps(monkeypatch: pytest.MonkeyPatch, data_dir: Path, out: Pat
         return loss, norm
 
     monkeypatch.setattr(train_mod, "forward_backward", flaky)
-    monkeypatch.delenv("RANK", raising=False)
-    cfg = parse_args([*ARGS, "--data-dir", str(data_dir), "--out-dir", str(out), *flags])
-    return train_mod.train(cfg)
+    return train_in_process(monkeypatch, data_dir, out, *flags)
+
+
+@pytest.fixture(scope="module")
+def two_step_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run stopped after 2 steps (ckpt_000002.pt), trained once, for tests that only read it."""
+    out = tmp_path_factory.mktemp("two_steps") / "run"
+    with pytest.MonkeyPatch.context() as mp:
+        train_in_process(mp, data_dir, out, "--stop-at-step", "2")
+    return out
+
+
+@pytest.fixture()
+def two_step_copy(two_step_run: Path, tmp_path: Path) -> Path:
+    """A private copy of two_step_run, for tests that write into the run's folder."""
+    return Path(shutil.copytree(two_step_run, tmp_path / "run"))
 
 
 def test_non_finite_steps_are_skipped_and_counted(monkeypatch, data_dir: Path, tmp_path: Path) -> None:
@@ -201,13 +224,12 @@ def test_non_finite_steps_are_skipped_and_counted(monkeypatch, data_dir: Path, t
     assert all(math.isfinite(p.float().sum()) for p in load(out / "ckpt_000006.pt")["model"].values())
 
 
-def test_too_many_bad_steps_in_a_row_stop_the_run(monkeypatch, data_dir: Path, tmp_path: Path) -> None:
+def test_too_many_bad_steps_in_a_row_stop_the_run(monkeypatch, data_dir: Path,
+                                                  two_step_copy: Path) -> None:
     import gpt.train as train_mod
 
-    out = tmp_path / "run"
-    run_with_bad_steps(monkeypatch, data_dir, out, set(), "--stop-at-step", "2")
+    out = two_step_copy
     before = (out / "ckpt_000002.pt").read_bytes()
-    monkeypatch.undo()
     with pytest.raises(train_mod.TrainingDiverged, match=r"3 steps in a row.*ckpt_000002\.pt"):
         run_with_bad_steps(monkeypatch, data_dir, out, {0, 1, 2}, "--resume", "auto",
                            "--max-bad-steps", "3")
@@ -245,10 +267,8 @@ def test_periodic_checkpoints_rotate_and_keep_the_best(data_dir: Path, tmp_path:
     assert last["best_val_loss"] == pytest.approx(vals[best])
 
 
-def test_damaged_newest_checkpoint_is_skipped_with_a_warning(monkeypatch, data_dir: Path,
-                                                              tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    run_with_bad_steps(monkeypatch, data_dir, out, set(), "--stop-at-step", "2")
+def test_damaged_newest_checkpoint_is_skipped_with_a_warning(two_step_copy: Path) -> None:
+    out = two_step_copy
     good = out / "ckpt_000002.pt"
     damaged = out / "ckpt_000004.pt"
     damaged.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
@@ -286,10 +306,8 @@ def test_wrong_magic_and_out_of_range_token(tmp_path: Path) -> None:
     assert f"{bad}: token id 50310 at index 40" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_fresh_start_refuses_a_folder_with_checkpoints(data_dir: Path, tmp_path: Path,
-                                                       monkeypatch) -> None:
-    out = tmp_path / "run"
-    run_with_bad_steps(monkeypatch, data_dir, out, set(), "--stop-at-step", "2")
+def test_fresh_start_refuses_a_folder_with_checkpoints(data_dir: Path, two_step_copy: Path) -> None:
+    out = two_step_copy
     before = (out / "ckpt_000002.pt").read_bytes()
     proc = run_cli(*ARGS, "--data-dir", str(data_dir), "--out-dir", str(out))
     assert proc.returncode == 2
@@ -298,9 +316,8 @@ def test_fresh_start_refuses_a_folder_with_checkpoints(data_dir: Path, tmp_path:
 
 
 def test_incompatible_checkpoint_lists_the_differences(data_dir: Path, tmp_path: Path,
-                                                       monkeypatch) -> None:
-    out = tmp_path / "run"
-    run_with_bad_steps(monkeypatch, data_dir, out, set(), "--stop-at-step", "2")
+                                                       two_step_run: Path) -> None:
+    out = two_step_run  # only read: the runs below write into tmp_path / "other"
     proc = run_cli(*ARGS, "--data-dir", str(data_dir), "--out-dir", str(tmp_path / "other"),
                    "--resume", str(out / "ckpt_000002.pt"), "--n-layer", "3", "--n-embd", "128")
     assert proc.returncode == 1
@@ -318,13 +335,12 @@ def _limit_file_size(limit: int):
 
 
 @pytest.mark.slow
-def test_full_disk_while_saving_keeps_the_previous_checkpoint(data_dir: Path, tmp_path: Path,
-                                                              monkeypatch) -> None:
+def test_full_disk_while_saving_keeps_the_previous_checkpoint(data_dir: Path,
+                                                              two_step_copy: Path) -> None:
     """A write that fails part-way (here: a file-size limit, as a full disk would) stops the
     run with a clear message; the previous checkpoint stays loadable and no partial file
     is left under a checkpoint name."""
-    out = tmp_path / "run"
-    run_with_bad_steps(monkeypatch, data_dir, out, set(), "--stop-at-step", "2")
+    out = two_step_copy
     before = (out / "ckpt_000002.pt").read_bytes()
     proc = run_cli(*ARGS, "--data-dir", str(data_dir), "--out-dir", str(out), "--resume", "auto",
                    "--stop-at-step", "4", preexec_fn=_limit_file_size(len(before) // 4))
