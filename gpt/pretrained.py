@@ -20,6 +20,7 @@ the raw little-endian tensor bytes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import struct
@@ -111,10 +112,8 @@ def _read_tensor(fh: BinaryIO, path: Path, name: str, info: Any, data_start: int
     except (KeyError, TypeError, ValueError):
         raise PretrainedError(f"{path}: tensor {name!r} has an unsupported or malformed "
                               f"header entry {info!r}") from None
-    numel = 1
-    for d in shape:
-        numel *= d
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    numel = math.prod(shape)
+    nbytes = numel * dtype.itemsize
     if min(shape, default=0) < 0 or not 0 <= begin <= end <= data_len or end - begin != nbytes:
         raise PretrainedError(f"{path}: tensor {name!r}: byte range {begin}..{end} does not "
                               f"fit shape {shape} of {info['dtype']} (file truncated or corrupt?)")
