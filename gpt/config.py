@@ -1,26 +1,28 @@
-"""Typed configuration: dataclasses, model presets, CLI flags and TOML files.
+"""The configuration schema: one frozen dataclass per component, model presets, and the
+cross-field rules checked once by validate().
 
-Values flow one way: dataclass defaults <- model preset <- TOML file <- CLI flags.
-Every dataclass field is a CLI flag (``n_layer`` -> ``--n-layer``) with its help text
-taken from the field's metadata, so ``--help`` always lists everything. The result is
-validated once and frozen.
+Values flow one way: dataclass defaults <- model preset <- TOML file <- CLI flags
+(gpt/cli.py reads the last two), then validate(), then the frozen Config is passed
+down. Every field is a flag (``n_layer`` -> ``--n-layer``) whose help is the field's
+metadata, so field names are unique across sections.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
-import json
+import functools
 import types
 import typing
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, get_args, get_origin
 
+from gpt.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A configuration value a user must change; the message names the flag."""
+
+    exit_code = 2  # argparse's status for a bad command line
 
 
 def _opt(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
@@ -95,6 +97,8 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """How the steps run: length, device, precision, parallelism."""
+
     max_steps: int = _opt(19073, "optimizer steps (19073 x 2**19 tokens = 10B tokens)")
     device: str = _opt("auto", "device; auto picks cuda > mps > cpu", ("auto", "cuda", "mps", "cpu"))
     dtype: str = _opt(
@@ -108,27 +112,6 @@ class TrainConfig:
     seed: int = _opt(1337, "random seed for initialisation and data order")
     out_dir: str = _opt("runs/gpt2", "folder for the log, metrics, config and checkpoints")
     log_every: int = _opt(1, "print a log line every N steps (loss is read back only then)")
-    val_every: int = _opt(250, "validation loss every N steps (0 disables)")
-    val_steps: int = _opt(
-        20, "micro-batches each process scores per validation (a fixed slice of val_*)"
-    )
-    sample_every: int = _opt(1000, "print generated samples every N steps (0 disables)")
-    sample_prompt: str = _opt("Hello, I'm a language model,", "prompt for the samples")
-    sample_tokens: int = _opt(32, "new tokens per sample")
-    num_samples: int = _opt(2, "samples generated each time")
-    checkpoint_every: int = _opt(1000, "also checkpoint every N steps (0: only at the end)")
-    keep_checkpoints: int = _opt(
-        3, "keep the newest N periodic checkpoints (the best by val loss is kept as well)"
-    )
-    resume: str = _opt(
-        "none",
-        "'auto': continue from the newest complete checkpoint in --out-dir (start fresh if "
-        "there is none); a file path: continue from that checkpoint; 'none': start fresh "
-        "(refused if --out-dir already holds checkpoints)",
-    )
-    stop_at_step: int | None = _opt(
-        None, "save a checkpoint and stop after this many steps (e.g. to fit a job time limit)"
-    )
     max_bad_steps: int = _opt(
         5, "stop after this many steps in a row with a non-finite loss or gradient (they are skipped)"
     )
@@ -146,6 +129,24 @@ class TrainConfig:
         None, "start from OpenAI's GPT-2 weights (gpt2, gpt2-medium, gpt2-large, gpt2-xl; "
         "downloaded) or a local Hugging Face GPT-2 folder; the model shape comes from them"
     )
+
+    def compile_on(self, device_type: str) -> bool:
+        """--compile as given, or (unset) on for CUDA only."""
+        return self.compile if self.compile is not None else device_type == "cuda"
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What the run measures and shows along the way: validation, HellaSwag, samples."""
+
+    val_every: int = _opt(250, "validation loss every N steps (0 disables)")
+    val_steps: int = _opt(
+        20, "micro-batches each process scores per validation (a fixed slice of val_*)"
+    )
+    sample_every: int = _opt(1000, "print generated samples every N steps (0 disables)")
+    sample_prompt: str = _opt("Hello, I'm a language model,", "prompt for the samples")
+    sample_tokens: int = _opt(32, "new tokens per sample")
+    num_samples: int = _opt(2, "samples generated each time")
     hellaswag_every: int = _opt(0, "HellaSwag accuracy every N steps and at the end (0 disables)")
     hellaswag_file: str | None = _opt(
         None, "HellaSwag jsonl (default: the official validation set, downloaded once)"
@@ -153,6 +154,31 @@ class TrainConfig:
     hellaswag_max_examples: int | None = _opt(
         None, "score only the first N HellaSwag examples (default: all 10,042)"
     )
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """When checkpoints are written and kept, and where a run starts from."""
+
+    checkpoint_every: int = _opt(1000, "also checkpoint every N steps (0: only at the end)")
+    keep_checkpoints: int = _opt(
+        3, "keep the newest N periodic checkpoints (the best by val loss is kept as well)"
+    )
+    resume: str = _opt(
+        "none",
+        "'auto': continue from the newest complete checkpoint in --out-dir (start fresh if "
+        "there is none); a file path: continue from that checkpoint; 'none': start fresh "
+        "(refused if --out-dir already holds checkpoints)",
+    )
+    stop_at_step: int | None = _opt(
+        None, "save a checkpoint and stop after this many steps (e.g. to fit a job time limit)"
+    )
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """Where the time and memory go: profiler windows, traces, snapshots, MFU's peak."""
+
     nvtx: bool = _opt(False, "NVTX ranges (step, forward, backward, optimizer) for Nsight Systems")
     profile_start: int = _opt(10, "first step recorded by --profile-steps / --torch-profile")
     profile_steps: int = _opt(
@@ -177,6 +203,9 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 SECTIONS: dict[str, type] = {
@@ -184,14 +213,22 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "optim": OptimConfig,
     "train": TrainConfig,
+    "eval": EvalConfig,
+    "checkpoint": CheckpointConfig,
+    "profile": ProfileConfig,
 }
+
+# Before these sections were split off, all their fields lived under [train]: config
+# files and checkpoints written then still name them there.
+FORMERLY_TRAIN = ("train", "eval", "checkpoint", "profile")
 
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _field_index() -> dict[str, tuple[str, dataclasses.Field]]:
+@functools.cache
+def field_index() -> dict[str, tuple[str, dataclasses.Field]]:
     """field name -> (section, field). Names are unique across sections, so flags are flat."""
     index: dict[str, tuple[str, dataclasses.Field]] = {}
     for section, cls in SECTIONS.items():
@@ -201,188 +238,34 @@ def _field_index() -> dict[str, tuple[str, dataclasses.Field]]:
     return index
 
 
-def _field_type(cls: type, f: dataclasses.Field) -> type:
+@functools.cache
+def field_type(name: str) -> type:
     """The scalar type of a field annotated e.g. 'bool | None' (annotations are strings here)."""
-    tp = typing.get_type_hints(cls)[f.name]
-    args = get_args(tp)
+    section, _ = field_index()[name]
+    tp = typing.get_type_hints(SECTIONS[section])[name]
     if get_origin(tp) in (typing.Union, types.UnionType):
-        return next(a for a in args if a is not type(None))
+        return next(a for a in get_args(tp) if a is not type(None))
     return tp
 
 
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line naming the flag, then `hint`: the full
-    usage block would bury it. Every command line of the package uses it."""
-
-    hint = ""
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n{self.hint}")
-
-
-def check_at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                       names: typing.Iterable[str]) -> None:
-    """parser.error for the first of these (optional) int flags that is below 1."""
-    for name in names:
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="train_gpt2.py",
-        description="Pre-train a GPT-2 model. Values: defaults <- --model preset <- "
-        "--config TOML file <- flags.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        allow_abbrev=False,  # a typo must not silently match a longer flag
-        argument_default=argparse.SUPPRESS,  # so we can tell which flags were given
-    )
-    parser.hint = "(run with --help to list every flag)\n"
-    parser.add_argument("--config", metavar="FILE", help="TOML file of settings (see README)")
-    parser.add_argument(
-        "--model",
-        "--preset",
-        dest="preset",
-        choices=list(PRESETS),
-        help="model size preset (default: gpt2); --n-layer etc. override its values",
-    )
-    for section, cls in SECTIONS.items():
-        group = parser.add_argument_group(f"{section} settings")
-        for f in fields(cls):
-            tp = _field_type(cls, f)
-            default = f.default
-            help_text = f"{f.metadata['help']} (default: {'auto' if default is None else default})"
-            if tp is bool:
-                group.add_argument(
-                    flag(f.name), action=argparse.BooleanOptionalAction, help=help_text
-                )
-            else:
-                group.add_argument(
-                    flag(f.name),
-                    type=tp,
-                    choices=f.metadata.get("choices"),
-                    metavar=None if f.metadata.get("choices") else tp.__name__.upper(),
-                    help=help_text,
-                )
-    # The defaults are already in the help text; the stock formatter would print SUPPRESS.
-    parser.formatter_class = argparse.HelpFormatter
-    return parser
-
-
-def _suggest(name: str, options: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(options), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _load_toml(path: Path) -> dict[str, Any]:
-    try:
-        import tomllib  # Python 3.11+
-    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ModuleNotFoundError:
-            raise ConfigError(
-                f"--config {path}: reading TOML on Python 3.10 needs `pip install tomli`"
-            ) from None
-    if not path.is_file():
-        raise ConfigError(f"--config {path}: no such file")
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--config {path}: not valid TOML: {e}") from None
-
-
-def _flatten_toml(doc: dict[str, Any], path: Path) -> dict[str, Any]:
-    """Accept [model]/[data]/[optim]/[train] tables and/or top-level keys; return name -> value."""
-    index = _field_index()
-    flat: dict[str, Any] = {}
-    for key, value in doc.items():
-        if key in SECTIONS and isinstance(value, dict):
-            names = {f.name for f in fields(SECTIONS[key])}
-            for sub, v in value.items():
-                if sub not in names:
-                    raise ConfigError(
-                        f"--config {path}: unknown key {sub!r} in [{key}]{_suggest(sub, names)}"
-                    )
-                flat[sub] = v
-        elif key == "preset" or key in index:
-            flat[key] = value
-        elif key in SECTIONS:
-            raise ConfigError(
-                f"--config {path}: {key!r} must be a table ([{key}]); "
-                + ("to pick a model size write preset = ..." if key == "model" else "")
-            )
-        else:
-            raise ConfigError(
-                f"--config {path}: unknown key {key!r}"
-                f"{_suggest(key, [*index, *SECTIONS, 'preset'])}"
-            )
-    return flat
-
-
-def _coerce(name: str, value: Any, source: str) -> Any:
-    """Check a TOML value's type against the field (TOML has its own types; argparse did CLI)."""
-    if name == "preset":
-        if value not in PRESETS:
-            raise ConfigError(f"{source}: preset {value!r} unknown; choose one of {', '.join(PRESETS)}")
-        return value
-    section, f = _field_index()[name]
-    tp = _field_type(SECTIONS[section], f)
-    ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
-    if not ok:
-        raise ConfigError(
-            f"{source}: {name} = {value!r} must be {tp.__name__} (flag {flag(name)})"
-        )
-    choices = f.metadata.get("choices")
-    if choices and value not in choices:
-        raise ConfigError(f"{source}: {name} = {value!r} must be one of {', '.join(choices)}")
-    return value
+def section_names(section: str) -> set[str]:
+    """The field names a [section] table may hold (old [train] tables: every formerly-train one)."""
+    owners = FORMERLY_TRAIN if section == "train" else (section,)
+    return {f.name for s in owners for f in fields(SECTIONS[s])}
 
 
 def resolve(values: dict[str, Any]) -> Config:
     """Build a Config from field-name -> value settings (plus 'preset'), then validate it."""
     preset = values.get("preset", Config.preset)
     sections: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
-    index = _field_index()
     for name, value in values.items():
         if name != "preset":
-            sections[index[name][0]][name] = value
-    cfg = Config(
-        preset=preset,
-        model=model_preset(preset, **sections["model"]),
-        data=DataConfig(**sections["data"]),
-        optim=OptimConfig(**sections["optim"]),
-        train=TrainConfig(**sections["train"]),
-    )
+            sections[field_index()[name][0]][name] = value
+    model = model_preset(preset, **sections.pop("model"))
+    cfg = Config(preset=preset, model=model,
+                 **{s: SECTIONS[s](**kw) for s, kw in sections.items()})
     validate(cfg)
     return cfg
-
-
-def parse_args(argv: list[str] | None = None) -> Config:
-    """CLI -> Config. A bad flag or value exits with status 2 and a message naming it."""
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        known = [o for a in parser._actions for o in a.option_strings]
-        bad = unknown[0]
-        parser.error(f"unrecognized argument {bad!r}{_suggest(bad.split('=')[0], known)}")
-    cli = vars(args)
-    try:
-        values: dict[str, Any] = {}
-        config_file = cli.pop("config", None)
-        if config_file is not None:
-            path = Path(config_file)
-            for name, value in _flatten_toml(_load_toml(path), path).items():
-                values[name] = _coerce(name, value, f"--config {path}")
-        values.update(cli)
-        return resolve(values)
-    except ConfigError as e:
-        parser.error(str(e))
-    raise AssertionError("unreachable")  # parser.error exits
 
 
 def _check(cond: bool, message: str) -> None:
@@ -393,6 +276,7 @@ def _check(cond: bool, message: str) -> None:
 def validate(cfg: Config) -> None:
     """Reject values that cannot work, naming the flag."""
     m, d, o, t = cfg.model, cfg.data, cfg.optim, cfg.train
+    e, c, p = cfg.eval, cfg.checkpoint, cfg.profile
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
         _check(getattr(m, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(m, name)}")
     _check(
@@ -415,29 +299,32 @@ def validate(cfg: Config) -> None:
     _check(o.eps > 0, f"--eps must be > 0, got {o.eps}")
     _check(o.grad_clip >= 0, f"--grad-clip must be >= 0 (0 disables), got {o.grad_clip}")
     _check(t.max_steps >= 1, f"--max-steps must be >= 1, got {t.max_steps}")
-    for name in ("log_every", "val_steps", "sample_tokens", "num_samples"):
-        _check(getattr(t, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(t, name)}")
-    _check(t.profile_start >= 0, f"--profile-start must be >= 0, got {t.profile_start}")
-    _check(t.profile_steps >= 0, f"--profile-steps must be >= 0 (0: off), got {t.profile_steps}")
-    _check(t.keep_checkpoints >= 1, f"--keep-checkpoints must be >= 1, got {t.keep_checkpoints}")
+    _check(t.log_every >= 1, f"--log-every must be >= 1, got {t.log_every}")
     _check(t.max_bad_steps >= 1, f"--max-bad-steps must be >= 1, got {t.max_bad_steps}")
     _check(t.dist_timeout > 0, f"--dist-timeout must be > 0 seconds, got {t.dist_timeout}")
-    _check(
-        t.stop_at_step is None or t.stop_at_step >= 1,
-        f"--stop-at-step must be >= 1, got {t.stop_at_step}",
-    )
-    _check(bool(t.resume), "--resume must be 'auto', 'none' or a checkpoint path")
-    _check(
-        t.hellaswag_max_examples is None or t.hellaswag_max_examples >= 1,
-        f"--hellaswag-max-examples must be >= 1, got {t.hellaswag_max_examples}",
-    )
-    for name in ("val_every", "sample_every", "checkpoint_every", "hellaswag_every"):
-        _check(getattr(t, name) >= 0, f"{flag(name)} must be >= 0 (0 disables), got {getattr(t, name)}")
-    _check(
-        t.peak_tflops is None or t.peak_tflops > 0,
-        f"--peak-tflops must be > 0, got {t.peak_tflops}",
-    )
     _check(bool(t.out_dir), "--out-dir must not be empty")
+    for name in ("val_steps", "sample_tokens", "num_samples"):
+        _check(getattr(e, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(e, name)}")
+    _check(
+        e.hellaswag_max_examples is None or e.hellaswag_max_examples >= 1,
+        f"--hellaswag-max-examples must be >= 1, got {e.hellaswag_max_examples}",
+    )
+    for name in ("val_every", "sample_every", "hellaswag_every"):
+        _check(getattr(e, name) >= 0, f"{flag(name)} must be >= 0 (0 disables), got {getattr(e, name)}")
+    _check(c.checkpoint_every >= 0,
+           f"--checkpoint-every must be >= 0 (0 disables), got {c.checkpoint_every}")
+    _check(c.keep_checkpoints >= 1, f"--keep-checkpoints must be >= 1, got {c.keep_checkpoints}")
+    _check(
+        c.stop_at_step is None or c.stop_at_step >= 1,
+        f"--stop-at-step must be >= 1, got {c.stop_at_step}",
+    )
+    _check(bool(c.resume), "--resume must be 'auto', 'none' or a checkpoint path")
+    _check(p.profile_start >= 0, f"--profile-start must be >= 0, got {p.profile_start}")
+    _check(p.profile_steps >= 0, f"--profile-steps must be >= 0 (0: off), got {p.profile_steps}")
+    _check(
+        p.peak_tflops is None or p.peak_tflops > 0,
+        f"--peak-tflops must be > 0, got {p.peak_tflops}",
+    )
 
 
 def grad_accum_steps(total_batch_tokens: int, batch_size: int, seq_len: int, world_size: int) -> int:
@@ -457,40 +344,28 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def from_dict(d: dict[str, Any]) -> Config:
-    """Inverse of to_dict (e.g. a checkpoint's saved config); unknown keys are an error."""
+def upgrade_dict(d: dict[str, Any]) -> dict[str, Any]:
+    """A saved config dict in today's sections: fields that an older layout kept under
+    "train" move to their own section. Unknown sections or fields are an error."""
     unknown = set(d) - {"preset", *SECTIONS}
     if unknown:
         raise ConfigError(f"unknown config sections: {', '.join(sorted(unknown))}")
-    for name, cls in SECTIONS.items():
-        extra = set(d.get(name, {})) - {f.name for f in fields(cls)}
-        if extra:
-            raise ConfigError(f"unknown [{name}] config fields: {', '.join(sorted(extra))}")
-    return Config(
-        preset=d.get("preset", Config.preset),
-        **{name: cls(**d.get(name, {})) for name, cls in SECTIONS.items()},
-    )
-
-
-def to_toml(cfg: Config) -> str:
-    """The resolved config as a TOML file that --config reads back (None = auto is omitted)."""
-    lines = [f"preset = {json.dumps(cfg.preset)}"]
+    out: dict[str, Any] = {"preset": d.get("preset", Config.preset)}
+    out.update({name: {} for name in SECTIONS})
     for section in SECTIONS:
-        lines.append(f"\n[{section}]")
-        for name, value in dataclasses.asdict(getattr(cfg, section)).items():
-            if value is None:
-                continue
-            if isinstance(value, bool):
-                text = "true" if value else "false"
-            elif isinstance(value, str):
-                # JSON's escapes (\", \\, \n, \u00XX) are valid in TOML basic strings;
-                # ensure_ascii=False keeps other characters literal, since JSON would
-                # write non-BMP ones as surrogate pairs, which TOML rejects.
-                text = json.dumps(value, ensure_ascii=False)
-            else:
-                text = repr(value)
-            lines.append(f"{name} = {text}")
-    return "\n".join(lines) + "\n"
+        values = d.get(section, {})
+        extra = set(values) - section_names(section)
+        if extra:
+            raise ConfigError(f"unknown [{section}] config fields: {', '.join(sorted(extra))}")
+        for name, value in values.items():
+            out[field_index()[name][0]][name] = value
+    return out
+
+
+def from_dict(d: dict[str, Any]) -> Config:
+    """Inverse of to_dict (e.g. a checkpoint's saved config, in any earlier layout)."""
+    d = upgrade_dict(d)
+    return Config(preset=d["preset"], **{name: cls(**d[name]) for name, cls in SECTIONS.items()})
 
 
 def describe(cfg: Config) -> str:

@@ -10,6 +10,9 @@ import pytest
 from gpt.config import (
     PRESETS,
     SECTIONS,
+    CheckpointConfig,
+    EvalConfig,
+    ProfileConfig,
     Config,
     ConfigError,
     DataConfig,
@@ -21,11 +24,10 @@ from gpt.config import (
     from_dict,
     grad_accum_steps,
     model_preset,
-    parse_args,
     resolve,
     to_dict,
-    to_toml,
 )
+from gpt.cli import parse_args, to_toml
 
 # --------------------------------------------------------------------------
 # helpers
@@ -93,7 +95,8 @@ def test_help_lists_every_field(capsys: pytest.CaptureFixture[str]) -> None:
             assert flag(f.name) == expected
             assert expected in out, f"{expected} missing from --help"
             n += 1
-    assert list(SECTIONS.values()) == [ModelConfig, DataConfig, OptimConfig, TrainConfig]
+    assert list(SECTIONS.values()) == [ModelConfig, DataConfig, OptimConfig, TrainConfig,
+                                       EvalConfig, CheckpointConfig, ProfileConfig]
     assert n >= 37  # the fields of the first version, at least
     # bool fields get a --no-X form too
     assert "--no-tf32" in out and "--no-compile" in out and "--no-shuffle" in out
@@ -367,7 +370,7 @@ def test_valid_edge_values_accepted() -> None:
     )  # fmt: skip
     assert cfg.optim.min_lr_ratio == 0.0
     assert cfg.optim.grad_clip == 0.0
-    assert cfg.train.val_every == 0
+    assert cfg.eval.val_every == 0
     assert cfg.model.dropout == 0.5
 
 
@@ -455,7 +458,7 @@ def test_to_toml_round_trip(tmp_path: Path) -> None:
     back = parse_args(["--config", str(path)])
     assert back == cfg
     assert back.train.compile is None
-    assert back.train.sample_prompt == 'He said "hi", then left\\ with a tab\t and é'
+    assert back.eval.sample_prompt == 'He said "hi", then left\\ with a tab\t and é'
     assert back.optim.fused is False
 
 
@@ -532,3 +535,37 @@ def test_describe() -> None:
     assert "seed=42" in text
     assert "max_lr=0.0006" in text
     assert len(text.splitlines()) == 1 + len(SECTIONS)
+
+
+# --------------------------------------------------------------------------
+# sections per component, and the layout before the split
+
+
+def test_each_component_has_its_section(tmp_path: Path) -> None:
+    text = "[eval]\nval_every = 7\n[checkpoint]\nkeep_checkpoints = 2\n[profile]\nnvtx = true\n"
+    cfg = parse_args(["--config", str(write_toml(tmp_path, text))])
+    assert (cfg.eval.val_every, cfg.checkpoint.keep_checkpoints, cfg.profile.nvtx) == (7, 2, True)
+    assert parse_args(["--stop-at-step", "3"]).checkpoint.stop_at_step == 3
+
+
+def test_a_field_in_another_components_section_is_refused(capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "[eval]\nseed = 3\n")
+    assert "unknown key 'seed' in [eval]" in parse_error(capsys, ["--config", str(path)])
+
+
+def test_old_train_table_still_holds_the_fields_that_moved(tmp_path: Path) -> None:
+    # Config files written before the split kept these under [train].
+    text = ("[train]\nseed = 4\nval_every = 9\nresume = \"auto\"\nprofile_steps = 2\n"
+            "sample_prompt = \"Hi\"\n")
+    cfg = parse_args(["--config", str(write_toml(tmp_path, text))])
+    assert cfg.train.seed == 4 and cfg.eval.val_every == 9 and cfg.eval.sample_prompt == "Hi"
+    assert cfg.checkpoint.resume == "auto" and cfg.profile.profile_steps == 2
+
+
+def test_old_checkpoint_config_layout_loads() -> None:
+    cfg = Config()
+    old = to_dict(cfg)
+    for section in ("eval", "checkpoint", "profile"):
+        old["train"].update(old.pop(section))  # everything under "train", as saved before
+    assert from_dict(old) == cfg

@@ -1,0 +1,204 @@
+"""Command lines: the one-line-error parser every entry point uses, and the trainer's
+flags and TOML files, both generated from the schema in gpt/config.py.
+
+A bad flag, key or value stops with one line naming it (and a close match, if any)
+rather than argparse's whole usage block. Nothing here imports torch, so `--help`
+and a bad flag answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import typing
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from gpt.config import (PRESETS, SECTIONS, Config, ConfigError, field_index, field_type, flag,
+                        resolve, section_names)
+
+try:
+    import tomllib  # Python 3.11+
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10: the [toml] extra
+    try:
+        import tomli as tomllib  # type: ignore[no-redef]
+    except ModuleNotFoundError:
+        tomllib = None  # type: ignore[assignment]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line naming the flag, then `hint`: the full
+    usage block would bury it. Every command line of the package uses it."""
+
+    hint = ""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n{self.hint}")
+
+
+def check_at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                       names: typing.Iterable[str]) -> None:
+    """parser.error for the first of these (optional) int flags that is below 1."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def suggest(name: str, options: typing.Iterable[str]) -> str:
+    """' (did you mean X?)' for the closest option, or ''."""
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ---- the trainer's flags
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="train_gpt2.py",
+        description="Pre-train a GPT-2 model. Values: defaults <- --model preset <- "
+        "--config TOML file <- flags.",
+        allow_abbrev=False,  # a typo must not silently match a longer flag
+        argument_default=argparse.SUPPRESS,  # so we can tell which flags were given
+    )
+    parser.hint = "(run with --help to list every flag)\n"
+    parser.add_argument("--config", metavar="FILE", help="TOML file of settings (see README)")
+    parser.add_argument(
+        "--model",
+        "--preset",
+        dest="preset",
+        choices=list(PRESETS),
+        help="model size preset (default: gpt2); --n-layer etc. override its values",
+    )
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(f"{section} settings")
+        for f in fields(cls):
+            tp = field_type(f.name)
+            default = f.default
+            help_text = f"{f.metadata['help']} (default: {'auto' if default is None else default})"
+            if tp is bool:
+                group.add_argument(
+                    flag(f.name), action=argparse.BooleanOptionalAction, help=help_text
+                )
+            else:
+                group.add_argument(
+                    flag(f.name),
+                    type=tp,
+                    choices=f.metadata.get("choices"),
+                    metavar=None if f.metadata.get("choices") else tp.__name__.upper(),
+                    help=help_text,
+                )
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    """CLI -> Config. A bad flag or value exits with status 2 and a message naming it."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        known = [o for a in parser._actions for o in a.option_strings]
+        bad = unknown[0]
+        parser.error(f"unrecognized argument {bad!r}{suggest(bad.split('=')[0], known)}")
+    cli = vars(args)
+    try:
+        values: dict[str, Any] = {}
+        config_file = cli.pop("config", None)
+        if config_file is not None:
+            path = Path(config_file)
+            for name, value in _flatten_toml(_load_toml(path), path).items():
+                values[name] = _coerce(name, value, f"--config {path}")
+        values.update(cli)
+        return resolve(values)
+    except ConfigError as e:
+        parser.error(str(e))
+    raise AssertionError("unreachable")  # parser.error exits
+
+
+# ---- TOML files
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
+        raise ConfigError(f"--config {path}: reading TOML on Python 3.10 needs `pip install tomli`")
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config {path}: not valid TOML: {e}") from None
+
+
+def _flatten_toml(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Accept section tables ([model], [data], ...) and/or top-level keys; return
+    name -> value. A [train] table may still hold the fields that moved to [eval],
+    [checkpoint] and [profile], as config files written before the split do."""
+    index = field_index()
+    flat: dict[str, Any] = {}
+    for key, value in doc.items():
+        if key in SECTIONS and isinstance(value, dict):
+            names = section_names(key)
+            for sub, v in value.items():
+                if sub not in names:
+                    raise ConfigError(
+                        f"--config {path}: unknown key {sub!r} in [{key}]{suggest(sub, names)}"
+                    )
+                flat[sub] = v
+        elif key == "preset" or key in index:
+            flat[key] = value
+        elif key in SECTIONS:
+            raise ConfigError(
+                f"--config {path}: {key!r} must be a table ([{key}]); "
+                + ("to pick a model size write preset = ..." if key == "model" else "")
+            )
+        else:
+            raise ConfigError(
+                f"--config {path}: unknown key {key!r}"
+                f"{suggest(key, [*index, *SECTIONS, 'preset'])}"
+            )
+    return flat
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """Check a TOML value's type against the field (TOML has its own types; argparse did CLI)."""
+    if name == "preset":
+        if value not in PRESETS:
+            raise ConfigError(f"{source}: preset {value!r} unknown; choose one of {', '.join(PRESETS)}")
+        return value
+    tp = field_type(name)
+    ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise ConfigError(
+            f"{source}: {name} = {value!r} must be {tp.__name__} (flag {flag(name)})"
+        )
+    choices = field_index()[name][1].metadata.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{source}: {name} = {value!r} must be one of {', '.join(choices)}")
+    return value
+
+
+def to_toml(cfg: Config) -> str:
+    """The resolved config as a TOML file that --config reads back (None = auto is omitted)."""
+    lines = [f"preset = {json.dumps(cfg.preset)}"]
+    for section in SECTIONS:
+        lines.append(f"\n[{section}]")
+        for name, value in dataclasses.asdict(getattr(cfg, section)).items():
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str):
+                # JSON's escapes (\", \\, \n, \u00XX) are valid in TOML basic strings;
+                # ensure_ascii=False keeps other characters literal, since JSON would
+                # write non-BMP ones as surrogate pairs, which TOML rejects.
+                text = json.dumps(value, ensure_ascii=False)
+            else:
+                text = repr(value)
+            lines.append(f"{name} = {text}")
+    return "\n".join(lines) + "\n"
