@@ -13,7 +13,6 @@ tokens, exactly what sampling without the cache does.
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 from typing import Sequence
 
@@ -21,21 +20,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.config import OneLineParser, check_at_least_one
-from gpt.dist import autocast
-from gpt.model import GPT
-from gpt.tokenizer import GPT2_EOT
+from gpt.cli import OneLineParser, check_at_least_one
+from gpt.dist import autocast, pick_device, resolve_dtype
+from gpt.errors import UserError
+from gpt.model import GPT, unwrap
+from gpt.pretrained import load_model
+from gpt.tokenizer import GPT2_EOT, gpt2_tokenizer
 
-
-
-def unwrap(model: nn.Module) -> GPT:
-    """The plain GPT under torch.compile's and DDP's wrappers."""
-    while not isinstance(model, GPT):
-        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
-        if inner is None:
-            raise TypeError(f"expected a GPT model, got {type(model).__name__}")
-        model = inner
-    return model
 
 
 def _next_token(
@@ -58,19 +49,6 @@ def _next_token(
     probs = F.softmax(logits, dim=-1)
     # Sample on the CPU generator's terms so a seed gives the same text on any device.
     return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
-
-
-def _blocks_take_cache(model: GPT) -> bool:
-    """False if a block's forward was replaced (e.g. by activation checkpointing) with one
-    that cannot pass the cache arguments on; sampling then recomputes without the cache."""
-    for block in model.transformer.h:
-        forward = vars(block).get("forward")
-        if forward is not None:
-            try:
-                inspect.signature(forward).bind(None, None, 0)
-            except (TypeError, ValueError):
-                return False
-    return True
 
 
 @torch.no_grad()
@@ -103,6 +81,8 @@ def sample(
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     gpt = unwrap(model)
+    if not isinstance(gpt, GPT):
+        raise TypeError(f"expected a GPT model, got {type(gpt).__name__}")
     device = next(gpt.parameters()).device
     block = gpt.config.block_size
     idx = torch.tensor([list(prompt_ids)] * num_samples, dtype=torch.long, device=device)
@@ -111,7 +91,7 @@ def sample(
     out[:, : idx.size(1)] = idx
     done = torch.zeros(num_samples, 1, dtype=torch.bool, device=device)
     cache = None
-    if use_cache and idx.size(1) < block and _blocks_take_cache(gpt):
+    if use_cache and idx.size(1) < block:
         cache = gpt.new_kv_cache(min(block, idx.size(1) + max_new_tokens))
     was_training = gpt.training
     gpt.eval()
@@ -191,22 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.top_k < 0:
         parser.error(f"--top-k must be >= 0 (0 keeps every token), got {args.top_k}")
 
-    from gpt.config import ConfigError
-    from gpt.dist import pick_device, resolve_dtype
-    from gpt.pretrained import PretrainedError, load_model
-    from gpt.tokenizer import gpt2_tokenizer
-
     try:
         device = pick_device(args.device)
         dtype = resolve_dtype(args.dtype, device)
         tokenizer = gpt2_tokenizer()
         model = load_model(checkpoint=args.checkpoint, init_from=args.init_from, device=device)
-    except ConfigError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (PretrainedError, RuntimeError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
     prompt = tokenizer.encode_ordinary(args.prompt) or [tokenizer.eot_token]
     gen = torch.Generator().manual_seed(args.seed)
     ids = sample(model, prompt, args.max_new_tokens, num_samples=args.num_samples,

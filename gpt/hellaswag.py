@@ -43,8 +43,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt.dist import autocast
+from gpt.errors import UserError
 from gpt.fileio import atomic_write
-from gpt.tokenizer import GPT2_EOT
+from gpt.model import unwrap
+from gpt.tokenizer import GPT2_EOT, gpt2_tokenizer
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_EXAMPLES = 10042
@@ -53,7 +55,7 @@ NUM_ENDINGS = 4
 PAD_MULTIPLE = 64
 
 
-class HellaSwagError(ValueError):
+class HellaSwagError(UserError, ValueError):
     """An unusable HellaSwag file or source; the message names it (and the line)."""
 
 
@@ -180,8 +182,6 @@ def load_examples(
     if max_examples is not None:
         records = records[:max_examples]
     if tokenizer is None:
-        from gpt.tokenizer import gpt2_tokenizer
-
         tokenizer = gpt2_tokenizer()
     return [tokenize(r, tokenizer) for r in records]
 
@@ -194,16 +194,6 @@ def pad_length(examples: Sequence[Example], block_size: int, multiple: int = PAD
     ending - 1 tokens), rounded up to `multiple`, at most block_size."""
     longest = max(len(ex.context) + max(len(e) for e in ex.endings) - 1 for ex in examples)
     return min(block_size, -(-longest // multiple) * multiple)
-
-
-def _block_size(model: nn.Module) -> int:
-    m: Any = model
-    while m is not None:
-        cfg = getattr(m, "config", None)
-        if cfg is not None and hasattr(cfg, "block_size"):
-            return int(cfg.block_size)
-        m = getattr(m, "_orig_mod", None) or getattr(m, "module", None)
-    raise ValueError("cannot tell the model's block_size; pass seq_len")
 
 
 def build_batch(examples: Sequence[Example | None], seq_len: int
@@ -285,7 +275,7 @@ def evaluate(
     if batch_examples < 1:
         raise ValueError(f"batch_examples must be >= 1, got {batch_examples}")
     device = torch.device(device)
-    seq_len = seq_len or pad_length(examples, _block_size(model))
+    seq_len = seq_len or pad_length(examples, int(unwrap(model).config.block_size))
     mine: list[Example] = list(examples[rank::world_size])
     # Every rank runs the same number of forwards (rank 0's share is the largest), padding
     # with dummy batches, so a model whose forward is a collective (FSDP) cannot hang.

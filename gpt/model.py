@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 from gpt.config import ModelConfig
 
@@ -212,3 +213,14 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
 
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model under torch.compile's and DDP's wrappers: the one place that peels them.
+    (FSDP2 shards a module in place, so there is nothing to peel there.)"""
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile
+            model = model._orig_mod
+        else:
+            return model
