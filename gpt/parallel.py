@@ -1,5 +1,5 @@
-"""Data parallelism: DDP, FSDP2 (fully_shard per block) and ZeRO-1, plus activation
-checkpointing, and the mode-independent full state dicts that checkpoints hold.
+"""Data parallelism: how the model is spread over the ranks, and the mode-independent
+full state dicts that checkpoints hold.
 
 Modes (`--parallel`):
 - ddp:   every rank holds the whole model and optimizer; gradients are all-reduced once
@@ -9,16 +9,18 @@ Modes (`--parallel`):
 - fsdp:  parameters, gradients and optimizer state sharded (FSDP2, one unit per
          transformer block), for models whose replicas do not fit, e.g. gpt2-xl.
 
+parallelize() applies, in this order, activation checkpointing -> torch.compile ->
+the mode's wrapper -> the optimizer (which must see the sharded parameters under FSDP).
 Checkpoints store the full (unsharded) model and optimizer state keyed by parameter
 name, so a checkpoint written under one mode or world size loads under another.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -26,25 +28,53 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-from gpt.config import ConfigError, OptimConfig
+from gpt.config import ConfigError, OptimConfig, TrainConfig
 from gpt.dist import Runtime
-from gpt.model import GPT
+from gpt.model import GPT, unwrap
 from gpt.optim import adamw_kwargs, build_optimizer, param_groups, want_fused
 
-MODES = ("ddp", "fsdp", "zero1")
+
+@dataclass
+class Parallelized:
+    """What parallelize() returns: the module the loop calls and its optimizer."""
+
+    train_model: nn.Module  # compiled and/or wrapped; the bare model is sharded in place under FSDP
+    optimizer: torch.optim.Optimizer
+    fused: bool  # the optimizer runs the fused AdamW kernel
+    compiled: bool
 
 
 def check_mode(mode: str, runtime: Runtime) -> None:
-    if mode not in MODES:
-        raise ConfigError(f"--parallel {mode!r}: choose one of {', '.join(MODES)}")
+    """The sharded modes need a process group (the mode names themselves are the
+    config's choices, checked when the flag is parsed)."""
     if mode != "ddp" and not runtime.distributed:
         raise ConfigError(
             f"--parallel {mode} needs a process group: start with torchrun "
             f"(e.g. torchrun --standalone --nproc_per_node=N train_gpt2.py --parallel {mode})"
         )
+
+
+def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Runtime) -> Parallelized:
+    """Make `model` (already on its device, weights loaded) ready to train under
+    train.parallel: activation checkpointing, compile, wrapper, then the optimizer."""
+    check_mode(train.parallel, runtime)
+    if train.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    compiled = train.compile_on(runtime.device_type)
+    train_model = _wrap(model, train.parallel, runtime, compiled)
+    optimizer, fused = _make_optimizer(model, train.parallel, optim, runtime)
+    return Parallelized(train_model, optimizer, fused, compiled)
+
+
+def samples_on_this_rank(mode: str, runtime: Runtime) -> bool:
+    """Whether this rank runs generation: under FSDP the forward pass is a collective, so
+    every rank samples (the same text); otherwise rank 0 samples alone."""
+    return runtime.is_master or mode == "fsdp"
 
 
 def apply_activation_checkpointing(model: GPT) -> None:
@@ -57,11 +87,9 @@ def apply_activation_checkpointing(model: GPT) -> None:
         block.forward = lambda *a, _f=forward, **kw: checkpoint(_f, *a, use_reentrant=False, **kw)
 
 
-def wrap_model(model: GPT, mode: str, runtime: Runtime, compile_model: bool) -> nn.Module:
+def _wrap(model: GPT, mode: str, runtime: Runtime, compile_model: bool) -> nn.Module:
     """The module the training loop calls: compiled and/or wrapped for the mode."""
     if mode == "fsdp":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
         # Parameters stay fp32 (the optimizer's master copy); autocast in the loop does
         # the bf16 compute, as in the other modes, so all three train the same numbers.
         policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
@@ -76,13 +104,11 @@ def wrap_model(model: GPT, mode: str, runtime: Runtime, compile_model: bool) -> 
     return wrapped
 
 
-def make_optimizer(model: GPT, mode: str, cfg: OptimConfig, runtime: Runtime) -> tuple[torch.optim.Optimizer, bool]:
-    """AdamW for the mode. Build it after wrap_model: under FSDP the parameters it must
-    see are the sharded ones."""
+def _make_optimizer(model: GPT, mode: str, cfg: OptimConfig,
+                    runtime: Runtime) -> tuple[torch.optim.Optimizer, bool]:
+    """AdamW for the mode, over the (possibly sharded) parameters."""
     if mode != "zero1":
         return build_optimizer(model, cfg, runtime.device)
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
     fused = want_fused(cfg, runtime.device)
     opt = ZeroRedundancyOptimizer(param_groups(model, cfg.weight_decay),
                                   optimizer_class=torch.optim.AdamW, fused=fused,
@@ -96,10 +122,10 @@ def set_grad_sync(model: nn.Module, enabled: bool) -> None:
     the flag in its forward, so set it before the forward."""
     if isinstance(model, DDP):
         model.require_backward_grad_sync = enabled
-    else:
-        inner = getattr(model, "_orig_mod", model)  # torch.compile wrapper
-        if hasattr(inner, "set_requires_gradient_sync"):  # FSDP2 root module
-            inner.set_requires_gradient_sync(enabled)
+        return
+    inner = unwrap(model)
+    if hasattr(inner, "set_requires_gradient_sync"):  # an FSDP2-sharded root module
+        inner.set_requires_gradient_sync(enabled)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -121,8 +147,8 @@ def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, runtime: Runtime) -> dict[str, Any]:
     """Full optimizer state keyed by parameter name, on rank 0 (every rank must call)."""
-    if type(optimizer).__name__ == "ZeroRedundancyOptimizer":
-        optimizer.consolidate_state_dict(to=0)  # type: ignore[attr-defined]
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        optimizer.consolidate_state_dict(to=0)
         if not runtime.is_master:
             return {}
         return _index_to_names(optimizer.state_dict(), model)
@@ -131,7 +157,7 @@ def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, runtime:
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load a full, name-keyed optimizer state (every rank passes the whole state)."""
-    if type(optimizer).__name__ == "ZeroRedundancyOptimizer":
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
         optimizer.load_state_dict(_names_to_index(state, model))
         return
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
@@ -139,7 +165,7 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sta
 
 def _param_names(model: nn.Module) -> list[str]:
     """Parameter names in the order param_groups() lists them (decay group first)."""
-    names = {id(p): n for n, p in getattr(model, "_orig_mod", model).named_parameters()}
+    names = {id(p): n for n, p in unwrap(model).named_parameters()}
     return [names[id(p)] for g in param_groups(model, 0.0) for p in g["params"]]
 
 
@@ -153,8 +179,3 @@ def _names_to_index(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
     index = {n: i for i, n in enumerate(_param_names(model))}
     groups = [dict(g, params=[index[n] for n in g["params"]]) for g in state["param_groups"]]
     return {"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups}
-
-
-def barrier(runtime: Runtime) -> None:
-    if runtime.distributed:
-        dist.barrier()
