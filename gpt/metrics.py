@@ -96,19 +96,23 @@ class MetricsLog:
     """Append-only JSONL file: one JSON object per line (a header record, then one per event).
 
     Each record is flushed as it is written, so a crashed run keeps everything up to
-    its last step, and a reader can tail the file while training runs.
+    its last step, and a reader can tail the file while training runs. A log made with
+    enabled=False (every rank but 0) opens nothing and writes nothing, so callers need
+    no rank checks.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, enabled: bool = True) -> None:
         self.path = Path(path)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open(self.path, "a", encoding="utf-8") if enabled else None
 
     def write(self, record: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(record) + "\n")
-        self._fh.flush()
+        if self._fh is not None:
+            self._fh.write(json.dumps(record) + "\n")
+            self._fh.flush()
 
     def close(self) -> None:
-        self._fh.close()
+        if self._fh is not None:
+            self._fh.close()
 
     def __enter__(self) -> "MetricsLog":
         return self

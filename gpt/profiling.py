@@ -13,6 +13,8 @@ snapshots) are also no-ops without a CUDA device; the memory snapshot says so on
 - ``TorchProfile(out_dir, enabled, wait, warmup, active)``: torch.profiler with a step
   schedule; each finished window is written as a Chrome trace (chrome://tracing or
   https://ui.perfetto.dev) plus a text table of the top operators. Works on CPU too.
+- ``Profiler(cfg, runtime, start_step)``: the trainer's one object over all of these, as
+  the ``--nvtx``/``--profile-*``/``--torch-profile``/``--memory-snapshot`` flags ask.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from typing import Any, Iterator
 
 import torch
 
+from gpt.config import ProfileConfig
+from gpt.dist import Runtime
+
 __all__ = [
     "nvtx_available",
     "nvtx_range",
@@ -35,6 +40,7 @@ __all__ = [
     "CudaProfilerWindow",
     "MemorySnapshot",
     "TorchProfile",
+    "Profiler",
 ]
 
 _NULL = contextlib.nullcontext()
@@ -307,3 +313,44 @@ class TorchProfile:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Profiler:
+    """Everything the trainer's profiling flags ask for, behind one object:
+
+        with Profiler(cfg.profile, runtime, start_step) as profiler:
+            for step in ...:
+                with profiler.step(step):
+                    ...one optimizer step...
+
+    Each step runs inside an NVTX range (--nvtx); the CUDA profiler window and the
+    torch.profiler trace cover steps [profile_start, profile_start + profile_steps); the
+    memory snapshot (rank 0) records from start to exit. Disabled parts cost nothing.
+    """
+
+    def __init__(self, cfg: ProfileConfig, runtime: Runtime, start_step: int) -> None:
+        self.nvtx = cfg.nvtx
+        steps = max(1, cfg.profile_steps)
+        self._snapshot = MemorySnapshot(cfg.memory_snapshot,
+                                        enabled=bool(cfg.memory_snapshot) and runtime.is_master)
+        self._window = CudaProfilerWindow(cfg.profile_start, steps, enabled=cfg.profile_steps > 0)
+        self._trace = TorchProfile(cfg.torch_profile, enabled=bool(cfg.torch_profile),
+                                   wait=max(0, cfg.profile_start - start_step - 1), warmup=1,
+                                   active=steps, name=f"rank{runtime.rank}")
+
+    def __enter__(self) -> "Profiler":
+        self._snapshot.start()
+        self._trace.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._trace.stop()
+        self._window.close()
+        self._snapshot.stop()
+
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        self._window.step(step)
+        with nvtx_range(f"step {step}", self.nvtx):
+            yield
+        self._trace.step()

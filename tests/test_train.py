@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from gpt.checkpoint import clean_state_dict, load
-from gpt.config import ConfigError, OptimConfig, from_dict, model_preset, parse_args
+from gpt.checkpoint import load
+from gpt.cli import parse_args
+from gpt.config import ConfigError, OptimConfig, from_dict, model_preset
 from gpt.data import ShardLoader, write_shard
 from gpt.dist import pick_device, resolve_dtype
-from gpt.model import GPT
+from gpt.model import GPT, unwrap
 from gpt.optim import build_optimizer
-from gpt.train import train_step
+from gpt.step import forward_backward, optimizer_step
 
 from clitools import QUIET, TINY, read_metrics, run_cli
 
@@ -26,7 +27,8 @@ def grads_after_step(data: Path, batch_size: int, accum: int) -> dict[str, torch
     loader = ShardLoader(data, "train", batch_size, 16)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     # lr 0 leaves the weights alone, so the gradients left behind are those of the batch.
-    train_step(model, opt, scaler, loader, accum, 0.0, 0.0, "cpu", torch.float32)
+    forward_backward(model, scaler, opt, loader, accum, 0.0, "cpu", torch.float32)
+    optimizer_step(opt, scaler, 0.0)
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
@@ -58,11 +60,11 @@ def test_overfits_one_batch_of_shakespeare(shakespeare_tokens: np.ndarray) -> No
     assert losses[-1] < 0.5, losses[::10]
 
 
-def test_clean_state_dict_strips_wrapper_prefixes() -> None:
+def test_unwrap_strips_wrapper_prefixes() -> None:
     model = GPT(model_preset("tiny", block_size=16))
     wrapped = torch.compile(model)  # wrapping alone adds `_orig_mod.`; nothing is compiled
     assert any(k.startswith("_orig_mod.") for k in wrapped.state_dict())
-    keys = clean_state_dict(wrapped).keys()
+    keys = unwrap(wrapped).state_dict().keys()
     assert keys == model.state_dict().keys()
 
 

@@ -12,7 +12,7 @@ clip, AdamW) are timed for:
     6. + vocab 50304    GPT-2's 50257 padded to a multiple of 128
     7. + fused AdamW
     8. trainer default  what train_gpt2.py does with no flags on this device, through
-                        gpt.train.train_step itself
+                        gpt.step's forward_backward and optimizer_step
 
 A rung the device cannot do is shown as skipped with the reason, and the rungs after it
 build on the last rung that ran (e.g. on CPU: no tf32; bf16 autocast runs). Speed-ups are
@@ -44,10 +44,11 @@ from gpt.bench.common import (
 )
 from gpt.bench.report import Column, fmt_int, fmt_mem, fmt_ms, fmt_pct, fmt_x, status_text
 from gpt.bench.timing import reset_dynamo, run_guarded
-from gpt.config import ModelConfig, OptimConfig, TrainConfig
+from gpt.config import ConfigError, ModelConfig, OptimConfig, TrainConfig
 from gpt.dist import DTYPE_NAMES, DTYPES, bf16_supported, resolve_dtype
 from gpt.optim import build_optimizer
 from gpt.tokenizer import GPT2_VOCAB
+from gpt.step import forward_backward, optimizer_step
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Settings:
     attention: str = "naive"
     vocab_size: int = GPT2_VOCAB
     fused_adamw: bool = False
-    trainer_step: bool = False  # run gpt.train.train_step itself
+    trainer_step: bool = False  # run the trainer's own step functions
 
     def describe(self) -> str:
         return (f"{'tf32' if self.tf32 else 'no tf32'}, "
@@ -114,7 +115,7 @@ def trainer_defaults(device: torch.device, allow_compile: bool) -> tuple[Setting
     """What train_gpt2.py does with no flags on this device."""
     t, o, m = TrainConfig(), OptimConfig(), ModelConfig()
     dtype = resolve_dtype(t.dtype, device)
-    compile_on = t.compile if t.compile is not None else device.type == "cuda"
+    compile_on = t.compile_on(device.type)
     note = None
     if compile_on and not allow_compile:
         compile_on, note = False, "compile off (--no-compile-rungs)"
@@ -152,22 +153,20 @@ def _rung_cell(ctx: Context, s: Settings) -> dict[str, Any]:
             x, y = make_batch(a.batch_size, a.seq_len, cfg.vocab_size, device, a.seed)
             scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
             if s.trainer_step:
-                from gpt.train import train_step
-
                 optimizer, fused = build_optimizer(model, optim_cfg, device)
                 loader = _FixedBatch(x, y)
 
                 def fn() -> None:
-                    train_step(runner, optimizer, scaler, loader, 1, optim_cfg.max_lr,
-                               optim_cfg.grad_clip, device.type,
-                               dtype if dtype is not None else torch.float32)
+                    forward_backward(runner, scaler, optimizer, loader, 1, optim_cfg.grad_clip,
+                                     device.type, dtype if dtype is not None else torch.float32)
+                    optimizer_step(optimizer, scaler, optim_cfg.max_lr)
             else:
                 # The trainer's own AdamW: fused when the rung says so, otherwise torch's
                 # default (foreach on CUDA), as the rung's description says.
                 try:
                     optimizer, fused = build_optimizer(
                         model, dataclasses.replace(optim_cfg, fused=s.fused_adamw), device)
-                except RuntimeError as e:  # fused asked for, and not available here
+                except ConfigError as e:  # fused asked for, and not available here
                     raise _Skip(str(e)) from None
                 fn = make_step_fn(runner, "step", device, dtype, x, y, params_model=model,
                                   optimizer=optimizer, grad_clip=optim_cfg.grad_clip,
