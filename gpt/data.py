@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpt.errors import UserError
 from gpt.fileio import atomic_write
 
 if TYPE_CHECKING:  # torch is imported where the loader needs it, so shard tools
@@ -80,7 +81,7 @@ _SCAN_CHUNK = 4 * 1024 * 1024  # tokens per vocab scan chunk: bounds memory
 _RECREATE_HINT = "re-create it with fineweb.py"
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A problem with the data folder or the loader's data."""
 
 

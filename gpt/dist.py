@@ -171,14 +171,6 @@ def broadcast_object(obj: Any, runtime: Runtime) -> Any:
     return box[0]
 
 
-def all_reduce_sum(t: torch.Tensor, runtime: Runtime) -> torch.Tensor:
-    """Sum of a tensor over ranks, e.g. of correct/total counts (identity in one process)."""
-    if runtime.distributed:
-        t = t.detach().clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
 def all_reduce_mean(t: torch.Tensor, runtime: Runtime) -> torch.Tensor:
     """Mean of a tensor over ranks (identity in a single process)."""
     if runtime.distributed:

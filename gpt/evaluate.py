@@ -18,9 +18,13 @@ from typing import Any
 
 import torch
 
-from gpt.config import OneLineParser, check_at_least_one
+from gpt import hellaswag
+from gpt.cli import OneLineParser, check_at_least_one
+from gpt.config import ConfigError
 from gpt.data import ShardLoader
-from gpt.dist import autocast
+from gpt.dist import all_reduce_mean, autocast, init_runtime, resolve_dtype, shutdown
+from gpt.errors import UserError
+from gpt.pretrained import load_model
 from gpt.tokenizer import GPT2_VOCAB
 
 
@@ -95,10 +99,6 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as the arguments say (one process or one torchrun rank); results dict."""
-    from gpt import hellaswag
-    from gpt.dist import all_reduce_mean, init_runtime, resolve_dtype, shutdown
-    from gpt.pretrained import load_model
-
     runtime = init_runtime(args.device)
     try:
         dtype = resolve_dtype(args.dtype, runtime.device)
@@ -115,8 +115,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.data_dir is not None:
             seq_len = args.seq_len or model.config.block_size
             if seq_len > model.config.block_size:
-                from gpt.config import ConfigError
-
                 raise ConfigError(f"--seq-len {seq_len} exceeds the model's block size "
                                   f"{model.config.block_size}")
             loader = ShardLoader(args.data_dir, "val", args.batch_size, seq_len,
@@ -138,19 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _check_args(parser, args)
 
-    from gpt.config import ConfigError
-    from gpt.data import DataError
-    from gpt.hellaswag import HellaSwagError
-    from gpt.pretrained import PretrainedError
-
     try:
         results = run(args)
-    except ConfigError as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except (PretrainedError, HellaSwagError, DataError, RuntimeError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
     if not results.pop("is_master"):
         return 0
     if args.json:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gpt.config import OptimConfig
+from gpt.config import ConfigError, OptimConfig
 
 
 def lr_at(step: int, max_lr: float, min_lr_ratio: float, warmup_steps: int, max_steps: int) -> float:
@@ -63,5 +63,5 @@ def build_optimizer(
             return torch.optim.AdamW(groups, fused=True, **kwargs), True
         except (RuntimeError, TypeError) as e:
             if cfg.fused:  # asked for explicitly: say why it cannot be had
-                raise RuntimeError(f"--fused: fused AdamW is not available on {device}: {e}") from None
+                raise ConfigError(f"--fused: fused AdamW is not available on {device}: {e}") from None
     return torch.optim.AdamW(groups, **kwargs), False

@@ -31,11 +31,13 @@ from typing import Any, BinaryIO, NoReturn
 import torch
 import torch.nn as nn
 
-from gpt.checkpoint import CheckpointError, clean_state_dict
+from gpt.checkpoint import CheckpointError
 from gpt.checkpoint import load as load_checkpoint_file
-from gpt.config import ConfigError, ModelConfig, OneLineParser, from_dict
+from gpt.cli import OneLineParser
+from gpt.config import ConfigError, ModelConfig, from_dict
+from gpt.errors import UserError
 from gpt.fileio import atomic_write
-from gpt.model import GPT
+from gpt.model import GPT, unwrap
 from gpt.tokenizer import GPT2_EOT, GPT2_VOCAB
 
 HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -47,7 +49,7 @@ CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight"
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers, not weights
 
 
-class PretrainedError(ValueError):
+class PretrainedError(UserError, ValueError):
     """A weights file, folder or model name that cannot be used; the message names it."""
 
 
@@ -443,9 +445,8 @@ def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLik
     """
     source = str(model_or_checkpoint) if isinstance(model_or_checkpoint, (str, os.PathLike)) else "model"
     if isinstance(model_or_checkpoint, nn.Module):
-        from gpt.generate import unwrap
-
-        cfg, sd = unwrap(model_or_checkpoint).config, clean_state_dict(model_or_checkpoint)
+        model = unwrap(model_or_checkpoint)
+        cfg, sd = model.config, model.state_dict()
     elif isinstance(model_or_checkpoint, dict):
         cfg, sd = from_dict(model_or_checkpoint["config"]).model, model_or_checkpoint["model"]
     else:
@@ -482,7 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         out = export_hf(args.checkpoint, args.out, args.vocab_size)
-    except (PretrainedError, OSError) as e:
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except OSError as e:  # writing the folder: permissions, a full disk
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"wrote {out / CONFIG_FILE} and {out / 'model.safetensors'}")

@@ -21,7 +21,7 @@ from clitools import (QUIET, REPO, TINY, kill_tree, read_metrics, run_cli, run_t
                       torchrun_cmd, wait_for, write_random_shards)
 from gpt import checkpoint
 from gpt.checkpoint import CheckpointError, load
-from gpt.config import parse_args
+from gpt.cli import parse_args
 from gpt.data import write_shard
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "6"]

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from gpt.bench import report
 from gpt.bench.common import Context
-from gpt.config import ConfigError
+from gpt.errors import UserError
 
 Runner = Callable[[Context], tuple[list[dict[str, Any]], list[report.Section]]]
 
@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         ctx = Context.create(args.command, args, argv)
-    except ConfigError as e:  # e.g. --device cuda without a GPU
+    except UserError as e:  # e.g. --device cuda without a GPU
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     try:
         results, sections = _runners()[args.command](ctx)
     except KeyboardInterrupt:
