@@ -1,0 +1,36 @@
+"""Every recipe in configs/ loads, validates and divides into whole micro-batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpt.cli import parse_args
+from gpt.config import grad_accum_steps
+
+from clitools import REPO
+
+RECIPES = sorted((REPO / "configs").glob("*.toml"))
+
+
+def test_the_recipes_are_there() -> None:
+    names = {p.stem for p in RECIPES}
+    assert {"gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-xl-fsdp", "cpu-demo", "gpu-smoke"} <= names
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_recipe_loads_and_validates(path: Path) -> None:
+    cfg = parse_args(["--config", str(path)])  # exits 2 on an unknown key or a bad value
+    d = cfg.data
+    # One process, and the training recipes on 8 GPUs too, must split the batch exactly.
+    worlds = (1, 8) if path.stem.startswith("gpt2-") else (1,)
+    for world in worlds:
+        assert grad_accum_steps(d.total_batch_tokens, d.batch_size, d.seq_len, world) >= 1
+    assert cfg.train.out_dir.startswith("runs/")
+    assert cfg.optim.warmup_steps < cfg.train.max_steps
+
+
+def test_recipes_write_to_their_own_folders() -> None:
+    outs = [parse_args(["--config", str(p)]).train.out_dir for p in RECIPES]
+    assert len(set(outs)) == len(outs)
