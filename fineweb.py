@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt.data import DataError
+from gpt.shards import DataError
 from gpt.prepare import (
     DEFAULT_DATASET,
     DEFAULT_OUT,

@@ -163,7 +163,7 @@ def run_ceiling(path: Path, workers: int, work: Path) -> tuple[int, str]:
 
 
 def stream_hash(out: Path) -> str:
-    from gpt.data import read_shard
+    from gpt.shards import read_shard
 
     h = hashlib.sha256()
     for split in ("val", "train"):

@@ -1,18 +1,4 @@
-"""Token shards on disk and a distributed, resumable loader over them.
-
-Shard file format
------------------
-A shard is a 1024-byte header followed by the token ids.  The header is 256
-little-endian int32 slots:
-
-* ``[0]`` ``SHARD_MAGIC`` (0x47505432), ``[1]`` ``SHARD_VERSION`` (1)
-* ``[2]``, ``[3]`` token count as a 64-bit integer: low, high 32-bit halves
-  (read as unsigned), so shards may hold more than 2**31 tokens
-* ``[4]`` token dtype code (``1`` = uint16 little-endian), see ``DTYPE_CODES``
-* the rest are zero.
-
-Shards of a split live in one folder as ``{split}_*`` (e.g.
-``train_000000.bin``), ``split`` being ``"train"`` or ``"val"``.
+"""A distributed, resumable loader over a split's token shards (format: gpt/shards.py).
 
 Loader semantics (``ShardLoader``)
 ----------------------------------
@@ -41,225 +27,15 @@ Loader semantics (``ShardLoader``)
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
-from gpt.errors import UserError
-from gpt.fileio import atomic_write
+from gpt.shards import (DataError, bad_token_error, check_split, find_shards, read_shard,
+                        shard_num_tokens)
 
-if TYPE_CHECKING:  # torch is imported where the loader needs it, so shard tools
-    import torch  # (fineweb.py and its workers) start fast and small
-
-__all__ = [
-    "DTYPE_CODES",
-    "HEADER_BYTES",
-    "SHARD_MAGIC",
-    "SHARD_VERSION",
-    "DataError",
-    "ShardError",
-    "ShardLoader",
-    "find_shards",
-    "read_shard",
-    "shard_num_tokens",
-    "write_shard",
-]
-
-SHARD_MAGIC = 0x47505432
-SHARD_VERSION = 1
-HEADER_INTS = 256
-HEADER_BYTES = HEADER_INTS * 4
-DTYPE_CODES: dict[int, np.dtype] = {1: np.dtype("<u2")}
-SPLITS = ("train", "val")
 STATE_VERSION = 1
-
-_WRITE_CODE = 1  # dtype code used by write_shard
-_MAX_TOKEN = 65535
-_SCAN_CHUNK = 4 * 1024 * 1024  # tokens per vocab scan chunk: bounds memory
-_RECREATE_HINT = "re-create it with fineweb.py"
-
-
-class DataError(UserError, ValueError):
-    """A problem with the data folder or the loader's data."""
-
-
-class ShardError(DataError):
-    """A problem with one shard file; the message starts with its path."""
-
-
-# --------------------------------------------------------------------------
-# Shard files
-
-
-def _make_header(num_tokens: int, dtype_code: int) -> np.ndarray:
-    """Build the 256-slot header (stored as uint32, bit-identical to int32)."""
-    header = np.zeros(HEADER_INTS, dtype="<u4")
-    header[0] = SHARD_MAGIC
-    header[1] = SHARD_VERSION
-    header[2] = num_tokens & 0xFFFFFFFF
-    header[3] = num_tokens >> 32
-    header[4] = dtype_code
-    return header
-
-
-def _as_token_array(path: Path, tokens: np.ndarray | Iterable[int]) -> np.ndarray:
-    """Convert tokens to a flat integer array, or raise ShardError."""
-    if isinstance(tokens, np.ndarray):
-        arr = tokens
-    elif isinstance(tokens, Sequence):
-        arr = np.asarray(tokens)
-    else:  # an iterator/generator: np.asarray would make a 0-d object array
-        arr = np.fromiter(tokens, dtype=np.int64)
-    arr = arr.reshape(-1)
-    if arr.size == 0:
-        return np.zeros(0, dtype="<u2")
-    if arr.dtype.kind not in "iu":
-        raise ShardError(f"{path}: tokens must be integers, got dtype {arr.dtype}")
-    bad = (arr < 0) | (arr > _MAX_TOKEN)
-    if bad.any():
-        idx = int(np.flatnonzero(bad)[0])
-        raise ShardError(
-            f"{path}: token {int(arr[idx])} at index {idx} does not fit in uint16 "
-            f"(allowed 0..{_MAX_TOKEN})"
-        )
-    return np.ascontiguousarray(arr, dtype="<u2")
-
-
-def write_shard(path: str | os.PathLike, tokens: np.ndarray | Iterable[int]) -> None:
-    """Write tokens (ints in 0..65535) to a shard, atomically."""
-    path = Path(path)
-    arr = _as_token_array(path, tokens)
-    header = _make_header(arr.size, _WRITE_CODE)
-
-    def write(f) -> None:
-        f.write(header.data)
-        f.write(arr.data)
-
-    try:
-        atomic_write(path, write)
-    except OSError as exc:
-        raise ShardError(f"{path}: cannot write shard: {exc}") from exc
-
-
-def _read_header(path: Path) -> tuple[int, np.dtype]:
-    """Validate a shard's header and size; return (num_tokens, dtype)."""
-    if not path.exists():
-        raise ShardError(f"{path}: shard file not found")
-    if not path.is_file():
-        raise ShardError(f"{path}: is not a regular file")
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(HEADER_BYTES)
-    except OSError as exc:
-        raise ShardError(f"{path}: cannot read shard: {exc.strerror or exc}") from exc
-    if len(raw) < HEADER_BYTES:
-        raise ShardError(
-            f"{path}: truncated header ({len(raw)} bytes, need {HEADER_BYTES}); "
-            f"{_RECREATE_HINT}"
-        )
-    header = np.frombuffer(raw, dtype="<u4")
-    magic = int(header[0])
-    if magic != SHARD_MAGIC:
-        raise ShardError(
-            f"{path}: bad magic {magic:#010x}, expected {SHARD_MAGIC:#010x}; "
-            f"not a gpt2-trainer shard, {_RECREATE_HINT}"
-        )
-    version = int(header[1])
-    if version != SHARD_VERSION:
-        raise ShardError(
-            f"{path}: unknown shard version {version} (this code reads version "
-            f"{SHARD_VERSION}); {_RECREATE_HINT}"
-        )
-    code = int(header[4])
-    if code not in DTYPE_CODES:
-        raise ShardError(
-            f"{path}: unknown token dtype code {code} (known: {sorted(DTYPE_CODES)}); "
-            f"{_RECREATE_HINT}"
-        )
-    dtype = DTYPE_CODES[code]
-    num_tokens = int(header[2]) | (int(header[3]) << 32)
-    expected = HEADER_BYTES + num_tokens * dtype.itemsize
-    if size < expected:
-        raise ShardError(
-            f"{path}: truncated data: header says {num_tokens} tokens, expected "
-            f"{expected} bytes but file has {size}; {_RECREATE_HINT}"
-        )
-    if size > expected:
-        raise ShardError(
-            f"{path}: {size - expected} trailing bytes: header says {num_tokens} "
-            f"tokens, expected {expected} bytes but file has {size}; {_RECREATE_HINT}"
-        )
-    return num_tokens, dtype
-
-
-def shard_num_tokens(path: str | os.PathLike) -> int:
-    """Token count of a shard, from its (validated) header only."""
-    return _read_header(Path(path))[0]
-
-
-def _bad_token_error(path: Path, tokens: np.ndarray, bad: np.ndarray, offset: int, what: str) -> ShardError:
-    """The error for the first token where `bad` (a mask over `tokens`, which start at
-    index `offset` of the shard) is set; `what` says why that id is wrong."""
-    idx = int(np.flatnonzero(bad)[0])
-    return ShardError(
-        f"{path}: token id {int(tokens[idx])} at index {offset + idx} is {what}; "
-        f"wrong tokenizer or corrupt shard, {_RECREATE_HINT}"
-    )
-
-
-def _check_vocab(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
-    """Raise on the first token id >= vocab_size, scanning in chunks."""
-    for start in range(0, tokens.size, _SCAN_CHUNK):
-        chunk = np.asarray(tokens[start : start + _SCAN_CHUNK])
-        if int(chunk.max()) < vocab_size:
-            continue
-        raise _bad_token_error(path, chunk, chunk >= vocab_size, start, f">= vocab_size {vocab_size}")
-
-
-def read_shard(path: str | os.PathLike, vocab_size: int | None = None) -> np.ndarray:
-    """Validate a shard and return a read-only memmap of its tokens."""
-    path = Path(path)
-    num_tokens, dtype = _read_header(path)
-    tokens = np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
-    if vocab_size is not None:
-        _check_vocab(path, tokens, vocab_size)
-    return tokens
-
-
-# --------------------------------------------------------------------------
-# Finding shards
-
-
-def _check_split(split: str) -> None:
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
-
-
-def find_shards(folder: str | os.PathLike, split: str) -> list[Path]:
-    """The ``{split}_*`` shard files in folder, sorted by name."""
-    _check_split(split)
-    folder = Path(folder)
-    if not folder.exists():
-        raise DataError(f"{folder}: data folder does not exist; run fineweb.py to create shards")
-    if not folder.is_dir():
-        raise DataError(f"{folder}: is not a directory; pass the folder that holds the shards")
-    # Names starting with '.' are write_shard temp files (or other hidden files).
-    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.is_file())
-    shards = [folder / n for n in names if n.startswith(f"{split}_")]
-    if not shards:
-        prefixes = sorted({n.split("_", 1)[0] + "_*" for n in names if "_" in n})
-        found = f"found only {', '.join(prefixes)}" if prefixes else "found no shards"
-        raise DataError(
-            f"{folder}: no {split}_* shards ({found}); run fineweb.py to create them"
-        )
-    return shards
-
-
-# --------------------------------------------------------------------------
-# Loader
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -291,7 +67,7 @@ class ShardLoader:
         vocab_size: int | None = None,
         max_token: int | None = None,
     ) -> None:
-        _check_split(split)
+        check_split(split)
         self._B = _check_int("batch_size", batch_size, 1)
         self._T = _check_int("seq_len", seq_len, 1)
         self._world_size = _check_int("world_size", world_size, 1)
@@ -336,8 +112,6 @@ class ShardLoader:
 
     @staticmethod
     def _parse_device(device: str | torch.device) -> torch.device:
-        import torch
-
         try:
             return torch.device(device)
         except (RuntimeError, TypeError) as exc:
@@ -417,7 +191,7 @@ class ShardLoader:
             i += 1
 
     def _bad_token(self, shard: int, piece: np.ndarray, offset: int) -> None:
-        raise _bad_token_error(self._paths[shard], piece, piece > self._max_token, offset,
+        raise bad_token_error(self._paths[shard], piece, piece > self._max_token, offset,
                                f"beyond the model's vocabulary (largest id {self._max_token})")
 
     # ---- batches
@@ -429,8 +203,6 @@ class ShardLoader:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Next (x, y), int64 tensors of shape (B, T) on the loader's device."""
-        import torch
-
         self._set_layout(self._epoch)
         window = self._step * self._world_size + self._rank
         n = self._B * self._T + 1
@@ -449,8 +221,6 @@ class ShardLoader:
 
     def _to_cuda(self, window: int, n: int) -> torch.Tensor:
         """Fill a pinned buffer and start an async copy of it to the GPU."""
-        import torch
-
         if not self._pinned:
             self._pinned = [torch.empty(n, dtype=torch.int64, pin_memory=True) for _ in range(2)]
         k = self._next_buf

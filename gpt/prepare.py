@@ -1,4 +1,4 @@
-"""Turn text into the token shards train_gpt2.py reads (format: gpt/data.py).
+"""Turn text into the token shards train_gpt2.py reads (format: gpt/shards.py).
 
 One pass over the input, in bounded memory:
 
@@ -52,7 +52,7 @@ from typing import Any, BinaryIO, TextIO
 
 import numpy as np
 
-from gpt.data import DataError, ShardError, shard_num_tokens, write_shard
+from gpt.shards import DataError, ShardError, shard_num_tokens, write_shard
 from gpt.fileio import atomic_write
 
 __all__ = [
@@ -1164,7 +1164,7 @@ def prepare(
         progress.say(f"{out}: already complete ({len(existing.shards)} shards); --overwrite redoes it")
         return _result(out, existing.shards, len(existing.shards), t0)
     meta = {
-        "format": "gpt2-trainer token shards (see gpt/data.py)",
+        "format": "gpt2-trainer token shards (see gpt/shards.py)",
         "version": METADATA_VERSION,
         "created": existing.created,
         "tool": "fineweb.py",

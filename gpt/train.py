@@ -35,8 +35,8 @@ from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_tflops
 from gpt.model import GPT
 from gpt.optim import lr_at
 from gpt.profiling import Profiler
+from gpt.shards import DataError, find_shards
 from gpt.step import forward_backward, optimizer_step
-from gpt.data import DataError, find_shards
 from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
 
 

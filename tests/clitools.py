@@ -29,7 +29,7 @@ def write_random_shards(folder: Path, seed: int, train: tuple[int, ...],
     """A data folder of random GPT-2 token ids: one train_/val_ shard per size given."""
     import numpy as np
 
-    from gpt.data import write_shard
+    from gpt.shards import write_shard
 
     rng = np.random.default_rng(seed)
     for split, sizes in (("train", train), ("val", val)):

@@ -44,7 +44,7 @@ def shakespeare_tokens(request: pytest.FixtureRequest) -> np.ndarray:
 @pytest.fixture(scope="session")
 def shakespeare_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_tokens: np.ndarray) -> Path:
     """A data folder with tiny shakespeare: val = first 20k tokens, train = the rest in 2 shards."""
-    from gpt.data import write_shard
+    from gpt.shards import write_shard
 
     out = tmp_path_factory.mktemp("shakespeare")
     val, train = shakespeare_tokens[:20_000], shakespeare_tokens[20_000:]

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from gpt import data
-from gpt.data import (
+from gpt import shards
+from gpt.data import ShardLoader
+from gpt.shards import (
     HEADER_BYTES,
     SHARD_MAGIC,
     SHARD_VERSION,
     DataError,
     ShardError,
-    ShardLoader,
     find_shards,
     read_shard,
     shard_num_tokens,
@@ -116,7 +116,7 @@ def test_high_half_of_token_count_is_used(tmp_path: Path) -> None:
 
 
 def test_header_splits_64bit_count() -> None:
-    header = data._make_header(3 * 2**32 + 5, 1)
+    header = shards._make_header(3 * 2**32 + 5, 1)
     assert (int(header[2]), int(header[3])) == (5, 3)
 
 
@@ -148,7 +148,7 @@ def test_atomic_write_failed_replace_keeps_old_file(
     def boom(*args: object) -> None:
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(data.os, "replace", boom)
+    monkeypatch.setattr(shards.os, "replace", boom)
     with pytest.raises(RuntimeError, match="disk on fire"):
         write_shard(path, [9, 9, 9, 9])
     assert read_shard(path).tolist() == [1, 2, 3]
@@ -164,7 +164,7 @@ def test_atomic_write_failure_mid_write(tmp_path: Path, monkeypatch: pytest.Monk
         seen.append(any(p.name.startswith(".") for p in tmp_path.iterdir()))
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(data.os, "fsync", failing_fsync)
+    monkeypatch.setattr(shards.os, "fsync", failing_fsync)
     with pytest.raises(ShardError, match="No space left"):
         write_shard(path, [9, 9])
     assert seen == [True]  # the temp file existed when the failure hit
@@ -253,7 +253,7 @@ def test_token_out_of_vocab(tmp_path: Path) -> None:
 
 
 def test_vocab_scan_in_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(data, "_SCAN_CHUNK", 7)
+    monkeypatch.setattr(shards, "_SCAN_CHUNK", 7)
     path = tmp_path / "s.bin"
     tokens = np.zeros(30, dtype=np.int64)
     tokens[23] = 100

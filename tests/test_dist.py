@@ -12,7 +12,8 @@ import torch
 
 from clitools import QUIET, TINY, read_metrics, run_cli, run_torchrun, write_random_shards
 from gpt.checkpoint import load
-from gpt.data import ShardLoader, write_shard
+from gpt.data import ShardLoader
+from gpt.shards import write_shard
 
 # Global batch 512 tokens = 4 micro-batches of 4 x 32: one process accumulates 4, two
 # ranks 2 each. 3 steps, fp32 on CPU.

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import gpt.prepare as prep
-from gpt.data import DataError, find_shards, read_shard, write_shard
+from gpt.shards import DataError, find_shards, read_shard, write_shard
 from gpt.prepare import PrepareConfig, PrepareError, parse_count, prepare, split_paragraphs, split_pieces
 
 from clitools import QUIET, REPO, SHAKESPEARE, TINY, read_metrics, run_cli

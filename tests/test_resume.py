@@ -22,7 +22,7 @@ from clitools import (QUIET, REPO, TINY, kill_tree, read_metrics, run_cli, run_t
 from gpt import checkpoint
 from gpt.checkpoint import CheckpointError, load
 from gpt.cli import parse_args
-from gpt.data import write_shard
+from gpt.shards import write_shard
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "6"]
 

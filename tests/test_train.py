@@ -11,7 +11,8 @@ import torch
 from gpt.checkpoint import load
 from gpt.cli import parse_args
 from gpt.config import ConfigError, OptimConfig, from_dict, model_preset
-from gpt.data import ShardLoader, write_shard
+from gpt.data import ShardLoader
+from gpt.shards import write_shard
 from gpt.dist import pick_device, resolve_dtype
 from gpt.model import GPT, unwrap
 from gpt.optim import build_optimizer

@@ -1,0 +1,215 @@
+"""The shard file format: header, write, read, validate, find. Numpy only (no torch), so
+fineweb.py and its tokenizer workers start fast and small.
+
+Shard file format
+-----------------
+A shard is a 1024-byte header followed by the token ids.  The header is 256
+little-endian int32 slots:
+
+* ``[0]`` ``SHARD_MAGIC`` (0x47505432), ``[1]`` ``SHARD_VERSION`` (1)
+* ``[2]``, ``[3]`` token count as a 64-bit integer: low, high 32-bit halves
+  (read as unsigned), so shards may hold more than 2**31 tokens
+* ``[4]`` token dtype code (``1`` = uint16 little-endian), see ``DTYPE_CODES``
+* the rest are zero.
+
+Shards of a split live in one folder as ``{split}_*`` (e.g.
+``train_000000.bin``), ``split`` being ``"train"`` or ``"val"``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from gpt.errors import UserError
+from gpt.fileio import atomic_write
+
+SHARD_MAGIC = 0x47505432
+SHARD_VERSION = 1
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+DTYPE_CODES: dict[int, np.dtype] = {1: np.dtype("<u2")}
+SPLITS = ("train", "val")
+
+_WRITE_CODE = 1  # dtype code used by write_shard
+_MAX_TOKEN = 65535
+_SCAN_CHUNK = 4 * 1024 * 1024  # tokens per vocab scan chunk: bounds memory
+_RECREATE_HINT = "re-create it with fineweb.py"
+
+
+class DataError(UserError, ValueError):
+    """A problem with the data folder or the loader's data."""
+
+
+class ShardError(DataError):
+    """A problem with one shard file; the message starts with its path."""
+
+
+# ---- one shard file
+
+
+def _make_header(num_tokens: int, dtype_code: int) -> np.ndarray:
+    """Build the 256-slot header (stored as uint32, bit-identical to int32)."""
+    header = np.zeros(HEADER_INTS, dtype="<u4")
+    header[0] = SHARD_MAGIC
+    header[1] = SHARD_VERSION
+    header[2] = num_tokens & 0xFFFFFFFF
+    header[3] = num_tokens >> 32
+    header[4] = dtype_code
+    return header
+
+
+def _as_token_array(path: Path, tokens: np.ndarray | Iterable[int]) -> np.ndarray:
+    """Convert tokens to a flat integer array, or raise ShardError."""
+    if isinstance(tokens, np.ndarray):
+        arr = tokens
+    elif isinstance(tokens, Sequence):
+        arr = np.asarray(tokens)
+    else:  # an iterator/generator: np.asarray would make a 0-d object array
+        arr = np.fromiter(tokens, dtype=np.int64)
+    arr = arr.reshape(-1)
+    if arr.size == 0:
+        return np.zeros(0, dtype="<u2")
+    if arr.dtype.kind not in "iu":
+        raise ShardError(f"{path}: tokens must be integers, got dtype {arr.dtype}")
+    bad = (arr < 0) | (arr > _MAX_TOKEN)
+    if bad.any():
+        idx = int(np.flatnonzero(bad)[0])
+        raise ShardError(
+            f"{path}: token {int(arr[idx])} at index {idx} does not fit in uint16 "
+            f"(allowed 0..{_MAX_TOKEN})"
+        )
+    return np.ascontiguousarray(arr, dtype="<u2")
+
+
+def write_shard(path: str | os.PathLike, tokens: np.ndarray | Iterable[int]) -> None:
+    """Write tokens (ints in 0..65535) to a shard, atomically."""
+    path = Path(path)
+    arr = _as_token_array(path, tokens)
+    header = _make_header(arr.size, _WRITE_CODE)
+
+    def write(f) -> None:
+        f.write(header.data)
+        f.write(arr.data)
+
+    try:
+        atomic_write(path, write)
+    except OSError as exc:
+        raise ShardError(f"{path}: cannot write shard: {exc}") from exc
+
+
+def _read_header(path: Path) -> tuple[int, np.dtype]:
+    """Validate a shard's header and size; return (num_tokens, dtype)."""
+    if not path.exists():
+        raise ShardError(f"{path}: shard file not found")
+    if not path.is_file():
+        raise ShardError(f"{path}: is not a regular file")
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+    except OSError as exc:
+        raise ShardError(f"{path}: cannot read shard: {exc.strerror or exc}") from exc
+    if len(raw) < HEADER_BYTES:
+        raise ShardError(
+            f"{path}: truncated header ({len(raw)} bytes, need {HEADER_BYTES}); "
+            f"{_RECREATE_HINT}"
+        )
+    header = np.frombuffer(raw, dtype="<u4")
+    magic = int(header[0])
+    if magic != SHARD_MAGIC:
+        raise ShardError(
+            f"{path}: bad magic {magic:#010x}, expected {SHARD_MAGIC:#010x}; "
+            f"not a gpt2-trainer shard, {_RECREATE_HINT}"
+        )
+    version = int(header[1])
+    if version != SHARD_VERSION:
+        raise ShardError(
+            f"{path}: unknown shard version {version} (this code reads version "
+            f"{SHARD_VERSION}); {_RECREATE_HINT}"
+        )
+    code = int(header[4])
+    if code not in DTYPE_CODES:
+        raise ShardError(
+            f"{path}: unknown token dtype code {code} (known: {sorted(DTYPE_CODES)}); "
+            f"{_RECREATE_HINT}"
+        )
+    dtype = DTYPE_CODES[code]
+    num_tokens = int(header[2]) | (int(header[3]) << 32)
+    expected = HEADER_BYTES + num_tokens * dtype.itemsize
+    if size < expected:
+        raise ShardError(
+            f"{path}: truncated data: header says {num_tokens} tokens, expected "
+            f"{expected} bytes but file has {size}; {_RECREATE_HINT}"
+        )
+    if size > expected:
+        raise ShardError(
+            f"{path}: {size - expected} trailing bytes: header says {num_tokens} "
+            f"tokens, expected {expected} bytes but file has {size}; {_RECREATE_HINT}"
+        )
+    return num_tokens, dtype
+
+
+def shard_num_tokens(path: str | os.PathLike) -> int:
+    """Token count of a shard, from its (validated) header only."""
+    return _read_header(Path(path))[0]
+
+
+def bad_token_error(path: Path, tokens: np.ndarray, bad: np.ndarray, offset: int, what: str) -> ShardError:
+    """The error for the first token where `bad` (a mask over `tokens`, which start at
+    index `offset` of the shard) is set; `what` says why that id is wrong."""
+    idx = int(np.flatnonzero(bad)[0])
+    return ShardError(
+        f"{path}: token id {int(tokens[idx])} at index {offset + idx} is {what}; "
+        f"wrong tokenizer or corrupt shard, {_RECREATE_HINT}"
+    )
+
+
+def _check_vocab(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
+    """Raise on the first token id >= vocab_size, scanning in chunks."""
+    for start in range(0, tokens.size, _SCAN_CHUNK):
+        chunk = np.asarray(tokens[start : start + _SCAN_CHUNK])
+        if int(chunk.max()) < vocab_size:
+            continue
+        raise bad_token_error(path, chunk, chunk >= vocab_size, start, f">= vocab_size {vocab_size}")
+
+
+def read_shard(path: str | os.PathLike, vocab_size: int | None = None) -> np.ndarray:
+    """Validate a shard and return a read-only memmap of its tokens."""
+    path = Path(path)
+    num_tokens, dtype = _read_header(path)
+    tokens = np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
+    if vocab_size is not None:
+        _check_vocab(path, tokens, vocab_size)
+    return tokens
+
+
+# ---- a split's shards in a folder
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+
+
+def find_shards(folder: str | os.PathLike, split: str) -> list[Path]:
+    """The ``{split}_*`` shard files in folder, sorted by name."""
+    check_split(split)
+    folder = Path(folder)
+    if not folder.exists():
+        raise DataError(f"{folder}: data folder does not exist; run fineweb.py to create shards")
+    if not folder.is_dir():
+        raise DataError(f"{folder}: is not a directory; pass the folder that holds the shards")
+    # Names starting with '.' are write_shard temp files (or other hidden files).
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.is_file())
+    shards = [folder / n for n in names if n.startswith(f"{split}_")]
+    if not shards:
+        prefixes = sorted({n.split("_", 1)[0] + "_*" for n in names if "_" in n})
+        found = f"found only {', '.join(prefixes)}" if prefixes else "found no shards"
+        raise DataError(
+            f"{folder}: no {split}_* shards ({found}); run fineweb.py to create them"
+        )
+    return shards
