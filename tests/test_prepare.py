@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import io
 import json
 import random
@@ -17,6 +16,10 @@ import numpy as np
 import pytest
 
 import gpt.prepare as prep
+from gpt.prepare import cli as prep_cli
+from gpt.prepare import config as prep_config
+from gpt.prepare import encode as prep_encode
+from gpt.prepare import sources as prep_sources
 from gpt.shards import DataError, find_shards, read_shard, write_shard
 from gpt.prepare import PrepareConfig, PrepareError, parse_count, prepare, split_paragraphs, split_pieces
 
@@ -85,15 +88,8 @@ def metadata(out: Path) -> dict[str, Any]:
 @pytest.fixture()
 def small_layout(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tiny pieces and tasks, so small inputs exercise many tasks and split documents."""
-    monkeypatch.setattr(prep, "PIECE_CHARS", 2000)
-    monkeypatch.setattr(prep, "TASK_CHARS", 5000)
-
-
-def load_cli():
-    spec = importlib.util.spec_from_file_location("fineweb_cli", REPO / "fineweb.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    monkeypatch.setattr(prep_config, "PIECE_CHARS", 2000)
+    monkeypatch.setattr(prep_config, "TASK_CHARS", 5000)
 
 
 # --------------------------------------------------------------------------
@@ -345,9 +341,9 @@ def test_line_blocks_cover_every_line_once() -> None:
         data = b"\n".join(lines) + tail
         for block in (1, 7, 64, 1000, 10**6):
             for skip in (0, 1, 5, 150, 299, 300):
-                items = list(prep._line_blocks(io.BytesIO(data), skip, block))
-                skipped = sum(i.n for i in items if isinstance(i, prep._Skipped))
-                blocks = [i for i in items if isinstance(i, prep._Block)]
+                items = list(prep_sources.json_line_blocks(io.BytesIO(data), skip, block))
+                skipped = sum(i.n for i in items if isinstance(i, prep_sources.SkippedRecords))
+                blocks = [i for i in items if isinstance(i, prep_sources.JsonLinesBlock)]
                 assert skipped == skip
                 got = [ln for b in blocks for ln in b.data.split(b"\n")[: b.lines]]
                 assert got == lines[skip:]
@@ -505,7 +501,7 @@ def test_output_folder_with_other_shards_is_left_alone(tmp_path: Path) -> None:
 
 
 def test_cli_prints_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    cli = load_cli()
+    cli = prep_cli
     assert cli.main(["--source", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o"), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: --source") and "missing.txt" in err and "Traceback" not in err
@@ -524,15 +520,15 @@ def test_cli_prints_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_defaults() -> None:
-    cli = load_cli()
+    cli = prep_cli
     args = cli.build_parser().parse_args([])
     assert args.source == ["HuggingFaceFW/fineweb-edu"] and args.out == "data/fineweb-edu-10B"
     assert args.val_tokens == 20 * 8 * 64 * 1024 + 1 and args.shard_tokens == 100_000_000
-    src = prep.open_source(PrepareConfig())
-    assert isinstance(src, prep.HFSource) and src.subset == "sample-10BT" and src.split == "train"
-    assert prep._looks_like_hf("someone/corpus") and prep._looks_like_hf("hf:someone/corpus")
+    src = prep_sources.open_source(PrepareConfig())
+    assert isinstance(src, prep_sources.HFSource) and src.subset == "sample-10BT" and src.split == "train"
+    assert prep_sources.looks_like_hf_dataset("someone/corpus") and prep_sources.looks_like_hf_dataset("hf:someone/corpus")
     for local in ("data/x.jsonl", "./a/b", "my_texts/*.jsonl", "input.txt", "/abs/path"):
-        assert not prep._looks_like_hf(local), local
+        assert not prep_sources.looks_like_hf_dataset(local), local
 
 
 # --------------------------------------------------------------------------
@@ -630,7 +626,7 @@ def test_spawn_workers_give_the_same_shards(tmp_path: Path, monkeypatch: pytest.
     (tmp_path / "b.txt").write_text("\n".join(make_docs(20, seed=32)), encoding="utf-8")
     run([src, tmp_path / "b.txt"], tmp_path / "fork", val_tokens=500, shard_tokens=4000, workers=1)
     spawn = multiprocessing.get_context("spawn")
-    monkeypatch.setattr(prep.mp, "get_context", lambda method=None: spawn)
+    monkeypatch.setattr(prep_encode.mp, "get_context", lambda method=None: spawn)
     run([src, tmp_path / "b.txt"], tmp_path / "spawn", val_tokens=500, shard_tokens=4000, workers=2)
     assert shard_bytes(tmp_path / "spawn") == shard_bytes(tmp_path / "fork")
 
@@ -651,7 +647,7 @@ def _peak_traced(src: Path, out: Path) -> tuple[int, int]:
 @pytest.mark.slow
 def test_memory_stays_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, enc) -> None:
     # (enc: the BPE tables, ~30 MB of Python objects, are loaded before tracing starts)
-    monkeypatch.setattr(prep, "TASK_CHARS", 1 << 17)
+    monkeypatch.setattr(prep_config, "TASK_CHARS", 1 << 17)
     docs = make_docs(1500, seed=3, max_words=400)
     small = write_jsonl(tmp_path / "small.jsonl", docs)
     big = tmp_path / "big.jsonl"
