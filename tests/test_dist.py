@@ -145,12 +145,12 @@ def test_single_node_launcher_runs_two_cpu_ranks(data_dir: Path, tmp_path: Path)
 @pytest.mark.slow
 @pytest.mark.parametrize("what,extra", [("allreduce", ["--sizes-mb", "0.1", "1"]),
                                         ("ddp", ["--seq-len", "32"])])
-def test_commbench_under_torchrun(what: str, extra: list[str], tmp_path: Path) -> None:
+def test_comm_bench_under_torchrun(what: str, extra: list[str], tmp_path: Path) -> None:
     import json
 
     out = tmp_path / "r.json"
-    proc = run_torchrun(what, *extra, "--warmup", "1", "--iters", "3", "--out", str(out),
-                        target=("-m", "gpt.commbench"))
+    proc = run_torchrun("comm", what, *extra, "--warmup", "1", "--iters", "3", "--out", str(out),
+                        target=("-m", "gpt.bench"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["backend"] == "gloo" and result["world_size"] == 2 and result["torch"]

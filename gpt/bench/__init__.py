@@ -6,12 +6,10 @@ Subcommands:
     attention   naive vs SDPA backends (flash, efficient, cuDNN, math) vs compiled naive
     ladder      the GPT-2 speed ladder, each optimisation on top of the last
     compile     eager vs torch.compile (attention and whole model), compile time apart
+    comm        all-reduce bandwidth, DDP compute vs communication (under torchrun)
+    prepare     fineweb.py's shard preparation vs a multiprocessing.Pool baseline
 
 Every subcommand times with one helper (gpt.bench.timing.time_fn: warm-up, synchronised
 or CUDA-event timing, all samples kept), records OOMs and errors per cell and goes on,
 and writes a table to stdout plus ``<out>/<name>.json`` and ``<out>/<name>.md``.
 """
-
-from gpt.bench.cli import main
-
-__all__ = ["main"]

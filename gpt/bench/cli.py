@@ -1,4 +1,9 @@
-"""The ``python -m gpt.bench`` command line: one parser, one subcommand per benchmark."""
+"""The ``python -m gpt.bench`` command line: one parser, one subcommand per benchmark.
+
+Timing subcommands (model, components, attention, ladder, compile) share the common
+flags and a Context, and their results go through one writer. Standalone subcommands
+(comm, prepare) own their flags and run themselves: their parser sets `standalone`.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +11,22 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from gpt.bench import report
+from gpt.bench import attention, comm, compile_bench, ladder, model_bench, prepare_bench, report
 from gpt.bench.common import Context
 from gpt.errors import UserError
 
 Runner = Callable[[Context], tuple[list[dict[str, Any]], list[report.Section]]]
 
-
-def _runners() -> dict[str, Runner]:
-    from gpt.bench import attention, compile_bench, ladder, model_bench
-
-    return {
-        "model": model_bench.run_model,
-        "components": model_bench.run_components,
-        "attention": attention.run,
-        "ladder": ladder.run,
-        "compile": compile_bench.run,
-    }
+RUNNERS: dict[str, Runner] = {
+    "model": model_bench.run_model,
+    "components": model_bench.run_components,
+    "attention": attention.run,
+    "ladder": ladder.run,
+    "compile": compile_bench.run,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpt.bench import attention, compile_bench, ladder, model_bench
-
     parser = argparse.ArgumentParser(
         prog="python -m gpt.bench",
         description="GPT-2 benchmark suite: warm-up, synchronised timing, OOM-safe sweeps, "
@@ -35,10 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", required=True)
-    model_bench.add_parser(sub)
-    attention.add_parser(sub)
-    ladder.add_parser(sub)
-    compile_bench.add_parser(sub)
+    for module in (model_bench, attention, ladder, compile_bench, comm, prepare_bench):
+        module.add_parser(sub)
     for p in sub.choices.values():
         p.allow_abbrev = False
     return parser
@@ -47,13 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if getattr(args, "standalone", None) is not None:
+        return args.standalone(args)
     try:
         ctx = Context.create(args.command, args, argv)
     except UserError as e:  # e.g. --device cuda without a GPU
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     try:
-        results, sections = _runners()[args.command](ctx)
+        results, sections = RUNNERS[args.command](ctx)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the cells finished so far are in {ctx.args.out}/{ctx.name}.json "
               "and .md", file=sys.stderr)

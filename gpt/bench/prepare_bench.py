@@ -1,7 +1,8 @@
-"""Shard-preparation throughput: gpt.prepare against the obvious multiprocessing baseline.
+"""`prepare`: shard-preparation throughput, gpt.prepare against the obvious
+multiprocessing baseline.
 
-    python benchmarks/bench_prepare.py                      # writes benchmarks/prepare_cpu<N>.json
-    python benchmarks/bench_prepare.py --mb 8 --repeats 1   # a quick look
+    python -m gpt.bench prepare                       # writes benchmarks/prepare_cpu<N>.json
+    python -m gpt.bench prepare --mb 8 --repeats 1    # a quick look
 
 Both methods read the same jsonl file, in one run, with the same number of worker
 processes, and must produce the same token stream (checked by hash):
@@ -23,8 +24,9 @@ their shares of the documents, already in memory, with no IPC at all, i.e. what 
 method could reach on these cores at that time.
 
 Memory is the peak over repeats of the process tree's summed RSS and PSS (PSS sampled 1
-time in 5), every 20 ms. Both children import the same modules (gpt.prepare, which
-does not import torch), so both start from the same floor; PSS counts the pages forked
+time in 5), every 20 ms. Every child runs this module (``python -m
+gpt.bench.prepare_bench --child ...``), which imports gpt.prepare and no torch, so all
+start from the same floor; PSS counts the pages forked
 workers share only once. ``--scale`` reruns each method on a 3x larger input: a flat
 line there is what bounded memory means.
 """
@@ -34,9 +36,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import multiprocessing as mp
 import os
 import platform
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,7 +48,15 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+import numpy as np
+import psutil
+import tiktoken
+
+from gpt.prepare import PrepareConfig, available_cpus, prepare
+from gpt.shards import read_shard
+from gpt.tokenizer import gpt2_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
 SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 INPUTS = ("paragraphs", "4k-docs")
 
@@ -93,8 +105,6 @@ _enc = None
 
 def _init_baseline() -> None:
     global _enc
-    from gpt.tokenizer import gpt2_tokenizer
-
     _enc = gpt2_tokenizer()
 
 
@@ -109,12 +119,6 @@ def _docs(path: Path):
 
 
 def run_baseline(path: Path, workers: int, work: Path) -> tuple[int, str]:
-    import multiprocessing as mp
-
-    import numpy as np
-
-    from gpt.tokenizer import gpt2_tokenizer
-
     eot = gpt2_tokenizer().eot_token
     buf = np.empty(1 << 20, dtype=np.uint16)
     n = 0
@@ -132,8 +136,6 @@ def run_baseline(path: Path, workers: int, work: Path) -> tuple[int, str]:
 
 
 def run_ours(path: Path, workers: int, work: Path) -> tuple[int, str]:
-    from gpt.prepare import PrepareConfig, prepare
-
     cfg = PrepareConfig(sources=(str(path),), out_dir=str(work / "shards"), val_tokens=100_000,
                         shard_tokens=1_000_000, workers=workers, progress=False, overwrite=True)
     res = prepare(cfg)
@@ -151,8 +153,6 @@ def _ceiling_part(part: tuple[int, int]) -> int:
 def run_ceiling(path: Path, workers: int, work: Path) -> tuple[int, str]:
     """`workers` forked processes, each encoding its share of documents already in memory,
     with no IPC but a count: what any method could reach on these cores at this moment."""
-    import multiprocessing as mp
-
     global _ceiling_docs
     _ceiling_docs = list(_docs(path))  # inherited by the forked workers
     with mp.Pool(workers, initializer=_init_baseline) as pool:
@@ -163,8 +163,6 @@ def run_ceiling(path: Path, workers: int, work: Path) -> tuple[int, str]:
 
 
 def stream_hash(out: Path) -> str:
-    from gpt.shards import read_shard
-
     h = hashlib.sha256()
     for split in ("val", "train"):
         for p in sorted(out.glob(f"{split}_*.bin")):
@@ -173,12 +171,6 @@ def stream_hash(out: Path) -> str:
 
 
 def child(method: str, path: Path, workers: int, work: Path) -> None:
-    import resource
-
-    import gpt.prepare  # noqa: F401  both methods start from the same imports
-
-    from gpt.tokenizer import gpt2_tokenizer
-
     gpt2_tokenizer()  # loading the BPE tables (~1 s) is the same fixed cost for both: not timed
     fn = {"baseline": run_baseline, "ours": run_ours, "ceiling": run_ceiling}[method]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -201,9 +193,7 @@ def child(method: str, path: Path, workers: int, work: Path) -> None:
 
 
 def measure(method: str, path: Path, workers: int, work: Path) -> dict:
-    import psutil
-
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", method, "--input", str(path),
+    cmd = [sys.executable, "-m", "gpt.bench.prepare_bench", "--child", method, "--input", str(path),
            "--workers", str(workers), "--work", str(work)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     root = psutil.Process(proc.pid)
@@ -239,38 +229,22 @@ def measure(method: str, path: Path, workers: int, work: Path) -> dict:
     return result
 
 
-def machine() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from gpt.prepare import available_cpus
+def environment() -> dict:
+    """The machine and versions, from the suite's shared helpers. They import torch, so
+    only the parent calls this: the measured children stay torch-free."""
+    from gpt.bench.report import git_commit
+    from gpt.dist import cpu_name
 
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "usable_cpus": available_cpus(),
-            "platform": platform.platform()}
-
-
-def versions() -> dict:
-    import numpy
-    import tiktoken
-
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "gpt/prepare.py"], cwd=REPO,
-                                    capture_output=True, text=True).stdout.strip())
-    except (OSError, subprocess.CalledProcessError):
-        commit, dirty = "unknown", None
-    return {"python": platform.python_version(), "tiktoken": tiktoken.__version__,
-            "numpy": numpy.__version__, "git_commit": commit, "prepare_py_uncommitted": dirty}
+    commit, dirty = git_commit()
+    return {
+        "machine": {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "usable_cpus": available_cpus(),
+                    "platform": platform.platform()},
+        "versions": {"python": platform.python_version(), "tiktoken": tiktoken.__version__,
+                     "numpy": np.__version__, "git_commit": commit, "uncommitted_changes": dirty},
+    }
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mb", type=float, default=30.0, help="input size per kind in MB (default 30)")
     p.add_argument("--workers", type=int, default=2, help="worker processes for both methods (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="runs per method and input (default 3)")
@@ -279,23 +253,24 @@ def main() -> int:
                    help="memory check: one more run of each method on the first input made this "
                         "many times larger (default 3; 0 skips it)")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/prepare_cpu<workers>.json)")
-    p.add_argument("--child", choices=("baseline", "ours", "ceiling"), help=argparse.SUPPRESS)
-    p.add_argument("--input", help=argparse.SUPPRESS)
-    p.add_argument("--work", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    sys.path.insert(0, str(REPO))  # run as a script from anywhere: import the repo's gpt
-    os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(REPO.parent / "shared" / "data" / "tiktoken_cache"))
-    if args.child:
-        child(args.child, Path(args.input), args.workers, Path(args.work))
-        return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("prepare", help="shard preparation throughput and memory vs a Pool baseline",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(standalone=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The parent: builds the inputs, runs and samples the children, writes the report."""
     if not SHAKESPEARE.is_file():
         raise SystemExit(f"{SHAKESPEARE} not found: the benchmark input is built from it")
 
     out_path = Path(args.out) if args.out else REPO / "benchmarks" / f"prepare_cpu{args.workers}.json"
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine(),
-        "versions": versions(),
+        **environment(),
         "workers": args.workers,
         "repeats": args.repeats,
         "load_average_before": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
@@ -380,5 +355,11 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # a measured child: python -m gpt.bench.prepare_bench --child ...
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--child", choices=("baseline", "ours", "ceiling"), required=True)
+    parser.add_argument("--input", required=True)
+    parser.add_argument("--workers", type=int, required=True)
+    parser.add_argument("--work", required=True)
+    a = parser.parse_args()
+    child(a.child, Path(a.input), a.workers, Path(a.work))

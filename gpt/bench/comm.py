@@ -1,7 +1,7 @@
-"""Communication benchmarks, run under torchrun (gloo on CPU, NCCL on GPUs).
+"""`comm`: communication benchmarks, run under torchrun (gloo on CPU, NCCL on GPUs).
 
-    torchrun --standalone --nproc_per_node=8 -m gpt.commbench allreduce
-    torchrun --standalone --nproc_per_node=8 -m gpt.commbench ddp --model gpt2 --batch-size 16
+    torchrun --standalone --nproc_per_node=8 -m gpt.bench comm allreduce
+    torchrun --standalone --nproc_per_node=8 -m gpt.bench comm ddp --model gpt2 --batch-size 16
 
 allreduce: time of one all-reduce of 1 MB, 10 MB, 100 MB and 1 GB fp32 buffers, as
   algorithm bandwidth (bytes / time) and bus bandwidth (x 2(n-1)/n, the convention of
@@ -111,7 +111,7 @@ def bench_ddp(runtime: Runtime, preset: str, batch_size: int, seq_len: int, warm
 
 def environment(runtime: Runtime) -> dict[str, Any]:
     commit, dirty = git_commit()
-    return {"command": " ".join(["torchrun", "-m", "gpt.commbench", *sys.argv[1:]]),
+    return {"command": " ".join(["torchrun", "-m", "gpt.bench", *sys.argv[1:]]),
             "backend": dist.get_backend(), "world_size": runtime.world_size,
             "device": device_name(runtime.device),
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "commit": commit, "dirty": dirty,
@@ -143,9 +143,10 @@ def format_table(result: dict[str, Any]) -> str:
     ])
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpt.commbench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("comm", help="all-reduce bandwidth and DDP compute vs communication "
+                       "(under torchrun)", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("allreduce", "ddp"))
     p.add_argument("--sizes-mb", type=float, nargs="+", default=list(SIZES_MB))
     p.add_argument("--model", default=None, choices=list(PRESETS),
@@ -156,9 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     p.add_argument("--out", default=None, help="write the JSON result here")
-    args = p.parse_args(argv)
+    p.set_defaults(standalone=run)
+
+
+def run(args: argparse.Namespace) -> int:
     if "RANK" not in os.environ:
-        p.error("run under torchrun, e.g. torchrun --standalone --nproc_per_node=2 -m gpt.commbench allreduce")
+        print("error: run under torchrun, e.g. torchrun --standalone --nproc_per_node=2 -m "
+              "gpt.bench comm allreduce", file=sys.stderr)
+        return 2
     runtime = init_runtime(args.device)
     clean = False
     try:
@@ -179,7 +185,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutdown(runtime, clean)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
