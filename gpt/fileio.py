@@ -1,10 +1,11 @@
-"""Atomic file writes shared by shards and checkpoints."""
+"""Atomic file writes shared by shards, checkpoints, metadata and exported weights."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Iterator
 
 
 def fsync_dir(folder: Path) -> None:
@@ -21,20 +22,35 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Call write(fh) on a temporary file beside `path`, fsync it, then rename it over `path`.
+def temp_path(path: Path) -> Path:
+    """The hidden temporary name a write of `path` goes through (pid-tagged)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
-    A crash or a full disk part-way leaves any earlier file at `path` untouched and no
-    partial file under the final name (the hidden temporary file is removed on error).
-    """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path beside `path` for the block to write; on success it is fsynced and
+    renamed over `path`. A crash or a full disk part-way leaves any earlier file at `path`
+    untouched and no partial file under the final name (the temporary file is removed on
+    error)."""
+    tmp = temp_path(path)
     try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Call write(fh) on a temporary file beside `path`, then rename it over `path`
+    (see atomic_path)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            write(fh)

@@ -12,22 +12,20 @@ attention and MLP projections are Conv1D layers whose weight is stored (in, out)
 transpose of nn.Linear's (out, in). The causal-mask buffers (attn.bias, attn.masked_bias)
 are dropped and the output head is tied to the token embedding.
 
-The safetensors format is read and written here without the `safetensors` package: an
-8-byte little-endian header length, a JSON header (name -> dtype, shape, byte range), then
-the raw little-endian tensor bytes.
+Weights files are read and written with the `safetensors` package.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import pickle
-import struct
 import sys
 from pathlib import Path
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, NoReturn
 
+import safetensors
+import safetensors.torch
 import torch
 import torch.nn as nn
 
@@ -36,7 +34,7 @@ from gpt.checkpoint import load as load_checkpoint_file
 from gpt.cli import OneLineParser
 from gpt.config import ConfigError, ModelConfig, from_dict
 from gpt.errors import UserError
-from gpt.fileio import atomic_write
+from gpt.fileio import atomic_path, atomic_write
 from gpt.model import GPT, unwrap
 from gpt.tokenizer import GPT2_EOT, GPT2_VOCAB
 
@@ -55,107 +53,26 @@ class PretrainedError(UserError, ValueError):
 
 # ---------------------------------------------------------------------------- safetensors
 
-_ST_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
-_MAX_HEADER = 100 * 1024 * 1024
-
-
-def _check_little_endian() -> None:
-    if sys.byteorder != "little":  # pragma: no cover - every platform torch ships for
-        raise PretrainedError("safetensors files are little-endian; this machine is not")
-
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """All tensors of a .safetensors file, on the CPU, in their stored dtype."""
-    _check_little_endian()
     path = Path(path)
     if not path.is_file():
         raise PretrainedError(f"{path}: no such file")
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        raw = fh.read(8)
-        if len(raw) < 8:
-            raise PretrainedError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-        (n,) = struct.unpack("<Q", raw)
-        if n > min(size - 8, _MAX_HEADER):
-            raise PretrainedError(f"{path}: not a safetensors file (header length {n} is impossible)")
-        try:
-            header = json.loads(fh.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise PretrainedError(f"{path}: not a safetensors file (bad JSON header: {e})") from None
-        if not isinstance(header, dict):
-            raise PretrainedError(f"{path}: not a safetensors file (header is not a JSON object)")
-        data_start, data_len = 8 + n, size - 8 - n
-        out: dict[str, torch.Tensor] = {}
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            out[name] = _read_tensor(fh, path, name, info, data_start, data_len)
-    return out
-
-
-def _read_tensor(fh: BinaryIO, path: Path, name: str, info: Any, data_start: int,
-                 data_len: int) -> torch.Tensor:
     try:
-        dtype = _ST_DTYPES[info["dtype"]]
-        shape = [int(d) for d in info["shape"]]
-        begin, end = (int(o) for o in info["data_offsets"])
-    except (KeyError, TypeError, ValueError):
-        raise PretrainedError(f"{path}: tensor {name!r} has an unsupported or malformed "
-                              f"header entry {info!r}") from None
-    numel = math.prod(shape)
-    nbytes = numel * dtype.itemsize
-    if min(shape, default=0) < 0 or not 0 <= begin <= end <= data_len or end - begin != nbytes:
-        raise PretrainedError(f"{path}: tensor {name!r}: byte range {begin}..{end} does not "
-                              f"fit shape {shape} of {info['dtype']} (file truncated or corrupt?)")
-    if numel == 0:
-        return torch.empty(shape, dtype=dtype)
-    fh.seek(data_start + begin)
-    buf = bytearray(nbytes)
-    if fh.readinto(buf) != nbytes:
-        raise PretrainedError(f"{path}: truncated in tensor {name!r}")
-    return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+        return safetensors.torch.load_file(path)
+    except (safetensors.SafetensorError, OSError) as e:
+        raise PretrainedError(f"{path}: not a safetensors file, or a damaged one ({e})") from None
 
 
-def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike,
-                      metadata: dict[str, str] | None = None) -> Path:
-    """Write tensors as a .safetensors file, atomically (temporary file, fsync, rename)."""
-    _check_little_endian()
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike) -> Path:
+    """Write tensors as a .safetensors file (metadata format "pt", which transformers
+    checks), atomically: a temporary file, fsynced, then renamed."""
     path = Path(path)
-    header: dict[str, Any] = {"__metadata__": {"format": "pt", **(metadata or {})}}
-    offset = 0
-    flat: list[torch.Tensor] = []
-    for name in sorted(tensors):
-        t = tensors[name].detach().to("cpu").contiguous()
-        if t.dtype not in _ST_NAMES:
-            raise PretrainedError(f"{path}: cannot store {name!r} of dtype {t.dtype} in safetensors")
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        flat.append(t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8))
-        offset += nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    blob += b" " * (-len(blob) % 8)  # pad so the tensor data starts 8-byte aligned
-
-    def write(fh: BinaryIO) -> None:
-        fh.write(struct.pack("<Q", len(blob)))
-        fh.write(blob)
-        for t in flat:
-            fh.write(memoryview(t.numpy()))
-
+    flat = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, write)
+    with atomic_path(path) as tmp:
+        safetensors.torch.save_file(flat, tmp, metadata={"format": "pt"})
     return path
 
 
