@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clitools import SHAKESPEARE, SHARED_DATA, write_random_shards
+from helpers import SHAKESPEARE, SHARED_DATA, write_random_shards
 
 TIKTOKEN_CACHE = SHARED_DATA / "tiktoken_cache"
 

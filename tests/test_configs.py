@@ -9,7 +9,7 @@ import pytest
 from gpt.cli import parse_args
 from gpt.config import grad_accum_steps
 
-from clitools import REPO
+from helpers import REPO
 
 RECIPES = sorted((REPO / "configs").glob("*.toml"))
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from clitools import QUIET, TINY, read_metrics, run_cli, run_torchrun, write_random_shards
+from helpers import QUIET, TINY, read_metrics, run_cli, run_torchrun, write_random_shards
 from gpt.checkpoint import load
 from gpt.data import ShardLoader
 from gpt.shards import write_shard

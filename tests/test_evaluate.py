@@ -16,7 +16,7 @@ from gpt.evaluate import main, val_loss
 from gpt.model import GPT
 from gpt.pretrained import load_checkpoint_model
 
-from clitools import run_torchrun, write_checkpoint
+from helpers import run_torchrun, write_checkpoint
 
 MINI = [
     ("A man is sitting on a roof. He", ["is using wrap to wrap a pair of skis.",

@@ -12,7 +12,7 @@ from gpt.generate import main, sample, until_eot
 from gpt.model import GPT
 from gpt.parallel import apply_activation_checkpointing
 
-from clitools import write_checkpoint
+from helpers import write_checkpoint
 
 
 def tiny_model(block_size: int = 64, vocab_size: int = 256, seed: int = 0) -> GPT:

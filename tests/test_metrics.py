@@ -10,7 +10,7 @@ import pytest
 from gpt.config import model_preset
 from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_tflops
 
-from clitools import meta_gpt
+from helpers import meta_gpt
 
 # --------------------------------------------------------------------------
 # flops_per_token

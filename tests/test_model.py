@@ -10,7 +10,7 @@ import torch
 from gpt.config import PRESETS, model_preset
 from gpt.model import GPT
 
-from clitools import meta_gpt
+from helpers import meta_gpt
 
 # Published parameter counts of OpenAI's GPT-2 models (vocab 50257, context 1024).
 GPT2_COUNTS = {

@@ -23,7 +23,7 @@ from gpt.prepare import sources as prep_sources
 from gpt.shards import DataError, find_shards, read_shard, write_shard
 from gpt.prepare import PrepareConfig, PrepareError, parse_count, prepare, split_paragraphs, split_pieces
 
-from clitools import QUIET, REPO, SHAKESPEARE, TINY, read_metrics, run_cli
+from helpers import QUIET, REPO, SHAKESPEARE, TINY, read_metrics, run_cli
 
 # --------------------------------------------------------------------------
 # Helpers and fixtures (`enc`, the GPT-2 tokenizer, comes from conftest)

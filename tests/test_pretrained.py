@@ -16,7 +16,7 @@ from gpt.config import model_preset
 from gpt.model import GPT
 from gpt.pretrained import PretrainedError, export_hf, load_pretrained, read_safetensors
 
-from clitools import write_checkpoint
+from helpers import write_checkpoint
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, n_positions=24, vocab_size=100)
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from clitools import (QUIET, REPO, TINY, kill_tree, read_metrics, run_cli, run_torchrun,
+from helpers import (QUIET, REPO, TINY, kill_tree, read_metrics, run_cli, run_torchrun,
                       torchrun_cmd, wait_for, write_random_shards)
 from gpt import checkpoint
 from gpt.checkpoint import CheckpointError, load

@@ -18,7 +18,7 @@ from gpt.model import GPT, unwrap
 from gpt.optim import build_optimizer
 from gpt.step import forward_backward, optimizer_step
 
-from clitools import QUIET, TINY, read_metrics, run_cli
+from helpers import QUIET, TINY, read_metrics, run_cli
 
 
 def grads_after_step(data: Path, batch_size: int, accum: int) -> dict[str, torch.Tensor]:
