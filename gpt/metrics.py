@@ -1,12 +1,16 @@
-"""FLOP counts, model FLOPs utilisation (MFU), and the JSONL metrics log."""
+"""FLOP counts, model FLOPs utilisation (MFU), peak memory, and the JSONL metrics log."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
+
+import psutil
+import torch
 
 from gpt.config import ModelConfig
 
@@ -90,6 +94,49 @@ def mfu(tokens_per_second: float, flops_per_tok: float, peak: float | None) -> f
     if not peak:
         return None
     return tokens_per_second * flops_per_tok / (peak * 1e12)
+
+
+# ---- peak memory
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: the CUDA allocator's, or elsewhere the process's peak RSS where the
+    OS allows it (Linux: /proc/self/clear_refs; elsewhere the peak stays since start)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # 5: reset the peak resident set size (VmHWM)
+    except OSError:
+        pass
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """(bytes, what was measured): on CUDA the most memory tensors held (the caching
+    allocator's max_memory_allocated); on CPU and MPS, where that does not exist, the
+    process's peak resident set size (RSS: everything the process holds in RAM)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device)), "cuda max_memory_allocated"
+    return _peak_rss(), "peak RSS"
+
+
+def _peak_rss() -> int:
+    try:  # Linux: VmHWM, which clear_refs can reset
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource  # POSIX only
+
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(maxrss if sys.platform == "darwin" else maxrss * 1024)  # bytes on macOS, KiB elsewhere
+    except ImportError:  # Windows
+        return int(getattr(psutil.Process().memory_info(), "peak_wset", 0))
 
 
 class MetricsLog:

@@ -66,7 +66,7 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
     if train.activation_checkpointing:
         apply_activation_checkpointing(model)
     compiled = train.compile_on(runtime.device_type)
-    train_model = _wrap(model, train.parallel, runtime, compiled)
+    train_model = _wrap(model, train.parallel, runtime, train.compile_mode if compiled else None)
     optimizer, fused = _make_optimizer(model, train.parallel, optim, runtime)
     return Parallelized(train_model, optimizer, fused, compiled)
 
@@ -87,8 +87,13 @@ def apply_activation_checkpointing(model: GPT) -> None:
         block.forward = lambda *a, _f=forward, **kw: checkpoint(_f, *a, use_reentrant=False, **kw)
 
 
-def _wrap(model: GPT, mode: str, runtime: Runtime, compile_model: bool) -> nn.Module:
-    """The module the training loop calls: compiled and/or wrapped for the mode."""
+def _wrap(model: GPT, mode: str, runtime: Runtime, compile_mode: str | None) -> nn.Module:
+    """The module the training loop calls: compiled (unless compile_mode is None) and/or
+    wrapped for the mode."""
+
+    def compiled(m: nn.Module) -> nn.Module:
+        return m if compile_mode is None else torch.compile(m, mode=compile_mode)
+
     if mode == "fsdp":
         # Parameters stay fp32 (the optimizer's master copy); autocast in the loop does
         # the bf16 compute, as in the other modes, so all three train the same numbers.
@@ -96,8 +101,8 @@ def _wrap(model: GPT, mode: str, runtime: Runtime, compile_model: bool) -> nn.Mo
         for block in model.transformer.h:
             fully_shard(block, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
-        return torch.compile(model) if compile_model else model
-    wrapped: nn.Module = torch.compile(model) if compile_model else model
+        return compiled(model)
+    wrapped = compiled(model)
     if runtime.distributed and runtime.world_size > 1:
         device_ids = [runtime.local_rank] if runtime.device_type == "cuda" else None
         wrapped = DDP(wrapped, device_ids=device_ids)

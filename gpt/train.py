@@ -31,7 +31,7 @@ from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, any_rank, device_na
 from gpt.errors import UserError
 from gpt.evaluate import val_loss
 from gpt.generate import sample
-from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_tflops
+from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_memory, peak_tflops
 from gpt.model import GPT
 from gpt.optim import lr_at
 from gpt.profiling import Profiler
@@ -303,11 +303,13 @@ def log_step(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor, lr: fl
     grad_norm = norm.item()
     tok_s = run.cfg.data.total_batch_tokens / sec
     util = mfu(tok_s / rt.world_size, flops_tok, run_peak(run))  # per-device MFU
+    mem_gb = peak_memory(rt.device)[0] / 2**30  # this rank's; the header says what it measures
     run.say(f"step {step:6d} | loss {mean_loss:.6f} | lr {lr:.4e} | norm {grad_norm:.4f} | "
             f"{sec * 1000:.1f} ms | {tok_s:,.0f} tok/s"
-            + (f" | MFU {util * 100:.1f}%" if util is not None else ""))
+            + (f" | MFU {util * 100:.1f}%" if util is not None else "") + f" | mem {mem_gb:.2f} GiB")
     run.log.write({"type": "train", "step": step, "loss": mean_loss, "lr": lr,
-                   "grad_norm": grad_norm, "ms": sec * 1000, "tokens_per_s": tok_s, "mfu": util})
+                   "grad_norm": grad_norm, "ms": sec * 1000, "tokens_per_s": tok_s, "mfu": util,
+                   "peak_mem_gb": mem_gb})
     return mean_loss
 
 
@@ -399,7 +401,7 @@ def banner(run: Run) -> dict[str, Any]:
         f"device {rt.device} ({name}) x {rt.world_size} | parallel {cfg.train.parallel}"
         f" | precision {DTYPE_NAMES[run.autocast_dtype]}"
         f"{' + tf32' if cfg.train.tf32 and rt.device_type == 'cuda' else ''}"
-        f" | compile {par.compiled} | fused AdamW {par.fused} | params {run.model.num_params():,}"
+        f" | compile {cfg.train.compile_mode if par.compiled else False} | fused AdamW {par.fused} | params {run.model.num_params():,}"
         f" | grad accum {run.accum} x {d.batch_size} x {d.seq_len} tokens"
         f" | train tokens {run.train_loader.num_tokens:,}"
     )
@@ -411,6 +413,7 @@ def banner(run: Run) -> dict[str, Any]:
         "dtype": DTYPE_NAMES[run.autocast_dtype], "compile": par.compiled,
         "fused_adamw": par.fused, "params": run.model.num_params(), "grad_accum": run.accum,
         "flops_per_token": flops_per_token(cfg.model, d.seq_len), "peak_tflops": peak,
+        "peak_mem_source": peak_memory(rt.device)[1],
         "start_step": run.state.step,
         "resumed_from": str(run.resumed_from) if run.resumed_from else None, "time": time.time(),
     }

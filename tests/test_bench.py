@@ -80,8 +80,9 @@ def test_time_fn_warmup_and_steps() -> None:
     assert timing.first_call_ms == timing.warmup_ms[0]
     assert timing.stats.n == 3
     assert timing.method == "perf_counter+synchronize"
-    assert timing.peak_mem_bytes is None and timing.host_ms is None
-    assert timing.launch_bound is None
+    assert timing.host_ms is None and timing.launch_bound is None
+    # Off CUDA the peak is the process's resident set (issue: host memory, not "n/a").
+    assert timing.peak_mem_source == "peak RSS" and timing.peak_mem_bytes > 10 * 2**20
     d = timing.to_dict()
     assert set(d["ms"]) == {"mean", "std", "median", "min", "max", "n"}
 
@@ -213,7 +214,7 @@ def test_model_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         assert r["ms"]["n"] == 2 and len(r["samples_ms"]) == 2
         assert r["tokens_per_s"] == pytest.approx(32 / (r["ms"]["median"] / 1e3))
         assert r["mfu"] is None  # peak unknown on CPU
-        assert r["peak_mem_bytes"] is None  # no made-up CPU number
+        assert r["peak_mem_bytes"] > 0  # the process's peak RSS on CPU (no allocator figures)
         assert r["timing_method"] == "perf_counter+synchronize"
         cfg = model_preset("tiny")
         full = flops_per_token(cfg, 16)
@@ -303,7 +304,7 @@ def test_ladder_subcommand(tmp_path: Path) -> None:
         r = rungs[key]
         assert r["status"] == "ok", r
         assert r["tokens_per_s"] == pytest.approx(32 / (r["ms_per_step"] / 1e3))
-        assert r["peak_mem_bytes"] is None
+        assert r["peak_mem_bytes"] > 0
     assert rungs["fp32"]["speedup_vs_fp32"] == 1.0 and "speedup_vs_prev" not in rungs["fp32"]
     # the rungs build on each other; a skipped rung changes nothing
     assert rungs["fp32"]["settings"]["attention"] == "naive"

@@ -192,3 +192,18 @@ def test_metrics_log_closes(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         log.write({"step": 1})
     assert path.read_text() == ""
+
+
+def test_peak_memory_on_cpu_is_the_process_peak_rss() -> None:
+    import torch
+
+    from gpt.metrics import peak_memory, reset_peak_memory
+
+    cpu = torch.device("cpu")
+    reset_peak_memory(cpu)
+    before, source = peak_memory(cpu)
+    assert source == "peak RSS" and before > 10 * 2**20
+    block = torch.ones(64 * 2**20, dtype=torch.uint8)  # touch 64 MiB
+    after, _ = peak_memory(cpu)
+    assert after >= before + 60 * 2**20
+    del block

@@ -99,6 +99,9 @@ def test_cli_end_to_end_on_shakespeare(shakespeare_dir: Path, tmp_path: Path) ->
     assert [r["step"] for r in train] == list(range(12))
     assert train[-1]["loss"] < train[0]["loss"] - 0.5  # it learns
     assert all(r["tokens_per_s"] > 0 and r["ms"] > 0 for r in train)
+    # On CPU the memory figure is the process's peak RSS, and the header says so.
+    assert records[0]["peak_mem_source"] == "peak RSS" and all(r["peak_mem_gb"] > 0 for r in train)
+    assert all(" GiB" in line for line in proc.stdout.splitlines() if line.startswith("step") and "| loss" in line)
     assert records[0]["grad_accum"] == 2 and records[0]["params"] > 0
     ckpt = load(out / "ckpt_000012.pt")  # weights_only=True inside
     assert ckpt["step"] == 12

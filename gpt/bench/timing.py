@@ -10,8 +10,10 @@ Rules it enforces, so that numbers are right by construction:
   training), with ``perf_counter`` around the call plus a synchronise on CPU and MPS.
 - All samples are returned; the statistics are mean, std (sample, n - 1), median, min,
   max. Throughput is computed from the median.
-- Peak memory is ``max_memory_allocated`` after ``reset_peak_memory_stats`` just before
-  the measured region (CUDA only; None elsewhere, never a made-up number).
+- Peak memory over the measured region (gpt.metrics.peak_memory): the CUDA allocator's
+  ``max_memory_allocated``, or on CPU and MPS the process's peak RSS, reset just before
+  where the OS allows it (Linux) and otherwise the peak since the process started; the
+  result says which.
 - On CUDA the host's time to enqueue one iteration (from an idle GPU) is measured too: if
   it is close to the device time, the GPU is waiting for the CPU (launch overhead, the
   usual trap with small models) and the result says so.
@@ -30,6 +32,7 @@ from typing import Any, Callable
 import torch
 
 from gpt.dist import synchronize
+from gpt.metrics import peak_memory, reset_peak_memory
 
 from gpt.profiling import cuda_profiler_range, nvtx_range
 
@@ -71,7 +74,8 @@ class Timing:
     warmup_ms: list[float]
     method: str
     host_ms: float | None = None  # median host enqueue time from an idle GPU (CUDA only)
-    peak_mem_bytes: int | None = None  # max allocated during the measured calls (CUDA only)
+    peak_mem_bytes: int | None = None  # peak during the measured calls (see metrics.peak_memory)
+    peak_mem_source: str | None = None  # what peak_mem_bytes measured
     stats: Stats = field(init=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +101,7 @@ class Timing:
             "host_ms": self.host_ms,
             "launch_bound": self.launch_bound,
             "peak_mem_bytes": self.peak_mem_bytes,
+            "peak_mem_source": self.peak_mem_source,
         }
 
 
@@ -181,7 +186,7 @@ def time_fn(
     finally:
         if gc_was_enabled:
             gc.enable()
-    peak = peak_memory(device)
+    peak, peak_source = peak_memory(device)
 
     host_ms = None
     if use_events and host_probe > 0:
@@ -201,25 +206,11 @@ def time_fn(
 
     return Timing(samples_ms=samples, warmup_ms=warmup_ms,
                   method="cuda_events" if use_events else "perf_counter+synchronize",
-                  host_ms=host_ms, peak_mem_bytes=peak)
+                  host_ms=host_ms, peak_mem_bytes=peak, peak_mem_source=peak_source)
 
 
 # --------------------------------------------------------------------------------------
 # Memory
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_memory(device: torch.device) -> int | None:
-    """Peak bytes allocated since the last reset (CUDA); None where torch cannot tell."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        return int(torch.cuda.max_memory_allocated(device))
-    return None
 
 
 def allocated_memory(device: torch.device) -> int | None:
