@@ -13,6 +13,22 @@ from helpers import SHAKESPEARE, SHARED_DATA, write_random_shards
 TIKTOKEN_CACHE = SHARED_DATA / "tiktoken_cache"
 
 
+CUDA_SKIP = ("needs an NVIDIA GPU: torch.cuda.is_available() is False here; run "
+             "`python -m pytest -m cuda` on a CUDA machine")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked cuda are skipped, with the reason, where there is no GPU."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=CUDA_SKIP)
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # tiktoken downloads its BPE files unless they are cached; offline machines (CI
     # here) have them under shared/data. Subprocesses inherit this too.

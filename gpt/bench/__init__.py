@@ -8,6 +8,7 @@ Subcommands:
     compile     eager vs torch.compile (attention and whole model), compile time apart
     comm        all-reduce bandwidth, DDP compute vs communication (under torchrun)
     prepare     fineweb.py's shard preparation vs a multiprocessing.Pool baseline
+    gpu         the GPU acceptance run: CUDA tests, 124M vs build-nanogpt, ladder, XL
 
 Every subcommand times with one helper (gpt.bench.timing.time_fn: warm-up, synchronised
 or CUDA-event timing, all samples kept), records OOMs and errors per cell and goes on,

@@ -11,7 +11,8 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from gpt.bench import attention, comm, compile_bench, ladder, model_bench, prepare_bench, report
+from gpt.bench import (attention, comm, compile_bench, gpu, ladder, model_bench, prepare_bench,
+                       report)
 from gpt.bench.common import Context
 from gpt.errors import UserError
 
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", required=True)
-    for module in (model_bench, attention, ladder, compile_bench, comm, prepare_bench):
+    for module in (model_bench, attention, ladder, compile_bench, comm, prepare_bench, gpu):
         module.add_parser(sub)
     for p in sub.choices.values():
         p.allow_abbrev = False
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if getattr(args, "standalone", None) is not None:
+        args.argv = argv  # for the command line its results record
         return args.standalone(args)
     try:
         ctx = Context.create(args.command, args, argv)

@@ -1,0 +1,80 @@
+"""karpathy/build-nanogpt's train_gpt2.py as a baseline, run side by side with the trainer.
+
+Its code is never part of this repository: a session brings it with the `fetch` tool and
+copies `train_gpt2.py` (and `hellaswag.py`) into the git-ignored `.carry/build-nanogpt/`
+(benchmarks/gpu/README.md says how). At run time the script is copied into a scratch
+folder and a short list of text substitutions (SUBSTITUTIONS, each required to match
+exactly once) points it at the same tokens the trainer reads, sets its micro-batch and
+step count, turns torch.compile on and its evaluation, HellaSwag and sampling off. Its
+per-step log line is parsed into step times, tokens/s and losses.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_DIR = Path(".carry") / "build-nanogpt"
+
+# (what to find, what to put instead, why). Each must occur exactly once in the script.
+SUBSTITUTIONS: list[tuple[str, str, str]] = [
+    ("from hellaswag import render_example, iterate_examples",
+     "render_example = iterate_examples = None  # HellaSwag is off in this comparison",
+     "its HellaSwag module downloads data; not needed when HellaSwag is off"),
+    ("B = 64 # micro batch size", "B = {batch_size} # micro batch size", "the cell's micro-batch"),
+    ("total_batch_size = 524288 # 2**19, ~0.5M, in number of tokens",
+     "total_batch_size = {total_batch_tokens}", "the same tokens per step as the trainer's cell"),
+    ("max_steps = 19073 #", "max_steps = {max_steps} #", "a short run"),
+    ("use_compile = False", "use_compile = True", "compile on, as the comparison asks"),
+    ("if step % 250 == 0 or last_step:", "if False:", "no validation (nor its checkpoint)"),
+]
+STEP_LINE = re.compile(r"step\s+(\d+) \| loss: ([\d.naif]+) \| lr [\d.e+-]+ \| norm: [\d.naif]+ \| "
+                       r"dt: ([\d.]+)ms \| tok/sec: ([\d.]+)")
+DATA_FOLDER = "edu_fineweb10B"  # the folder its DataLoaderLite reads, relative to its cwd
+
+
+class MissingBaseline(Exception):
+    """build-nanogpt's script is not where it should be (the cell is skipped, saying how)."""
+
+
+def patch(source: str, **values: object) -> str:
+    """The script with every substitution applied; a line that no longer matches (its
+    author changed the script) stops the cell rather than running something else."""
+    for old, new, _ in SUBSTITUTIONS:
+        count = source.count(old)
+        if count != 1:
+            raise ValueError(f"build-nanogpt: expected the line {old!r} once, found it {count} "
+                             f"times; its script changed, update gpt/bench/nanogpt.py")
+        source = source.replace(old, new.format(**values))
+    return source
+
+
+def prepare(script_dir: Path, work: Path, train: np.ndarray, val: np.ndarray, *,
+            batch_size: int, total_batch_tokens: int, max_steps: int) -> Path:
+    """A scratch folder with the patched script and its .npy shards of the given tokens;
+    returns the script to run (with `work` as its working directory)."""
+    script = script_dir / "train_gpt2.py"
+    if not script.is_file():
+        raise MissingBaseline(
+            f"{script} not found: bring karpathy/build-nanogpt with the fetch tool and copy its "
+            f"train_gpt2.py there (benchmarks/gpu/README.md)")
+    work.mkdir(parents=True, exist_ok=True)
+    patched = patch(script.read_text(encoding="utf-8"), batch_size=batch_size,
+                    total_batch_tokens=total_batch_tokens, max_steps=max_steps)
+    (work / "train_gpt2.py").write_text(patched, encoding="utf-8")
+    data = work / DATA_FOLDER
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir()
+    # Its loader keeps the files whose name contains the split, in name order.
+    np.save(data / "edufineweb_train_000000.npy", train.astype(np.uint16))
+    np.save(data / "edufineweb_val_000000.npy", val.astype(np.uint16))
+    return work / "train_gpt2.py"
+
+
+def parse_steps(stdout: str) -> list[dict[str, float]]:
+    """Its per-step lines as records: step, loss, ms, tokens_per_s."""
+    return [{"step": int(m[1]), "loss": float(m[2]), "ms": float(m[3]), "tokens_per_s": float(m[4])}
+            for m in STEP_LINE.finditer(stdout)]
