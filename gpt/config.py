@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -223,6 +224,8 @@ SECTIONS: dict[str, type] = {
     "profile": ProfileConfig,
 }
 
+MAX_LR = 1.0  # see validate()
+
 # Before these sections were split off, all their fields lived under [train]: config
 # files and checkpoints written then still name them there.
 FORMERLY_TRAIN = ("train", "eval", "checkpoint", "profile")
@@ -296,9 +299,16 @@ def validate(cfg: Config) -> None:
         f"--seq-len {d.seq_len} exceeds the model's --block-size {m.block_size}",
     )
     _check(o.max_lr > 0, f"--max-lr must be > 0, got {o.max_lr}")
+    # AdamW moves each weight by about the learning rate every step, and GPT-2's weights
+    # are about 0.02: a rate above 1 can only destroy them (inf, 1e6 and 1e39 were typos).
+    _check(o.max_lr <= MAX_LR, f"--max-lr must be <= {MAX_LR}, got {o.max_lr} (GPT-2 used 6e-4)")
     _check(0.0 <= o.min_lr_ratio <= 1.0, f"--min-lr-ratio must be in [0, 1], got {o.min_lr_ratio}")
     _check(o.warmup_steps >= 0, f"--warmup-steps must be >= 0, got {o.warmup_steps}")
     _check(o.weight_decay >= 0, f"--weight-decay must be >= 0, got {o.weight_decay}")
+    # Decoupled decay multiplies the weights by 1 - lr * wd each step: at 1 or more it
+    # zeroes or flips them.
+    _check(o.max_lr * o.weight_decay < 1, f"--weight-decay {o.weight_decay} x --max-lr {o.max_lr} "
+           f"must be < 1 (each step multiplies the weights by 1 - lr x weight decay)")
     for name in ("beta1", "beta2"):
         _check(0.0 <= getattr(o, name) < 1.0, f"{flag(name)} must be in [0, 1), got {getattr(o, name)}")
     _check(o.eps > 0, f"--eps must be > 0, got {o.eps}")
@@ -330,6 +340,10 @@ def validate(cfg: Config) -> None:
         p.peak_tflops is None or p.peak_tflops > 0,
         f"--peak-tflops must be > 0, got {p.peak_tflops}",
     )
+    for section in SECTIONS:  # last, so the checks above keep their more specific words
+        for name, value in dataclasses.asdict(getattr(cfg, section)).items():
+            if isinstance(value, float):
+                _check(math.isfinite(value), f"{flag(name)} must be a finite number, got {value}")
 
 
 def grad_accum_steps(total_batch_tokens: int, batch_size: int, seq_len: int, world_size: int) -> int:
