@@ -1,5 +1,5 @@
-"""Checkpoints: what one holds, and its files (atomic writes, rotation, finding the one to
-resume from, loading with torch.load(weights_only=True)).
+"""Checkpoints: what one holds, and its files (the run folder's lock, atomic and verified
+writes, rotation, choosing the one to resume from, loading with weights_only=True).
 
 A checkpoint is a plain dict of tensors and Python scalars/containers (no pickled
 objects), so loading it never runs code:
@@ -15,31 +15,35 @@ objects), so loading it never runs code:
     best_checkpoint file name of the checkpoint with best_val_loss, or None
     skipped_steps   steps skipped so far for a non-finite loss or gradient
 Checkpointer.save writes this dict and Checkpointer.restore reads it; nothing else does.
+The file is torch.save's zip archive, whose CRC-32 of every record is checked on load
+(torch.load does not check them), and its weights and optimizer state are always finite:
+save() refuses to write others, and the resume choice skips them.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import random
 import re
 import shutil
 import sys
-import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn as nn
 
 from gpt import parallel
-from gpt.config import Config, ConfigError, CheckpointConfig, to_dict, upgrade_dict
+from gpt.config import CheckpointConfig, Config, ConfigError, ModelConfig, to_dict, upgrade_dict
 from gpt.data import ShardLoader
-from gpt.dist import Runtime, broadcast_object, gather_objects
+from gpt.dist import Runtime, all_reduce_mean, broadcast_object, gather_objects
 from gpt.errors import UserError
-from gpt.fileio import atomic_write
+from gpt.fileio import FolderLock, atomic_write, remove_dead_temp_files
+from gpt.model import GPT
+from gpt.rng import rng_state, set_rng_state
+from gpt.step import TrainingDiverged, nonfinite_tensors
 
 CKPT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
 REQUIRED_KEYS = ("model", "optimizer", "config", "step", "loader")
@@ -53,9 +57,13 @@ def checkpoint_path(out_dir: Path, step: int) -> Path:
     return out_dir / f"ckpt_{step:06d}.pt"
 
 
+# ---- files
+
+
 def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
-    """torch.save through an atomic write: a crash or full disk mid-save leaves the
-    previous file at `path` loadable and no partial file under the final name."""
+    """torch.save through an atomic write, then read back and CRC-checked: a crash or full
+    disk mid-save leaves the previous file at `path` and no partial file under the final
+    name, and a file that does not read back as written is not kept."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -68,6 +76,11 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
             f"{path}: could not write the checkpoint ({reason}; {_free_space(path.parent)}); "
             f"earlier checkpoints in {path.parent} are untouched"
         ) from None
+    try:
+        verify(path)
+    except CheckpointError as e:
+        path.unlink(missing_ok=True)
+        raise CheckpointError(f"{e}; it was removed, earlier checkpoints are untouched") from None
     return path
 
 
@@ -78,9 +91,23 @@ def _free_space(folder: Path) -> str:
         return "free space unknown"
 
 
+def verify(path: Path) -> None:
+    """Check every record of the archive against its CRC-32 (flipped bytes inside the
+    tensor data would otherwise load silently)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+    if bad is not None:
+        raise CheckpointError(f"{path}: damaged: record {bad} fails its CRC check (the bytes on "
+                              f"disk changed after it was written)")
+
+
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu",
-         required: tuple[str, ...] = REQUIRED_KEYS) -> dict[str, Any]:
-    """Load a checkpoint safely (weights_only); memory-mapped, so only what is used is read.
+         required: tuple[str, ...] = REQUIRED_KEYS, check: bool = True) -> dict[str, Any]:
+    """Load a checkpoint safely (weights_only), after verifying its CRCs (unless check is
+    False: another rank did); memory-mapped, so only what is used is read afterwards.
 
     `required` names the entries the caller needs: all of them to resume training, only
     "model" and "config" to evaluate, sample or export.
@@ -88,37 +115,100 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint file")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=True)
-    except Exception as e:  # truncated zip, bad pickle, unsupported object, ...
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {first})") from None
+    if check:
+        verify(path)
+    ckpt = _unpickle(path, map_location)
     missing = [k for k in required if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise CheckpointError(f"{path}: incomplete checkpoint, missing {', '.join(missing)}")
     return ckpt
 
 
+def _unpickle(path: Path, map_location: str | torch.device = "cpu") -> Any:
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+    except Exception as e:  # truncated zip, bad pickle, unsupported object, ...
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {first})") from None
+
+
 def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
-    """(step, path) of the checkpoint files in a run folder, oldest first."""
+    """(step in the name, path) of the checkpoint files in a run folder, oldest first.
+    Only regular files count: a folder or symlink named like a checkpoint is not one."""
     if not out_dir.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in out_dir.iterdir() if (m := CKPT_PATTERN.match(p.name))]
+    found = [(int(m.group(1)), p) for p in out_dir.iterdir()
+             if (m := CKPT_PATTERN.match(p.name)) and p.is_file() and not p.is_symlink()]
     return sorted(found)
 
 
-def find_latest(out_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
-    """The newest checkpoint that loads (path and contents), and a warning for each newer
-    one that does not."""
-    warnings_: list[str] = []
-    for _, path in reversed(list_checkpoints(out_dir)):
+def by_stored_step(out_dir: Path) -> tuple[list[tuple[int, Path]], list[str]]:
+    """The checkpoints newest first by the step stored inside each (read without loading
+    the tensors), and a warning for each file whose step cannot be read."""
+    found, notes = [], []
+    for _, path in list_checkpoints(out_dir):
         try:
-            ckpt = load(path)
+            ckpt = _unpickle(path)
+            step = ckpt["step"] if isinstance(ckpt, dict) else None
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise CheckpointError(f"{path}: no step count in it")
         except CheckpointError as e:
-            warnings_.append(f"skipping damaged checkpoint: {e}")
+            notes.append(f"skipping damaged checkpoint: {e}")
             continue
-        return path, ckpt, warnings_
-    return None, None, warnings_
+        found.append((step, path))
+    return sorted(found, key=lambda sp: (sp[0], sp[1].name), reverse=True), notes
+
+
+def check_contents(ckpt: dict[str, Any], path: Path, model_cfg: ModelConfig | None = None) -> None:
+    """Types and shapes of what a resume reads, and finite weights and optimizer state, so
+    a wrong file is a one-line error (and --resume auto moves on to an older one)."""
+    def fail(what: str) -> None:
+        raise CheckpointError(f"{path}: {what}")
+
+    model, optim = ckpt.get("model"), ckpt.get("optimizer")
+    if not isinstance(model, dict) or not all(torch.is_tensor(v) for v in model.values()):
+        fail("'model' is not a dict of tensors")
+    if model_cfg is not None:
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in GPT(model_cfg).state_dict().items()}
+        got = {k: tuple(v.shape) for k, v in model.items()}
+        if got != expected:
+            diff = sorted(set(got.items()) ^ set(expected.items()))[:3]
+            fail(f"its weights do not fit the model of its own config (e.g. {diff})")
+    if not isinstance(optim, dict) or not isinstance(optim.get("state", {}), dict):
+        fail("'optimizer' is not an optimizer state dict")
+    step = ckpt.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        fail(f"'step' is {step!r}, not a step count")
+    if not isinstance(ckpt.get("loader"), list) or not all(isinstance(s, dict) for s in ckpt["loader"]):
+        fail("'loader' is not a list of loader states")
+    tensors = list(model.values()) + [v for s in optim.get("state", {}).values() if isinstance(s, dict)
+                                      for v in s.values() if torch.is_tensor(v) and v.is_floating_point()]
+    if not all(bool(torch.isfinite(t).all()) for t in tensors):
+        fail("holds non-finite (NaN or inf) weights or optimizer state")
+
+
+def usable(path: Path) -> dict[str, Any]:
+    """A checkpoint that verifies and whose contents a resume can use, or an error."""
+    ckpt = load(path)
+    try:
+        model_cfg = ModelConfig(**upgrade_dict(ckpt["config"])["model"])
+    except (ConfigError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{path}: its config cannot be read ({e})") from None
+    check_contents(ckpt, path, model_cfg)
+    return ckpt
+
+
+def find_latest(out_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
+    """The newest usable checkpoint by the step stored in it (path and contents), and a
+    warning for each newer one that is damaged or unusable."""
+    candidates, notes = by_stored_step(out_dir)
+    for _, path in candidates:
+        try:
+            return path, usable(path), notes
+        except CheckpointError as e:
+            notes.append(f"skipping damaged checkpoint: {e}")
+    return None, None, notes
 
 
 def rotate(out_dir: Path, keep: int, protect: set[str]) -> list[Path]:
@@ -140,48 +230,6 @@ def model_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[st
         for k in keys
         if saved.get(k) != current.get(k)
     ]
-
-
-# ---- RNG state, as weights_only-loadable types
-
-
-def rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state(legacy=False)
-    state = {
-        "python": random.getstate(),
-        "numpy": {"bit_generator": np_state["bit_generator"],
-                  "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-                  "pos": int(np_state["state"]["pos"]),
-                  "has_gauss": int(np_state["has_gauss"]),
-                  "gauss": float(np_state["gauss"])},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(_as_tuple(state["python"]))
-    np_state = state["numpy"]
-    np.random.set_state({
-        "bit_generator": np_state["bit_generator"],
-        "state": {"key": np_state["key"].numpy().astype(np.uint32), "pos": np_state["pos"]},
-        "has_gauss": np_state["has_gauss"],
-        "gauss": np_state["gauss"],
-    })
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        cuda_states = state["cuda"]
-        if len(cuda_states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda_states)
-        else:
-            warnings.warn("CUDA device count changed since the checkpoint; CUDA RNG not restored")
-
-
-def _as_tuple(x: Any) -> Any:
-    """random.setstate needs tuples; a checkpoint round trip may give lists."""
-    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 # ---- the contents: what a training run saves and restores
@@ -226,9 +274,10 @@ class Parts:
 
 
 class Checkpointer:
-    """A run folder's checkpoints: where to resume from, saving, restoring, rotating.
+    """A run folder and its checkpoints: the lock, where to resume from, saving, restoring,
+    rotating.
 
-    Rank 0 reads and writes the files; save() and resume_point() are collectives, so
+    Rank 0 reads and writes the files; open(), save() and close() are collectives, so
     every rank calls them and every rank learns the outcome (or the same error).
     """
 
@@ -237,18 +286,22 @@ class Checkpointer:
         self.cfg = cfg
         self.runtime = runtime
         self.last_saved: Path | None = None  # this run's newest checkpoint
+        self._lock = FolderLock(out_dir, "training run")
 
-    # ---- where to start
+    # ---- opening the run folder, and where to start
 
-    def resume_point(self, config: Config) -> tuple[Path | None, dict[str, Any] | None]:
-        """The checkpoint to continue from and its contents, or (None, None) for a fresh
-        start. Rank 0 decides; every rank then reads that file (the run folder is on
-        storage every node sees, as multi-node training needs anyway)."""
+    def open(self, config: Config) -> tuple[Path | None, dict[str, Any] | None]:
+        """Take the run folder (rank 0: create it, prove it writable, lock it for this run,
+        remove dead writers' temporary files) and choose the checkpoint to continue from.
+        Returns it and its contents, or (None, None) for a fresh start. Every rank then
+        reads that file (the run folder is on storage every node sees, as multi-node
+        training needs anyway). A start that fails leaves no empty folder behind."""
         decision: tuple[str | None, UserError | None] = (None, None)
         ckpt = None
         if self.runtime.is_master:
             try:
-                path, ckpt, notes = self._choose()
+                self._take_folder()
+                path, ckpt, notes = self._choose(config)
                 for note in notes:
                     print(f"warning: {note}", file=sys.stderr)
                 if ckpt is not None:
@@ -256,19 +309,36 @@ class Checkpointer:
                         print(f"note: setting changed since the checkpoint: {note}", flush=True)
                 decision = (str(path) if path else None, None)
             except UserError as e:
+                self._lock.release(remove_folder_if_unused=True)
                 decision = (None, e)
         path_str, error = broadcast_object(decision, self.runtime)
         if error is not None:
             raise error
         if path_str is None:
             return None, None
-        return Path(path_str), ckpt if ckpt is not None else load(path_str)
+        # Rank 0 verified the file; the others read it without checking the CRCs again.
+        return Path(path_str), ckpt if ckpt is not None else load(path_str, check=False)
 
-    def _choose(self) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
+    def close(self, failed_at_start: bool = False) -> None:
+        self._lock.release(remove_folder_if_unused=failed_at_start)
+
+    def _take_folder(self) -> None:
+        try:
+            self._lock.acquire()
+            probe = self.out_dir / f".write-test-{os.getpid()}"
+            probe.write_text("ok")
+            probe.unlink()
+            for path in remove_dead_temp_files(self.out_dir):
+                print(f"note: removed {path.name}, left by a killed write", file=sys.stderr)
+        except OSError as e:
+            raise ConfigError(f"--out-dir {self.out_dir}: cannot write there "
+                              f"({e.strerror or e})") from None
+
+    def _choose(self, config: Config) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
         """(path, contents, warnings) of the checkpoint --resume asks for (rank 0 only)."""
         resume = self.cfg.resume
-        existing = list_checkpoints(self.out_dir)
         if resume == "none":
+            existing = list_checkpoints(self.out_dir)
             if existing:
                 raise ConfigError(
                     f"--out-dir {self.out_dir} already holds checkpoints ({existing[-1][1].name} "
@@ -277,19 +347,33 @@ class Checkpointer:
             return None, None, []
         if resume == "auto":
             path, ckpt, notes = find_latest(self.out_dir)
-            if path is None and existing:
-                raise CheckpointError(
-                    f"--resume auto: no checkpoint in {self.out_dir} could be read: " + "; ".join(notes)
-                )
+            if path is None and notes:
+                raise CheckpointError(f"--resume auto: no checkpoint in {self.out_dir} could be "
+                                      f"used: " + "; ".join(notes))
             return path, ckpt, notes
-        path = Path(resume)
-        return path, load(path), []  # a clear CheckpointError if missing or damaged
+        return Path(resume), usable(Path(resume)), []  # a clear error if unusable
+
+    def last_good(self) -> str:
+        """Which checkpoint to go back to, for an error message: the newest that verifies
+        and holds finite state (rank 0 reads; others get the same answer)."""
+        note = "no usable checkpoint was written"
+        if self.runtime.is_master:
+            path, _, _ = find_latest(self.out_dir)
+            if path is not None:
+                note = f"the last good checkpoint is {path}"
+        return broadcast_object(note, self.runtime)
 
     # ---- writing and reading the contents
 
     def save(self, parts: Parts) -> Path:
-        """Write a checkpoint of the current step (a collective: every rank calls it)."""
+        """Write a checkpoint of the current step (a collective: every rank calls it).
+        Non-finite weights or optimizer state are never written: the run stops instead."""
         rt, s = self.runtime, parts.loop
+        if all_reduce_mean(nonfinite_tensors(parts.model, parts.optimizer), rt).item() > 0:
+            raise TrainingDiverged(
+                f"the weights or optimizer state hold NaN or inf at step {s.step}: no checkpoint "
+                f"of them is written; {self.last_good()}. Lower --max-lr or check the data, "
+                f"then --resume auto")
         model_sd = parallel.model_state(parts.model)
         optim_sd = parallel.optimizer_state(parts.model, parts.optimizer, rt)
         loaders = gather_objects(parts.loader.state_dict(), rt)
@@ -310,7 +394,9 @@ class Checkpointer:
             else:
                 if is_best:
                     s.best_val, s.best_checkpoint = s.last_val, path.name  # type: ignore[assignment]
-                protect = {s.best_checkpoint} if s.best_checkpoint else set()
+                # The file just written read back intact, so rotating can never leave the
+                # run without a checkpoint that verifies.
+                protect = {path.name} | ({s.best_checkpoint} if s.best_checkpoint else set())
                 rotate(self.out_dir, self.cfg.keep_checkpoints, protect)
         # Every rank learns whether rank 0's write worked, so all fail together if not.
         error = broadcast_object(error, rt)

@@ -1,11 +1,37 @@
-"""Atomic file writes shared by shards, checkpoints, metadata and exported weights."""
+"""Files that must never be half-written or shared: atomic writes, the one-run-per-folder
+lock, and the clean-up of temporary files that killed writers left behind.
+
+Shards, checkpoints, metadata.json and exported weights are written to a hidden temporary
+file beside their final name (`.NAME.tmp-PID`), fsynced and renamed over it, so a crash or a
+full disk leaves the earlier file and no partial one. The trainer's run folder and
+fineweb.py's shard folder are each held by one process at a time (FolderLock).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import errno
 import os
+import re
+import socket
+import sys
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
+
+from gpt.errors import UserError
+
+LOCK_NAME = ".lock"
+TEMP_FILE = re.compile(r"^\..+\.tmp-(\d+)$")  # what temp_path() names
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+
+class FolderInUse(UserError):
+    """Another live process holds the folder; the message names it."""
 
 
 def fsync_dir(folder: Path) -> None:
@@ -27,13 +53,29 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def _create_exclusively(path: Path) -> None:
+    """Create `path` as a new empty regular file, never through whatever was at that name
+    (a planted symlink, a stale file of a dead process with the same pid): that entry is
+    removed first, and O_EXCL | O_NOFOLLOW make the create fail rather than follow one."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    for attempt in range(2):
+        try:
+            os.close(os.open(path, flags, 0o644))
+            return
+        except FileExistsError:
+            if attempt:
+                raise
+            path.unlink()  # removes a symlink itself, never its target
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path beside `path` for the block to write; on success it is fsynced and
-    renamed over `path`. A crash or a full disk part-way leaves any earlier file at `path`
-    untouched and no partial file under the final name (the temporary file is removed on
-    error)."""
+    """A new, empty temporary file beside `path` for the block to write; on success it is
+    fsynced and renamed over `path`. A crash or a full disk part-way leaves any earlier
+    file at `path` untouched and no partial file under the final name (the temporary file
+    is removed on error)."""
     tmp = temp_path(path)
+    _create_exclusively(tmp)
     try:
         yield tmp
         fd = os.open(tmp, os.O_RDONLY)
@@ -52,5 +94,81 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call write(fh) on a temporary file beside `path`, then rename it over `path`
     (see atomic_path)."""
     with atomic_path(path) as tmp:
-        with open(tmp, "wb") as fh:
+        with open(tmp, "r+b") as fh:
             write(fh)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OSError:  # pragma: no cover - e.g. an invalid pid
+        return False
+    return True
+
+
+def remove_dead_temp_files(folder: Path) -> list[Path]:
+    """Delete the temporary files in `folder` whose writing process is gone (a kill -9
+    mid-write leaves one, up to a whole checkpoint in size); those of live processes stay.
+    Call it while holding the folder's lock, so no other writer is at work there."""
+    removed = []
+    for entry in folder.iterdir():
+        m = TEMP_FILE.match(entry.name)
+        if m and not entry.is_dir() and not _pid_alive(int(m.group(1))):
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+class FolderLock:
+    """One process per folder: an exclusive flock on `<folder>/.lock` held for the life of
+    the process (the OS drops it when the process dies, so a kill -9 leaves no stale lock).
+    The file names the holder, for the refusal a second process gets."""
+
+    def __init__(self, folder: Path, what: str) -> None:
+        self.folder, self.what = folder, what
+        self._fd: int | None = None
+        self.created_folder = False  # acquire() made the folder
+
+    def acquire(self) -> "FolderLock":
+        if not self.folder.exists():
+            self.folder.mkdir(parents=True)
+            self.created_folder = True
+        path = self.folder / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        if fcntl is None:  # pragma: no cover - no flock (Windows): say so, go on unguarded
+            print(f"note: cannot lock {self.folder} on this OS; do not start two runs on it",
+                  file=sys.stderr)
+            self._fd = fd
+            return self
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.read(fd, 1000).decode("utf-8", errors="replace").strip() or "another process"
+            os.close(fd)
+            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            raise FolderInUse(f"{self.folder} is in use by {holder}: one {self.what} per folder; "
+                              f"wait for it to finish, stop it, or choose another folder") from None
+        os.ftruncate(fd, 0)
+        started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {started} "
+                     f"({' '.join(sys.argv)[:300]})\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self, remove_folder_if_unused: bool = False) -> None:
+        """Drop the lock. With remove_folder_if_unused, a folder that acquire() created and
+        that holds nothing but the lock file is removed again (a run that failed at start)."""
+        if self._fd is None:
+            return
+        os.close(self._fd)  # closing the descriptor releases the flock
+        self._fd = None
+        if remove_folder_if_unused and self.created_folder:
+            if [p.name for p in self.folder.iterdir()] == [LOCK_NAME]:
+                (self.folder / LOCK_NAME).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    self.folder.rmdir()

@@ -1,5 +1,6 @@
 """One optimizer step: gradients accumulated over micro-batches, unscaled and clipped,
-then the AdamW update at the step's learning rate.
+then the AdamW update at the step's learning rate; and the check that the weights and
+optimizer state it leaves are finite.
 
 The training loop (gpt/train.py) calls these, and so does the speed ladder's last rung
 (gpt/bench/ladder.py), so both time the same step.
@@ -14,8 +15,13 @@ import torch
 import torch.nn as nn
 
 from gpt.dist import autocast
+from gpt.errors import UserError
 from gpt.parallel import full_tensor, set_grad_sync
 from gpt.profiling import nvtx_range
+
+
+class TrainingDiverged(UserError):
+    """The loss, gradients, weights or optimizer state stopped being finite."""
 
 
 class BatchSource(Protocol):
@@ -65,3 +71,23 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScale
     with nvtx_range("optimizer", nvtx):
         scaler.step(optimizer)  # skips the update itself if fp16 gradients overflowed
         scaler.update()
+
+
+def nonfinite_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """How many of this rank's weight and optimizer-state tensors hold a NaN or an inf (or
+    values so large that their norm overflows), as a device tensor: the caller decides when
+    to read it. One fused norm over everything; under FSDP and ZeRO-1 each rank checks its
+    own shards, so the counts are summed over ranks."""
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local AdamW
+    tensors = [_local(p.detach()) for p in model.parameters()]
+    tensors += [_local(v) for state in inner.state.values() for v in state.values()
+                if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
+    if not tensors:
+        return torch.zeros((), device=next(model.parameters()).device)
+    norms = torch.stack(torch._foreach_norm(tensors))  # the fused kernel clip_grad_norm_ uses
+    return (~torch.isfinite(norms)).sum().float()
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP); plain tensors pass through."""
+    return t.to_local() if hasattr(t, "to_local") else t
