@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt.shards import (DataError, bad_token_error, check_split, find_shards, read_shard,
+from gpt.shards import (DataError, Shard, bad_token_error, check_split, find_shards, read_shard,
                         shard_num_tokens)
 
 STATE_VERSION = 1
@@ -99,7 +99,7 @@ class ShardLoader:
                 f"step needs batch_size*seq_len*world_size+1 = {per_step + 1}; "
                 f"use a smaller batch_size/seq_len or more data"
             )
-        self._maps: dict[int, np.ndarray] = {}  # shard index -> memmap, opened lazily
+        self._open: dict[int, Shard] = {}  # shard index -> open shard, opened on first read
         self._layout_epoch = -1
         self._order = np.zeros(0, dtype=np.int64)
         self._offsets = np.zeros(1, dtype=np.int64)
@@ -167,10 +167,10 @@ class ShardLoader:
         self._offsets = np.concatenate([[0], np.cumsum(counts)])
         self._layout_epoch = epoch
 
-    def _tokens(self, shard: int) -> np.ndarray:
-        if shard not in self._maps:
-            self._maps[shard] = read_shard(self._paths[shard])
-        return self._maps[shard]
+    def _read(self, shard: int, start: int, stop: int) -> np.ndarray:
+        if shard not in self._open:
+            self._open[shard] = Shard(self._paths[shard])
+        return self._open[shard].read(start, stop)
 
     def _fill_window(self, window: int, out: np.ndarray) -> None:
         """Copy window's B*T+1 stream tokens into out (int64), piece by piece."""
@@ -181,9 +181,9 @@ class ShardLoader:
         while pos < end:
             base = int(self._offsets[i])
             stop = min(end, int(self._offsets[i + 1]))
-            # Only this slice of the memmap is read and widened to int64.
+            # Only this slice of the shard is read, then widened to int64.
             shard = int(self._order[i])
-            piece = self._tokens(shard)[pos - base : stop - base]
+            piece = self._read(shard, pos - base, stop - base)
             if self._max_token is not None and piece.size and int(piece.max()) > self._max_token:
                 self._bad_token(shard, piece, pos - base)
             out[pos - start : stop - start] = piece
@@ -195,6 +195,15 @@ class ShardLoader:
                                f"beyond the model's vocabulary (largest id {self._max_token})")
 
     # ---- batches
+
+    def position(self) -> tuple[int, int]:
+        """(pass, step): where the next batch comes from; see seek()."""
+        return self._epoch, self._step
+
+    def seek(self, position: tuple[int, int]) -> None:
+        """Go back to a position() taken earlier in this run (e.g. the start of an optimizer
+        step that could not finish)."""
+        self._epoch, self._step = position
 
     def reset(self) -> None:
         """Go back to pass 0, step 0."""

@@ -177,6 +177,40 @@ def _check_vocab(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
         raise bad_token_error(path, chunk, chunk >= vocab_size, start, f">= vocab_size {vocab_size}")
 
 
+class Shard:
+    """One shard opened for reading: its header validated once, then token ranges read with
+    pread. A read that comes back short (the file was truncated or replaced while a run
+    reads it) is a ShardError naming the file, where a memory map would kill the process
+    with SIGBUS."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.num_tokens, self.dtype = _read_header(self.path)
+        self._fd: int | None = None
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of the shard, as a read-only array of the stored dtype."""
+        size = self.dtype.itemsize
+        want = (stop - start) * size
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            data = os.pread(self._fd, want, HEADER_BYTES + start * size)
+        except OSError as exc:
+            raise ShardError(f"{self.path}: cannot read shard: {exc.strerror or exc}") from exc
+        if len(data) != want:
+            raise ShardError(
+                f"{self.path}: holds fewer tokens than its header said when the run started "
+                f"({self.num_tokens}): it was truncated or replaced while training read it; "
+                f"restore it, or {_RECREATE_HINT}")
+        return np.frombuffer(data, dtype=self.dtype)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 def read_shard(path: str | os.PathLike, vocab_size: int | None = None) -> np.ndarray:
     """Validate a shard and return a read-only memmap of its tokens."""
     path = Path(path)
@@ -203,8 +237,15 @@ def find_shards(folder: str | os.PathLike, split: str) -> list[Path]:
         raise DataError(f"{folder}: data folder does not exist; run fineweb.py to create shards")
     if not folder.is_dir():
         raise DataError(f"{folder}: is not a directory; pass the folder that holds the shards")
-    # Names starting with '.' are write_shard temp files (or other hidden files).
-    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.is_file())
+    try:
+        # Names starting with '.' are write_shard temp files (or other hidden files).
+        entries = sorted((p for p in folder.iterdir() if not p.name.startswith(".")), key=lambda p: p.name)
+    except OSError as e:
+        raise DataError(f"{folder}: cannot list the data folder ({e.strerror or e})") from None
+    for p in entries:  # a shard that cannot be read must not drop out of the data in silence
+        if p.is_symlink() and not p.exists():
+            raise ShardError(f"{p}: a symlink to {os.readlink(p)}, which does not exist")
+    names = [p.name for p in entries if p.is_file()]  # sub-folders are not shards
     shards = [folder / n for n in names if n.startswith(f"{split}_")]
     if not shards:
         prefixes = sorted({n.split("_", 1)[0] + "_*" for n in names if "_" in n})
