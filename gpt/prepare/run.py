@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from gpt.fileio import FolderLock, remove_dead_temp_files
 from gpt.prepare import config
 from gpt.prepare.config import (LAYOUT_VERSION, METADATA_VERSION, TOKENIZER_NAME, PrepareConfig,
                                 PrepareError, PrepareResult, available_cpus, format_duration,
@@ -108,68 +109,88 @@ def prepare(
         "layout": {"version": LAYOUT_VERSION, "piece_chars": config.PIECE_CHARS,
                    "read_chars": config.READ_CHARS},
     }
-    existing = inspect_output(out, settings, cfg.overwrite)
-    progress = Progress(cfg.progress, log or sys.stderr, f"{out}", cfg.max_tokens)
-    if existing.complete:
-        progress.say(f"{out}: already complete ({len(existing.shards)} shards); --overwrite redoes it")
-        return result_from_shards(out, existing.shards, len(existing.shards), t0)
-    meta = {
-        "format": "gpt2-trainer token shards (see gpt/shards.py)",
-        "version": METADATA_VERSION,
-        "created": existing.created,
-        "tool": "fineweb.py",
-        "source": {**source.identity(), "text_field": cfg.text_field},
-        "tokenizer": {"name": TOKENIZER_NAME, "library": "tiktoken", "eot_token": enc.eot_token,
-                      "vocab_size": enc.n_vocab, "dtype": "uint16"},
-        "settings": settings,
-    }
-    writer = ShardWriter(out, cfg, meta, existing, on_shard)
-    kept = len(existing.shards)
-    start = writer.pos
-    workers = cfg.workers or available_cpus()
-    if kept:
-        progress.say(f"{out}: resuming after {kept} complete shards ({human_count(writer.total)} tokens)")
-    progress.say(f"reading {source.describe()}; {workers} tokenizer worker{'s' * (workers > 1)}")
-
-    tasks = source.tasks(start, config.PIECE_CHARS, config.TASK_CHARS)
-    encoded = encode_in_order(tasks, workers)
-    new_tokens = 0
-    found_start = not kept  # a resume must find the piece it stopped in, or the input changed
-    docs_before = writer.documents
+    lock = take_folder(out)
+    finished = False
     try:
-        for result in encoded:
-            tokens, lens, records, pieces = result
-            if tokens.size == 0:
-                continue  # a block of empty records
-            skip = 0
-            if not found_start:
-                found_start = True
-                if (records[0], pieces[0]) != (start.record, start.piece) or start.offset > lens[0]:
-                    raise input_changed_error(out, start)
-                skip = start.offset
-            before = writer.total
-            writer.feed(result, skip)
-            new_tokens += writer.total - before
-            docs = writer.documents + writer.docs - docs_before
-            progress.update(docs, new_tokens, writer.total, source.fraction())
-            if writer.done():
-                break
-    finally:
-        encoded.close()  # stops the workers (also on errors and Ctrl-C)
-        tasks.close()
-    if not found_start:
-        raise input_changed_error(out, start)
-    if writer.total == 0:  # checked first: with --overwrite, the old shards stay
-        raise PrepareError(f"--source {source.describe()}: no text found (every record is empty)")
-    writer.finish()
-    progress.update(writer.documents - docs_before, new_tokens, writer.total, source.fraction(), final=True)
-    if writer.written["train"] == 0:
-        raise PrepareError(
-            f"--source {source.describe()}: the input has only {writer.total} tokens and "
-            f"--val-tokens {cfg.val_tokens} took them all; lower --val-tokens and re-run with --overwrite"
-        )
-    writer.write_metadata(complete=True)
-    return result_from_shards(out, writer.shards, kept, t0)
+        existing = inspect_output(out, settings, cfg.overwrite)
+        progress = Progress(cfg.progress, log or sys.stderr, f"{out}", cfg.max_tokens)
+        if existing.complete:
+            progress.say(f"{out}: already complete ({len(existing.shards)} shards); --overwrite redoes it")
+            finished = True
+            return result_from_shards(out, existing.shards, len(existing.shards), t0)
+        meta = {
+            "format": "gpt2-trainer token shards (see gpt/shards.py)",
+            "version": METADATA_VERSION,
+            "created": existing.created,
+            "tool": "fineweb.py",
+            "source": {**source.identity(), "text_field": cfg.text_field},
+            "tokenizer": {"name": TOKENIZER_NAME, "library": "tiktoken", "eot_token": enc.eot_token,
+                          "vocab_size": enc.n_vocab, "dtype": "uint16"},
+            "settings": settings,
+        }
+        writer = ShardWriter(out, cfg, meta, existing, on_shard)
+        kept = len(existing.shards)
+        start = writer.pos
+        workers = cfg.workers or available_cpus()
+        if kept:
+            progress.say(f"{out}: resuming after {kept} complete shards ({human_count(writer.total)} tokens)")
+        progress.say(f"reading {source.describe()}; {workers} tokenizer worker{'s' * (workers > 1)}")
+
+        tasks = source.tasks(start, config.PIECE_CHARS, config.TASK_CHARS)
+        encoded = encode_in_order(tasks, workers)
+        new_tokens = 0
+        found_start = not kept  # a resume must find the piece it stopped in, or the input changed
+        docs_before = writer.documents
+        try:
+            for result in encoded:
+                tokens, lens, records, pieces = result
+                if tokens.size == 0:
+                    continue  # a block of empty records
+                skip = 0
+                if not found_start:
+                    found_start = True
+                    if (records[0], pieces[0]) != (start.record, start.piece) or start.offset > lens[0]:
+                        raise input_changed_error(out, start)
+                    skip = start.offset
+                before = writer.total
+                writer.feed(result, skip)
+                new_tokens += writer.total - before
+                docs = writer.documents + writer.docs - docs_before
+                progress.update(docs, new_tokens, writer.total, source.fraction())
+                if writer.done():
+                    break
+        finally:
+            encoded.close()  # stops the workers (also on errors and Ctrl-C)
+            tasks.close()
+        if not found_start:
+            raise input_changed_error(out, start)
+        if writer.total == 0:  # checked first: with --overwrite, the old shards stay
+            raise PrepareError(f"--source {source.describe()}: no text found (every record is empty)")
+        writer.finish()
+        progress.update(writer.documents - docs_before, new_tokens, writer.total, source.fraction(), final=True)
+        if writer.written["train"] == 0:
+            raise PrepareError(
+                f"--source {source.describe()}: the input has only {writer.total} tokens and "
+                f"--val-tokens {cfg.val_tokens} took them all; lower --val-tokens and re-run with --overwrite"
+            )
+        writer.write_metadata(complete=True)
+        finished = True
+        return result_from_shards(out, writer.shards, kept, t0)
+    finally:  # a run that wrote nothing leaves no folder behind
+        lock.release(remove_folder_if_unused=not finished)
+
+
+def take_folder(out: Path) -> FolderLock:
+    """The output folder for this run alone (created if need be), cleared of the temporary
+    files of killed writes."""
+    if out.exists() and not out.is_dir():
+        raise PrepareError(f"--out {out}: exists and is not a folder")
+    try:
+        lock = FolderLock(out, "fineweb.py run").acquire()
+        remove_dead_temp_files(out)
+    except OSError as e:
+        raise PrepareError(f"--out {out}: cannot create or write there ({e.strerror or e})") from None
+    return lock
 
 
 def input_changed_error(out: Path, start: Position) -> PrepareError:

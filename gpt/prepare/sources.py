@@ -3,6 +3,7 @@ in order as records and turned into tasks; resumable from any record."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import itertools
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from glob import glob, has_magic
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 from gpt.prepare import config
 from gpt.prepare.config import DEFAULT_DATASET, DEFAULT_SUBSET, PrepareConfig, PrepareError
@@ -66,6 +67,25 @@ def record_text(record: object, text_field: str, where: str) -> str:
             f"choose a text field with --text-field"
         )
     return value
+
+
+@contextlib.contextmanager
+def read_errors_named(path: Path) -> Iterator[None]:
+    """A file that cannot be read or decompressed becomes a PrepareError naming it."""
+    try:
+        yield
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # before OSError: BadGzipFile is one
+        raise PrepareError(f"{path}: corrupt or truncated compressed file ({e or type(e).__name__})") from None
+    except OSError as e:
+        raise PrepareError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
+def _chunks(path: Path, text: TextIO) -> Iterator[str]:
+    """A text file in READ_CHARS pieces, read as the consumer asks (outside _read's frame,
+    so its read errors are named here)."""
+    with read_errors_named(path):
+        while chunk := text.read(config.READ_CHARS):
+            yield chunk
 
 
 def _count_lines(data: bytes) -> int:
@@ -122,17 +142,13 @@ class LocalSource:
     def _read(self, path: Path, skip: int, block_bytes: int) -> Iterator[Record | SkippedRecords | JsonLinesBlock]:
         """The file's records (or blocks of JSON lines), the first `skip` records skipped."""
         name = path.name.lower()
-        try:
+        with read_errors_named(path):
             if name.endswith(_PARQUET_SUFFIXES):
                 yield from self._parquet(path, skip)
             elif name.endswith(_TXT_SUFFIXES):
                 yield from self._txt(path, skip)
             else:
                 yield from self._json(path, skip, block_bytes)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as e:  # before OSError: BadGzipFile is one
-            raise PrepareError(f"{path}: corrupt compressed file ({e})") from None
-        except OSError as e:
-            raise PrepareError(f"{path}: cannot read: {e.strerror or e}") from None
 
     def _open_binary(self, path: Path, raw: BinaryIO) -> BinaryIO:
         """The file's bytes (decompressed for .gz); progress follows the raw position."""
@@ -155,7 +171,7 @@ class LocalSource:
             # utf-8-sig drops a byte-order mark; universal newlines turn \r\n into \n.
             text = io.TextIOWrapper(self._open_binary(path, raw), encoding="utf-8-sig", errors="replace")
             if not self.split_blank_lines:
-                yield iter(lambda: text.read(config.READ_CHARS), "")  # consumed before the next record
+                yield _chunks(path, text)  # consumed before the next record
                 return
             for i, paragraph in enumerate(split_paragraphs(text)):
                 yield SkippedRecords(1) if i < skip else (paragraph,)

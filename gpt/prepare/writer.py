@@ -207,7 +207,11 @@ class ShardWriter:
 
     def _flush(self) -> None:
         self._delete_old()
-        self.out.mkdir(parents=True, exist_ok=True)
+        if not self.shards:
+            # The run's settings are on disk before its first shard: a kill between the two
+            # leaves a folder that the same command resumes (the shard is unrecorded, so
+            # it is written again), never one it refuses as foreign data.
+            self.write_metadata(complete=False)
         name = f"{self.split}_{self.count[self.split]:06d}.bin"
         write_shard(self.out / name, self.buf[: self.filled])
         entry = {"name": name, "split": self.split, "tokens": self.filled, "documents": self.docs,
@@ -230,4 +234,9 @@ class ShardWriter:
             shards=self.shards,
             totals=shard_totals(self.shards),
         )
-        _write_json_atomic(self.out / METADATA_NAME, meta)
+        try:
+            _write_json_atomic(self.out / METADATA_NAME, meta)
+        except OSError as e:  # a full disk, a quota, a file-size limit
+            raise PrepareError(f"{self.out / METADATA_NAME}: cannot write it ({e.strerror or e}); "
+                               f"the shards written so far are kept: fix it and run the same "
+                               f"command to resume") from None
