@@ -129,8 +129,10 @@ def _load_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:  # TOML files are UTF-8
         raise ConfigError(f"--config {path}: not valid TOML: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read it ({e.strerror or e})") from None
 
 
 def _flatten_toml(doc: dict[str, Any], path: Path) -> dict[str, Any]:

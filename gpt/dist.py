@@ -262,3 +262,24 @@ def resolve_dtype(requested: str, device: torch.device) -> torch.dtype:
     if dtype is torch.float16 and device.type == "cpu":
         raise ConfigError("--dtype fp16: fp16 autocast needs a GPU; on CPU use bf16 or fp32")
     return dtype
+
+
+_OOM_MARKERS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+                "cuda_error_out_of_memory", "can't allocate memory")  # the last: the CPU allocator
+
+
+def is_oom(exc: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError, or an error (or its cause) that reports running out of
+    memory (the CPU allocator, MPS, cuBLAS/cuDNN workspaces, OOMs wrapped by torch.compile)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            return True
+        if isinstance(e, (RuntimeError, MemoryError)):
+            text = str(e).lower()
+            if isinstance(e, MemoryError) or any(m in text for m in _OOM_MARKERS):
+                return True
+        e = e.__cause__ or e.__context__
+    return False

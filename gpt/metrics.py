@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import psutil
 import torch
 
 from gpt.config import ModelConfig
+from gpt.errors import UserError
 
 # bf16 dense (no sparsity) tensor-core peaks in TFLOP/s, from the vendors' datasheets
 # (GeForce/RTX: the Ampere and Ada architecture whitepapers, "BF16 with FP32 accumulate").
@@ -139,6 +141,10 @@ def _peak_rss() -> int:
         return int(getattr(psutil.Process().memory_info(), "peak_wset", 0))
 
 
+class MetricsError(UserError):
+    """The metrics log cannot be opened or written; the message names the file."""
+
+
 class MetricsLog:
     """Append-only JSONL file: one JSON object per line (a header record, then one per event).
 
@@ -150,12 +156,26 @@ class MetricsLog:
 
     def __init__(self, path: str | os.PathLike, enabled: bool = True) -> None:
         self.path = Path(path)
-        self._fh = open(self.path, "a", encoding="utf-8") if enabled else None
+        self._fh = None
+        if enabled:
+            try:
+                self._fh = open(self.path, "a", encoding="utf-8")
+            except OSError as e:
+                raise MetricsError(f"{self.path}: cannot open the metrics log for appending "
+                                   f"({e.strerror or e})") from None
 
     def write(self, record: dict[str, Any]) -> None:
-        if self._fh is not None:
+        if self._fh is None:
+            return
+        try:
             self._fh.write(json.dumps(record) + "\n")
             self._fh.flush()
+        except OSError as e:  # a full disk, a quota, a file-size limit
+            fh, self._fh = self._fh, None
+            with contextlib.suppress(OSError):  # closing would try the same write again
+                fh.close()
+            raise MetricsError(f"{self.path}: cannot write the metrics log ({e.strerror or e}); "
+                               f"the records before this one are intact") from None
 
     def close(self) -> None:
         if self._fh is not None:

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import random
 import signal
 import sys
 import time
@@ -18,30 +17,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 
 from gpt import hellaswag, parallel, pretrained
-from gpt.checkpoint import Checkpointer, LoopState, Parts, list_checkpoints
+from gpt.checkpoint import Checkpointer, LoopState, Parts
 from gpt.cli import parse_args, to_toml
 from gpt.config import Config, ConfigError, describe, grad_accum_steps, to_dict
 from gpt.data import ShardLoader
 from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, any_rank, device_name,
-                      init_runtime, resolve_dtype, shutdown, synchronize)
+                      init_runtime, is_oom, resolve_dtype, shutdown, synchronize)
 from gpt.errors import UserError
 from gpt.evaluate import val_loss
+from gpt.fileio import atomic_write
 from gpt.generate import sample
 from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_memory, peak_tflops
 from gpt.model import GPT
 from gpt.optim import lr_at
 from gpt.profiling import Profiler
+from gpt.rng import seed_everything
 from gpt.shards import DataError, find_shards
-from gpt.step import forward_backward, optimizer_step
+from gpt.step import TrainingDiverged, forward_backward, nonfinite_tensors, optimizer_step
 from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
 
+# SIGTERM (preemption, scancel), SIGINT (Ctrl-C), SIGHUP (a closed terminal) and SIGUSR1
+# (what schedulers such as SLURM's --signal send ahead of a kill) all mean: save and stop.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
+                     if hasattr(signal, name))
 
-class TrainingDiverged(UserError):
-    """Too many non-finite steps in a row."""
+
+class OutOfMemory(UserError):
+    """The device (or host) ran out of memory; the message says which flag to lower."""
 
 
 @dataclass
@@ -76,25 +81,6 @@ class Run:
                      self.cfg)
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-def prepare_out_dir(path: str) -> Path:
-    """Create the run folder and prove it is writable before any work is done."""
-    out = Path(path)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"--out-dir {out}: cannot write there ({e.strerror or e})") from None
-    return out
-
-
 def set_matmul_precision(runtime: Runtime, tf32: bool) -> None:
     if runtime.device_type == "cuda":
         # TF32 runs fp32 matmuls on tensor cores (10-bit mantissa inputs, fp32 accumulate).
@@ -126,7 +112,7 @@ class StepTimer:
 
 
 class StopSignal:
-    """SIGTERM/SIGINT set a flag; the loop finishes its step, checkpoints and exits.
+    """Any of STOP_SIGNALS sets a flag; the loop finishes its step, checkpoints and exits.
     A second SIGINT interrupts at once."""
 
     def __init__(self) -> None:
@@ -134,7 +120,7 @@ class StopSignal:
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "StopSignal":
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -196,30 +182,32 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
     accum = grad_accum_steps(cfg.data.total_batch_tokens, cfg.data.batch_size, cfg.data.seq_len,
                              runtime.world_size)
     autocast_dtype = resolve_dtype(t.dtype, runtime.device)
-    out_dir = prepare_out_dir(t.out_dir) if runtime.is_master else Path(t.out_dir)
-    checkpointer = Checkpointer(out_dir, cfg.checkpoint, runtime)
-    resume_path, ckpt = checkpointer.resume_point(cfg)
-
     seed_everything(t.seed)
     set_matmul_precision(runtime, t.tf32)
-    train_loader, val_loader = build_loaders(cfg, runtime)
-    samples = e.sample_every > 0 and parallel.samples_on_this_rank(t.parallel, runtime)
-    examples: list[Any] = []
-    if e.hellaswag_every > 0:  # every rank scores its share; rank 0 downloads, once
-        examples = hellaswag.load_examples(e.hellaswag_file, None, runtime.rank, None,
-                                           e.hellaswag_max_examples)
-    model = build_model(cfg, ckpt, runtime)
-    run = Run(cfg=cfg, runtime=runtime, out_dir=out_dir, model=model,
-              par=parallel.parallelize(model, t, cfg.optim, runtime),
-              scaler=torch.amp.GradScaler(runtime.device_type,
-                                          enabled=autocast_dtype == torch.float16),
-              autocast_dtype=autocast_dtype, accum=accum, train_loader=train_loader,
-              val_loader=val_loader, checkpointer=checkpointer,
-              tokenizer=gpt2_tokenizer() if samples else None, hellaswag_examples=examples)
-    if ckpt is not None:
-        checkpointer.restore(run.parts(), ckpt)
-        run.resumed_from = resume_path
-        run.say(f"resumed from {resume_path} at step {run.state.step}")
+    train_loader, val_loader = build_loaders(cfg, runtime)  # bad data stops before any file is written
+    checkpointer = Checkpointer(Path(t.out_dir), cfg.checkpoint, runtime)
+    resume_path, ckpt = checkpointer.open(cfg)  # the run folder is this run's from here on
+    try:
+        samples = e.sample_every > 0 and parallel.samples_on_this_rank(t.parallel, runtime)
+        examples: list[Any] = []
+        if e.hellaswag_every > 0:  # every rank scores its share; rank 0 downloads, once
+            examples = hellaswag.load_examples(e.hellaswag_file, None, runtime.rank, None,
+                                               e.hellaswag_max_examples)
+        model = build_model(cfg, ckpt, runtime)
+        run = Run(cfg=cfg, runtime=runtime, out_dir=checkpointer.out_dir, model=model,
+                  par=parallel.parallelize(model, t, cfg.optim, runtime),
+                  scaler=torch.amp.GradScaler(runtime.device_type,
+                                              enabled=autocast_dtype == torch.float16),
+                  autocast_dtype=autocast_dtype, accum=accum, train_loader=train_loader,
+                  val_loader=val_loader, checkpointer=checkpointer,
+                  tokenizer=gpt2_tokenizer() if samples else None, hellaswag_examples=examples)
+        if ckpt is not None:
+            checkpointer.restore(run.parts(), ckpt)
+            run.resumed_from = resume_path
+            run.say(f"resumed from {resume_path} at step {run.state.step}")
+    except BaseException:
+        checkpointer.close(failed_at_start=True)
+        raise
     return run
 
 
@@ -244,7 +232,7 @@ def run_loop(run: Run) -> dict[str, Any]:
             step = s.step
             lr = lr_at(step, cfg.optim.max_lr, cfg.optim.min_lr_ratio,
                        cfg.optim.warmup_steps, cfg.train.max_steps)
-            with profiler.step(step):
+            with profiler.step(step), stop_at_bad_data(run):
                 loss, norm = forward_backward(run.par.train_model, run.scaler, run.par.optimizer,
                                               run.train_loader, run.accum, cfg.optim.grad_clip,
                                               rt.device_type, run.autocast_dtype, cfg.profile.nvtx)
@@ -285,6 +273,25 @@ def periodic_work(run: Run, at_end: bool, first: bool) -> bool:
     return any(wanted for wanted, _ in jobs)
 
 
+@contextlib.contextmanager
+def stop_at_bad_data(run: Run) -> Iterator[None]:
+    """A shard that fails mid-step (truncated or replaced under the run) stops the run with
+    its name. In one process the weights are still those of the last whole step, so they
+    are saved with the loader wound back to the step's start; under torchrun the other
+    ranks are inside a collective, so the error alone ends the job."""
+    position = run.train_loader.position()
+    try:
+        yield
+    except DataError as e:
+        if run.runtime.distributed:
+            raise
+        run.par.optimizer.zero_grad(set_to_none=True)
+        run.train_loader.seek(position)
+        path = save_checkpoint(run, reason="data error")
+        raise DataError(f"{e}; saved {path} at step {run.state.step}: restore the data, then "
+                        f"--resume auto") from None
+
+
 def update_or_skip(run: Run, step: int, norm: torch.Tensor, lr: float) -> None:
     """The optimizer update, unless the gradient is not finite (bf16/fp32; fp16's scaler
     skips such updates itself). The norm is global, so every rank decides the same."""
@@ -297,10 +304,19 @@ def update_or_skip(run: Run, step: int, norm: torch.Tensor, lr: float) -> None:
 
 def log_step(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor, lr: float,
              sec: float) -> float:
-    """The step's line and metrics record; returns the loss (mean over ranks)."""
+    """The step's line and metrics record, and the check that the weights and optimizer
+    state are still finite; returns the loss (mean over ranks)."""
     rt, flops_tok = run.runtime, flops_per_token(run.cfg.model, run.cfg.data.seq_len)
-    mean_loss = all_reduce_mean(loss, rt).item()  # every rank joins, only on log steps
-    grad_norm = norm.item()
+    # One collective (every rank joins, only on log steps) and one read-back for the loss,
+    # the count of non-finite weight and state tensors, and the (already global) norm.
+    bad = nonfinite_tensors(run.model, run.par.optimizer)
+    reduced = all_reduce_mean(torch.stack([loss.float(), bad]), rt)
+    mean_loss, bad_mean, grad_norm = torch.cat([reduced, norm.float().reshape(1)]).tolist()
+    if bad_mean > 0:
+        raise TrainingDiverged(
+            f"the weights or optimizer state hold NaN or inf after step {step}, though the "
+            f"gradient was finite (the update itself overflowed: lower --max-lr); "
+            f"{run.checkpointer.last_good()}; then --resume auto")
     tok_s = run.cfg.data.total_batch_tokens / sec
     util = mfu(tok_s / rt.world_size, flops_tok, run_peak(run))  # per-device MFU
     mem_gb = peak_memory(rt.device)[0] / 2**30  # this rank's; the header says what it measures
@@ -365,11 +381,10 @@ def skip_step(run: Run, step: int) -> None:
             f"({s.bad_in_row} in a row, {s.skipped} in all)")
     run.log.write({"type": "skipped", "step": step, "in_a_row": s.bad_in_row, "total": s.skipped})
     if s.bad_in_row >= run.cfg.train.max_bad_steps:
-        newest = list_checkpoints(run.out_dir)
-        last = f"the last good checkpoint is {newest[-1][1]}" if newest else "no checkpoint was written"
         raise TrainingDiverged(
             f"{s.bad_in_row} steps in a row had a non-finite loss or gradient (step {step}); "
-            f"stopping. {last}. Lower --max-lr or check the data, then --resume auto"
+            f"stopping. {run.checkpointer.last_good()}. Lower --max-lr or check the data, "
+            f"then --resume auto"
         )
 
 
@@ -383,7 +398,10 @@ def open_log(run: Run) -> Iterator[MetricsLog]:
     """For the loop's life: config.toml written, the metrics log open on rank 0 (a no-op
     log elsewhere) with the run's header record, and the banner printed."""
     if run.runtime.is_master:
-        (run.out_dir / "config.toml").write_text(to_toml(run.cfg))
+        try:
+            atomic_write(run.out_dir / "config.toml", lambda fh: fh.write(to_toml(run.cfg).encode()))
+        except OSError as e:
+            raise ConfigError(f"{run.out_dir / 'config.toml'}: cannot write it ({e.strerror or e})") from None
     run.log = MetricsLog(run.out_dir / "metrics.jsonl", enabled=run.runtime.is_master)
     try:
         run.log.write(banner(run))
@@ -437,9 +455,22 @@ def train(cfg: Config) -> dict[str, Any]:
     runtime = init_runtime(cfg.train.device, cfg.train.dist_timeout)
     clean = False
     try:
-        result = run_loop(build_run(cfg, runtime))
+        run = build_run(cfg, runtime)
+        try:
+            result = run_loop(run)
+        finally:
+            run.checkpointer.close()
         clean = True
         return result
+    except (RuntimeError, MemoryError) as e:
+        if not is_oom(e):
+            raise
+        d = cfg.data
+        raise OutOfMemory(
+            f"out of memory on {runtime.device} at --batch-size {d.batch_size} x --seq-len "
+            f"{d.seq_len}: lower --batch-size (gradient accumulation keeps each step at "
+            f"--total-batch-tokens {d.total_batch_tokens}), or add --activation-checkpointing"
+            f" ({' '.join(str(e).split())[:200]})") from None
     finally:
         shutdown(runtime, clean)
 

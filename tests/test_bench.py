@@ -18,7 +18,8 @@ from gpt.bench import cli, model_bench
 from gpt.bench import attention as attention_bench
 from gpt.bench.common import mode_flops_per_token, precision_skip_reason
 from gpt.bench.naive import NaiveCausalSelfAttention, use_naive_attention
-from gpt.bench.timing import is_oom, run_guarded, summarize, time_fn
+from gpt.bench.timing import run_guarded, summarize, time_fn
+from gpt.dist import is_oom
 from gpt.config import model_preset
 from gpt.metrics import flops_per_token
 from gpt.model import GPT

@@ -20,6 +20,7 @@ from gpt.prepare import cli as prep_cli
 from gpt.prepare import config as prep_config
 from gpt.prepare import encode as prep_encode
 from gpt.prepare import sources as prep_sources
+from gpt.fileio import LOCK_NAME
 from gpt.shards import DataError, find_shards, read_shard, write_shard
 from gpt.prepare import PrepareConfig, PrepareError, parse_count, prepare, split_paragraphs, split_pieces
 
@@ -379,10 +380,11 @@ def test_complete_run_is_not_redone_and_overwrite_redoes_it(tmp_path: Path) -> N
     src = write_jsonl(tmp_path / "in.jsonl", make_docs(50))
     out = tmp_path / "out"
     first = run(src, out, val_tokens=100, shard_tokens=1000)
-    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    # Every file but the lock, which each run takes (and stamps with its pid) anew.
+    stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != LOCK_NAME}
     again = run(src, out, val_tokens=100, shard_tokens=1000)
     assert again.kept_shards == len(first.shards) and again.shards == first.shards
-    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != LOCK_NAME} == stamps
     # --overwrite with other settings: old shards (more of them) are all gone.
     res = run(src, out, val_tokens=100, shard_tokens=5000, overwrite=True)
     assert sorted(p.name for p in out.glob("*.bin")) == sorted(s["name"] for s in res.shards)

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from gpt.dist import synchronize
+from gpt.dist import is_oom, synchronize
 from gpt.metrics import peak_memory, reset_peak_memory
 
 from gpt.profiling import cuda_profiler_range, nvtx_range
@@ -247,27 +247,6 @@ def reset_dynamo() -> None:
 
 # --------------------------------------------------------------------------------------
 # Guarded cells: an OOM or an error in one configuration never ends the sweep
-
-
-_OOM_MARKERS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
-                "cuda_error_out_of_memory")
-
-
-def is_oom(exc: BaseException) -> bool:
-    """torch.cuda.OutOfMemoryError, or an error (or its cause) that reports running out of
-    memory (MPS, cuBLAS/cuDNN workspaces, OOMs wrapped by torch.compile)."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, torch.cuda.OutOfMemoryError):
-            return True
-        if isinstance(e, (RuntimeError, MemoryError)):
-            text = str(e).lower()
-            if isinstance(e, MemoryError) or any(m in text for m in _OOM_MARKERS):
-                return True
-        e = e.__cause__ or e.__context__
-    return False
 
 
 def _one_line(exc: BaseException, limit: int = 500) -> str:
