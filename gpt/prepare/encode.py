@@ -148,9 +148,17 @@ def encode_in_order(tasks: Iterator[Task], workers: int) -> Iterator[Encoded]:
         gc.unfreeze()
     with pool:  # exit terminates the workers
         pending: deque[Any] = deque()
-        for task in tasks:
-            pending.append(pool.apply_async(encode_task, (task,)))
-            if len(pending) >= _IN_FLIGHT_PER_WORKER * workers:
+        try:
+            for task in tasks:
+                pending.append(pool.apply_async(encode_task, (task,)))
+                if len(pending) >= _IN_FLIGHT_PER_WORKER * workers:
+                    yield pending.popleft().get()
+            while pending:
                 yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+        finally:
+            # Stopped early (an error, Ctrl-C, --max-tokens): let the few tasks in flight
+            # finish before terminate() kills the workers. A worker killed while it puts a
+            # result can leave the result queue's lock held, and terminate() then waits on
+            # it forever (seen once in this suite, under load).
+            for result in pending:
+                result.wait(timeout=60)
