@@ -38,20 +38,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def enc():
-    """The GPT-2 tokenizer, or a skip when its files are neither cached nor downloadable."""
+    """The GPT-2 tokenizer (tiktoken's cache, else the files the package ships)."""
     from gpt.tokenizer import gpt2_tokenizer
 
-    try:
-        return gpt2_tokenizer()
-    except RuntimeError as e:
-        pytest.skip(f"GPT-2 tokenizer unavailable offline: {e}")
+    return gpt2_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def shakespeare_tokens(request: pytest.FixtureRequest) -> np.ndarray:
-    """GPT-2 tokens of tiny shakespeare (uint16), or a skip when the corpus is absent."""
-    if not SHAKESPEARE.is_file():
-        pytest.skip(f"{SHAKESPEARE} not found: the tiny-shakespeare tests need shared/data")
+    """GPT-2 tokens of tiny shakespeare (uint16), from the corpus the package ships."""
     enc = request.getfixturevalue("enc")
     ids = enc.encode_ordinary(SHAKESPEARE.read_text(encoding="utf-8"))
     return np.asarray([enc.eot_token, *ids], dtype=np.uint16)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = REPO / "train_gpt2.py"
-SHARED_DATA = REPO.parent / "shared" / "data"
-SHAKESPEARE = SHARED_DATA / "tinyshakespeare" / "input.txt"
+SHARED_DATA = REPO.parent / "shared" / "data"  # the workplace's offline caches, when present
+SHAKESPEARE = REPO / "gpt" / "assets" / "tinyshakespeare.txt"  # shipped with the package
 
 # A 2-layer, 64-wide model on 32-token sequences: a CPU step takes well under a second.
 TINY = ["--model", "tiny", "--block-size", "32", "--seq-len", "32", "--batch-size", "4",

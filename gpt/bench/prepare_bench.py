@@ -54,10 +54,9 @@ import tiktoken
 
 from gpt.prepare import PrepareConfig, available_cpus, prepare
 from gpt.shards import read_shard
-from gpt.tokenizer import gpt2_tokenizer
+from gpt.tokenizer import SHAKESPEARE, gpt2_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
-SHAKESPEARE = REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 INPUTS = ("paragraphs", "4k-docs")
 
 

@@ -14,6 +14,7 @@ from gpt.shards import DataError
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
 DEFAULT_SUBSET = "sample-10BT"  # the subset used when --source is DEFAULT_DATASET
 DEFAULT_OUT = "data/fineweb-edu-10B"  # the trainer's default --data-dir
+DEMO_SOURCE = "demo"  # --source demo: the tiny shakespeare corpus the package ships
 # One full validation of the trainer's defaults on 8 GPUs: 20 val steps x 8 ranks x B=64 x
 # T=1024 = 10,485,760 tokens, plus 1 because each window also needs its last target token;
 # with exactly 10,485,760 the loader would serve only 19 steps per pass.

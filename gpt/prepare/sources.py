@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from gpt.prepare import config
-from gpt.prepare.config import DEFAULT_DATASET, DEFAULT_SUBSET, PrepareConfig, PrepareError
+from gpt.prepare.config import (DEFAULT_DATASET, DEFAULT_SUBSET, DEMO_SOURCE, PrepareConfig,
+                                PrepareError)
 from gpt.prepare.pieces import (JsonlTask, Position, Record, Task, TextTaskBuilder,
                                 split_paragraphs)
+from gpt.tokenizer import SHAKESPEARE
 
 _TXT_SUFFIXES = (".txt", ".txt.gz")
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
@@ -416,5 +418,6 @@ def open_source(cfg: PrepareConfig) -> Source:
         name = hf[0].removeprefix("hf:")
         subset = cfg.subset if cfg.subset is not None else (DEFAULT_SUBSET if name == DEFAULT_DATASET else None)
         return HFSource(name, subset, cfg.split, cfg.streaming, cfg.text_field)
-    files = local_files(cfg.sources, exclude=Path(cfg.out_dir))
+    specs = [str(SHAKESPEARE) if s == DEMO_SOURCE and not Path(s).exists() else s for s in cfg.sources]
+    files = local_files(specs, exclude=Path(cfg.out_dir))
     return LocalSource(files, cfg.text_field, cfg.txt_split_on_blank_lines)
