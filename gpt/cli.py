@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import sys
 import typing
 from dataclasses import fields
 from pathlib import Path
@@ -30,13 +31,41 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10: the [toml] extra
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line naming the flag, then `hint`: the full
-    usage block would bury it. Every command line of the package uses it."""
+    """The parser of every command line of the package: no abbreviated flags (a typo must
+    not silently match a longer flag), and errors in one line naming the flag, with the
+    closest real flag for an unknown one, then `hint` (the full usage block would bury it)."""
 
-    hint = ""
+    hint = "(run with --help to list every flag)\n"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n{self.hint}")
+
+    def parse_args(self, args: typing.Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        argv = list(sys.argv[1:] if args is None else args)
+        flags = self._all_flags()
+        # An unknown flag first: a typo is usually why a required one then looks missing.
+        for token in argv[: argv.index("--") if "--" in argv else len(argv)]:
+            name = token.split("=")[0]
+            if token.startswith("--") and name not in flags:
+                self.error(f"unrecognized argument {token!r}{suggest(name, flags)}")
+        parsed, unknown = self.parse_known_args(argv, namespace)
+        if unknown:
+            self.error(f"unrecognized argument {unknown[0]!r}")
+        return parsed
+
+    def _all_flags(self) -> list[str]:
+        """Every option string, the subcommands' included."""
+        flags = [o for a in self._actions for o in a.option_strings]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    flags += [o for a in sub._actions for o in a.option_strings]
+        return flags
 
 
 def check_at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace,
@@ -49,8 +78,10 @@ def check_at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def suggest(name: str, options: typing.Iterable[str]) -> str:
-    """' (did you mean X?)' for the closest option, or ''."""
-    close = difflib.get_close_matches(name, list(options), n=1)
+    """' (did you mean X?)' for the option it abbreviates, or else the closest one; or ''."""
+    options = list(options)
+    longer = [o for o in options if o.startswith(name) and o != name]
+    close = longer if len(longer) == 1 else difflib.get_close_matches(name, options, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -62,10 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="train_gpt2.py",
         description="Pre-train a GPT-2 model. Values: defaults <- --model preset <- "
         "--config TOML file <- flags.",
-        allow_abbrev=False,  # a typo must not silently match a longer flag
         argument_default=argparse.SUPPRESS,  # so we can tell which flags were given
     )
-    parser.hint = "(run with --help to list every flag)\n"
     parser.add_argument("--config", metavar="FILE", help="TOML file of settings (see README)")
     parser.add_argument(
         "--model",
@@ -78,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         group = parser.add_argument_group(f"{section} settings")
         for f in fields(cls):
             tp = field_type(f.name)
-            default = f.default
-            help_text = f"{f.metadata['help']} (default: {'auto' if default is None else default})"
+            help_text = f.metadata["help"]
+            if "default" not in help_text:  # a help that explains its default says it once
+                help_text += f" (default: {'off' if f.default is None else f.default})"
             if tp is bool:
                 group.add_argument(
                     flag(f.name), action=argparse.BooleanOptionalAction, help=help_text
@@ -98,12 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> Config:
     """CLI -> Config. A bad flag or value exits with status 2 and a message naming it."""
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        known = [o for a in parser._actions for o in a.option_strings]
-        bad = unknown[0]
-        parser.error(f"unrecognized argument {bad!r}{suggest(bad.split('=')[0], known)}")
-    cli = vars(args)
+    cli = vars(parser.parse_args(argv))
     try:
         values: dict[str, Any] = {}
         config_file = cli.pop("config", None)
@@ -204,3 +229,12 @@ def to_toml(cfg: Config) -> str:
                 text = repr(value)
             lines.append(f"{name} = {text}")
     return "\n".join(lines) + "\n"
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    """`python train_gpt2.py` and `gpt2-train`: the flags are parsed before torch is
+    imported, so --help and a bad flag answer at once instead of after seconds."""
+    cfg = parse_args(argv)
+    from gpt.train import main_with  # imports torch and the whole trainer
+
+    return main_with(cfg)

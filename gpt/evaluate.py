@@ -60,7 +60,7 @@ def val_loss(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="python -m gpt.evaluate", allow_abbrev=False,
+    p = OneLineParser(prog="python -m gpt.evaluate",
                       description="Score a checkpoint or OpenAI GPT-2 on HellaSwag and/or "
                       "validation loss.")
     src = p.add_mutually_exclusive_group(required=True)

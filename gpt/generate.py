@@ -135,7 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="python -m gpt.generate",
         description="Generate text from a trainer checkpoint or OpenAI's GPT-2 weights.",
-        allow_abbrev=False,
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", metavar="PATH", help="a checkpoint written by the trainer")

@@ -19,13 +19,14 @@ checkpoint). A line cut short by a crash is skipped and counted.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+from gpt.cli import OneLineParser
 
 PLOTTED = ("train", "val", "hellaswag")
 MATPLOTLIB_HINT = "pip install matplotlib (or pip install gpt2-trainer[plot])"
@@ -204,8 +205,7 @@ def plot_runs(runs: Sequence[RunMetrics], output: str | Path, smooth: float = 0.
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpt.plot", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)
+    p = OneLineParser(prog="python -m gpt.plot", description=__doc__.split("\n\n")[0])
     p.add_argument("metrics", nargs="+", help="metrics.jsonl files or run folders (overlaid)")
     p.add_argument("-o", "--output", default=None,
                    help="image file (default: curves.png next to the first metrics file)")

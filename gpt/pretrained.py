@@ -389,10 +389,9 @@ def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLik
 def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m gpt.pretrained",
                            description="Convert between trainer checkpoints and Hugging Face "
-                           "GPT-2 folders.", allow_abbrev=False)
+                           "GPT-2 folders.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    exp = sub.add_parser("export", help="write a checkpoint as a Hugging Face GPT-2 folder",
-                         allow_abbrev=False)
+    exp = sub.add_parser("export", help="write a checkpoint as a Hugging Face GPT-2 folder")
     exp.add_argument("--checkpoint", required=True, metavar="PATH", help="trainer checkpoint (.pt)")
     exp.add_argument("--out", required=True, metavar="DIR", help="folder to write")
     exp.add_argument("--vocab-size", type=int, default=None,

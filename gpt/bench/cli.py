@@ -14,6 +14,7 @@ from typing import Any, Callable
 from gpt.bench import (attention, comm, compile_bench, gpu, ladder, model_bench, prepare_bench,
                        report)
 from gpt.bench.common import Context
+from gpt.cli import OneLineParser
 from gpt.errors import UserError
 
 Runner = Callable[[Context], tuple[list[dict[str, Any]], list[report.Section]]]
@@ -28,17 +29,14 @@ RUNNERS: dict[str, Runner] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m gpt.bench",
         description="GPT-2 benchmark suite: warm-up, synchronised timing, OOM-safe sweeps, "
                     "JSON + markdown results. See benchmarks/README.md.",
-        allow_abbrev=False,
     )
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", required=True)
     for module in (model_bench, attention, ladder, compile_bench, comm, prepare_bench, gpu):
         module.add_parser(sub)
-    for p in sub.choices.values():
-        p.allow_abbrev = False
     return parser
 
 

@@ -3,7 +3,7 @@
     python fineweb.py                                    # FineWeb-Edu sample-10BT -> data/fineweb-edu-10B
     python fineweb.py --streaming --max-tokens 1B        # its first 1B tokens, without downloading it all
     python fineweb.py --source ./my_texts/*.jsonl --out data/mine
-    python fineweb.py --source input.txt --out data/shakespeare --val-tokens 30000
+    python fineweb.py --source demo --out data/shakespeare --val-tokens 30000    # tiny shakespeare, shipped
 
 Sources: a Hugging Face dataset name (with --subset, --split, --text-field), or local .txt,
 .jsonl/.json (also .gz) and .parquet files, globs and folders (no network needed). Every
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpt.cli import OneLineParser
 from gpt.errors import UserError
 from gpt.prepare.config import (DEFAULT_DATASET, DEFAULT_OUT, DEFAULT_SHARD_TOKENS, DEFAULT_SUBSET,
                                 DEFAULT_VAL_TOKENS, PrepareConfig, parse_count)
@@ -31,13 +32,14 @@ def _count(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="fineweb.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     src = p.add_argument_group("input")
     src.add_argument("--source", nargs="+", default=[DEFAULT_DATASET], metavar="SRC",
-                     help="local files, globs or folders (.txt, .jsonl, .json, .parquet, .gz), or one "
-                          f"Hugging Face dataset name, optionally as hf:NAME (default: {DEFAULT_DATASET})")
+                     help="local files, globs or folders (.txt, .jsonl, .json, .parquet, .gz), one "
+                          "Hugging Face dataset name (optionally as hf:NAME), or 'demo' for the tiny "
+                          f"shakespeare corpus the package ships (default: {DEFAULT_DATASET})")
     src.add_argument("--subset", default=None,
                      help=f"HF dataset subset/config (default: {DEFAULT_SUBSET} for {DEFAULT_DATASET})")
     src.add_argument("--split", default="train", help="HF dataset split (default: train)")
