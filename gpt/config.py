@@ -387,10 +387,16 @@ def from_dict(d: dict[str, Any]) -> Config:
     return Config(preset=d["preset"], **{name: cls(**d[name]) for name, cls in SECTIONS.items()})
 
 
-def describe(cfg: Config) -> str:
-    """Readable multi-line dump of the resolved config for the start of a run."""
+def describe(cfg: Config, width: int = 100) -> str:
+    """The resolved config for the start of a run: a section a paragraph, wrapped."""
     out = [f"preset: {cfg.preset}"]
     for section in SECTIONS:
-        items = dataclasses.asdict(getattr(cfg, section))
-        out.append(f"{section}: " + ", ".join(f"{k}={v}" for k, v in items.items()))
+        line = f"{section + ':':<12}"
+        for k, v in dataclasses.asdict(getattr(cfg, section)).items():
+            item = f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}"
+            if len(line) + len(item) > width and line.strip() != section + ":":
+                out.append(line.rstrip())  # a value never breaks across lines
+                line = " " * 12
+            line += item + " "
+        out.append(line.rstrip())
     return "\n".join(out)

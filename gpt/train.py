@@ -75,6 +75,12 @@ class Run:
         if self.runtime.is_master:
             print(*args, flush=True)
 
+    @property
+    def end_step(self) -> int:
+        """The step this run stops at: --max-steps, or --stop-at-step if sooner."""
+        c = self.cfg
+        return min(c.train.max_steps, c.checkpoint.stop_at_step or c.train.max_steps)
+
     def parts(self) -> Parts:
         """What a checkpoint of this run is made of."""
         return Parts(self.model, self.par.optimizer, self.scaler, self.train_loader, self.state,
@@ -217,8 +223,10 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
 
 def run_loop(run: Run) -> dict[str, Any]:
     cfg, rt, s = run.cfg, run.runtime, run.state
-    end = min(cfg.train.max_steps, cfg.checkpoint.stop_at_step or cfg.train.max_steps)
+    end = run.end_step
     start, stopped_by, last_loss = s.step, None, None
+    if already_done(run):
+        return outcome(run)
     timer = StepTimer(rt)
     with open_log(run), StopSignal() as stop, Profiler(cfg.profile, rt, start) as profiler:
         timer.reset()
@@ -249,7 +257,22 @@ def run_loop(run: Run) -> dict[str, Any]:
                 run.say(f"{name} received: saved checkpoint {path} at step {s.step}; "
                         f"continue with --resume auto")
                 break
-    return {"loss": last_loss, "val_loss": s.last_val, "checkpoint": run.checkpointer.last_saved,
+    return outcome(run, last_loss, stopped_by)
+
+
+def already_done(run: Run) -> bool:
+    """A resumed run at or past its last step says so, and leaves its record as it is."""
+    if run.state.step < run.end_step:
+        return False
+    which = "--stop-at-step" if run.end_step < run.cfg.train.max_steps else "--max-steps"
+    run.say(f"nothing to do: the run is already at step {run.state.step} and {which} is "
+            f"{run.end_step}; raise {which} to train further")
+    return True
+
+
+def outcome(run: Run, loss: float | None = None, stopped_by: int | None = None) -> dict[str, Any]:
+    s = run.state
+    return {"loss": loss, "val_loss": s.last_val, "checkpoint": run.checkpointer.last_saved,
             "steps": s.step, "skipped": s.skipped, "stopped_by": stopped_by}
 
 
@@ -367,7 +390,7 @@ def log_samples(run: Run) -> None:
                  autocast_dtype=run.autocast_dtype)
     texts = [tok.decode(row.tolist()) for row in ids]
     for i, text in enumerate(texts):
-        run.say(f"sample {i}: {text!r}")
+        run.say(f"--- sample {i} at step {run.state.step}:\n{text}")
     run.log.write({"type": "sample", "step": run.state.step, "samples": texts})
 
 
@@ -398,8 +421,14 @@ def open_log(run: Run) -> Iterator[MetricsLog]:
     """For the loop's life: config.toml written, the metrics log open on rank 0 (a no-op
     log elsewhere) with the run's header record, and the banner printed."""
     if run.runtime.is_master:
+        # The recipe of the run, to repeat it with --config: without the job controls that
+        # would make a repeat continue this run (resume) or stop it early (stop_at_step).
+        recipe = dataclasses.replace(run.cfg, checkpoint=dataclasses.replace(
+            run.cfg.checkpoint, resume="none", stop_at_step=None))
+        text = ("# the resolved config of this run: python train_gpt2.py --config config.toml "
+                "--out-dir NEW_FOLDER repeats it\n" + to_toml(recipe))
         try:
-            atomic_write(run.out_dir / "config.toml", lambda fh: fh.write(to_toml(run.cfg).encode()))
+            atomic_write(run.out_dir / "config.toml", lambda fh: fh.write(text.encode()))
         except OSError as e:
             raise ConfigError(f"{run.out_dir / 'config.toml'}: cannot write it ({e.strerror or e})") from None
     run.log = MetricsLog(run.out_dir / "metrics.jsonl", enabled=run.runtime.is_master)
@@ -425,6 +454,10 @@ def banner(run: Run) -> dict[str, Any]:
     )
     if peak is None:
         run.say("note: peak FLOP/s of this device unknown; MFU not reported (set --peak-tflops)")
+    if cfg.optim.warmup_steps > cfg.train.max_steps and rt.is_master:
+        print(f"warning: --warmup-steps {cfg.optim.warmup_steps} is longer than the run "
+              f"(--max-steps {cfg.train.max_steps}): the learning rate never reaches --max-lr "
+              f"{cfg.optim.max_lr}", file=sys.stderr)
     return {
         "type": "run", "config": to_dict(cfg), "device": str(rt.device),
         "device_name": name, "world_size": rt.world_size, "torch": torch.__version__,
@@ -476,7 +509,12 @@ def train(cfg: Config) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)  # exits with status 2 and a message on a bad flag or value
+    """Parse the flags (a bad one exits with status 2 and a message naming it), then run."""
+    return main_with(parse_args(argv))
+
+
+def main_with(cfg: Config) -> int:
+    """Train as configured; the process's exit status (one line on stderr for errors)."""
     prefix = f"[rank {os.environ['RANK']}] " if "RANK" in os.environ else ""
     try:
         result = train(cfg)

@@ -534,7 +534,10 @@ def test_describe() -> None:
     assert "n_layer=2" in text
     assert "seed=42" in text
     assert "max_lr=0.0006" in text
-    assert len(text.splitlines()) == 1 + len(SECTIONS)
+    lines = text.splitlines()
+    # a section a paragraph, wrapped to 100 columns (one 600-column line is not readable)
+    assert [line.split(":")[0] for line in lines if not line.startswith(" ")] == ["preset", *SECTIONS]
+    assert max(len(line) for line in lines) <= 100
 
 
 # --------------------------------------------------------------------------

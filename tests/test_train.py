@@ -203,3 +203,47 @@ def test_init_from_missing_folder_is_a_clear_error(random_data_dir: Path, tmp_pa
                    "--init-from", str(tmp_path / "nope"))
     assert proc.returncode == 1
     assert "--init-from" in proc.stderr and "nope" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# runs that say what they do
+
+
+def test_resume_past_the_last_step_does_nothing_and_says_so(random_data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(random_data_dir), "--out-dir", str(out)]
+    assert run_cli(*args).returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"}
+    proc = run_cli(*args, "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing to do: the run is already at step 2 and --max-steps is 2" in proc.stdout
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.name != ".lock"} == before
+
+
+def test_saved_recipe_repeats_the_run_instead_of_resuming_it(random_data_dir: Path, tmp_path: Path) -> None:
+    first = tmp_path / "first"
+    proc = run_cli(*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(random_data_dir),
+                   "--out-dir", str(first), "--resume", "auto", "--stop-at-step", "1")
+    assert proc.returncode == 0, proc.stderr
+    recipe = (first / "config.toml").read_text()
+    assert recipe.startswith("# the resolved config of this run")
+    cfg = parse_args(["--config", str(first / "config.toml")])
+    assert cfg.checkpoint.resume == "none" and cfg.checkpoint.stop_at_step is None
+    assert cfg.train.max_steps == 2 and cfg.data.data_dir == str(random_data_dir)
+
+
+def test_warmup_longer_than_the_run_is_warned_about(random_data_dir: Path, tmp_path: Path) -> None:
+    proc = run_cli(*TINY, *QUIET, "--max-steps", "1", "--warmup-steps", "50",
+                   "--data-dir", str(random_data_dir), "--out-dir", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: --warmup-steps 50 is longer than the run (--max-steps 1)" in proc.stderr
+
+
+def test_samples_print_as_text(shakespeare_dir: Path, tmp_path: Path) -> None:
+    proc = run_cli(*TINY, "--val-every", "0", "--max-steps", "1", "--sample-every", "1",
+                   "--sample-tokens", "24", "--sample-prompt", "ROMEO:\nO", "--data-dir",
+                   str(shakespeare_dir), "--out-dir", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr
+    samples = proc.stdout[proc.stdout.index("--- sample 0"):]
+    assert samples.startswith("--- sample 0 at step 1:\nROMEO:\nO")  # real newlines
+    assert "\\n" not in samples
