@@ -6,6 +6,7 @@ them; nothing here is global.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import platform
 import subprocess
@@ -283,3 +284,23 @@ def is_oom(exc: BaseException) -> bool:
                 return True
         e = e.__cause__ or e.__context__
     return False
+
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_KEEP_BYTES = 1 << 30
+
+
+def reuse_freed_memory() -> bool:
+    """Make glibc keep freed blocks of up to 1 GiB for reuse. By default it serves each block
+    above a few MB with a fresh mmap and unmaps it when freed, so on a CPU every step pays
+    for the kernel zeroing and mapping the logits and activations again: about half of a
+    small model's step (benchmarks/cpu_malloc.md). Returns whether it took effect (glibc
+    only; elsewhere a no-op)."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, Windows, musl builds without it)
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES))

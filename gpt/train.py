@@ -25,7 +25,8 @@ from gpt.cli import parse_args, to_toml
 from gpt.config import Config, ConfigError, describe, grad_accum_steps, to_dict
 from gpt.data import ShardLoader
 from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, any_rank, device_name,
-                      init_runtime, is_oom, resolve_dtype, shutdown, synchronize)
+                      init_runtime, is_oom, resolve_dtype, reuse_freed_memory, shutdown,
+                      synchronize)
 from gpt.errors import UserError
 from gpt.evaluate import val_loss
 from gpt.fileio import atomic_write
@@ -486,6 +487,8 @@ def train(cfg: Config) -> dict[str, Any]:
     """Run training as configured (one process, or one rank under torchrun)."""
     cfg = with_pretrained_shape(cfg)
     runtime = init_runtime(cfg.train.device, cfg.train.dist_timeout)
+    if runtime.device_type == "cpu" and cfg.train.cpu_malloc_reuse:
+        reuse_freed_memory()
     clean = False
     try:
         run = build_run(cfg, runtime)

@@ -9,6 +9,7 @@ Subcommands:
     comm        all-reduce bandwidth, DDP compute vs communication (under torchrun)
     prepare     fineweb.py's shard preparation vs a multiprocessing.Pool baseline
     gpu         the GPU acceptance run: CUDA tests, 124M vs build-nanogpt, ladder, XL
+    cpu-malloc  the CPU step with and without --cpu-malloc-reuse
 
 Every subcommand times with one helper (gpt.bench.timing.time_fn: warm-up, synchronised
 or CUDA-event timing, all samples kept), records OOMs and errors per cell and goes on,

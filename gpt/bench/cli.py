@@ -11,8 +11,8 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from gpt.bench import (attention, comm, compile_bench, gpu, ladder, model_bench, prepare_bench,
-                       report)
+from gpt.bench import (attention, comm, compile_bench, gpu, ladder, malloc_bench, model_bench,
+                       prepare_bench, report)
 from gpt.bench.common import Context
 from gpt.cli import OneLineParser
 from gpt.errors import UserError
@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "JSON + markdown results. See benchmarks/README.md.",
     )
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", required=True)
-    for module in (model_bench, attention, ladder, compile_bench, comm, prepare_bench, gpu):
+    for module in (model_bench, attention, ladder, compile_bench, comm, prepare_bench, gpu,
+                   malloc_bench):
         module.add_parser(sub)
     return parser
 
