@@ -3,7 +3,7 @@
 A thin entry point; the trainer lives in gpt/train.py.
 """
 
-from gpt.cli import train_main
+from gpt.entry import train_main
 
 if __name__ == "__main__":
     raise SystemExit(train_main())

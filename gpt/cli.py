@@ -229,12 +229,3 @@ def to_toml(cfg: Config) -> str:
                 text = repr(value)
             lines.append(f"{name} = {text}")
     return "\n".join(lines) + "\n"
-
-
-def train_main(argv: list[str] | None = None) -> int:
-    """`python train_gpt2.py` and `gpt2-train`: the flags are parsed before torch is
-    imported, so --help and a bad flag answer at once instead of after seconds."""
-    cfg = parse_args(argv)
-    from gpt.train import main_with  # imports torch and the whole trainer
-
-    return main_with(cfg)

@@ -1,4 +1,5 @@
-"""FLOP counts, model FLOPs utilisation (MFU), peak memory, and the JSONL metrics log."""
+"""What a run measures: FLOP counts and MFU, peak memory, step time and progress, and the
+JSONL metrics log."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import os
 import re
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,9 @@ import psutil
 import torch
 
 from gpt.config import ModelConfig
+from gpt.dist import Runtime, synchronize
 from gpt.errors import UserError
+from gpt.units import format_duration, human_count
 
 # bf16 dense (no sparsity) tensor-core peaks in TFLOP/s, from the vendors' datasheets
 # (GeForce/RTX: the Ampere and Ada architecture whitepapers, "BF16 with FP32 accumulate").
@@ -139,6 +144,64 @@ def _peak_rss() -> int:
         return int(maxrss if sys.platform == "darwin" else maxrss * 1024)  # bytes on macOS, KiB elsewhere
     except ImportError:  # Windows
         return int(getattr(psutil.Process().memory_info(), "peak_wset", 0))
+
+
+# ---- time
+
+
+@dataclass
+class StepTimer:
+    """Wall time between log points; the device is synchronised only at those points, so
+    steps in between queue up without host stalls."""
+
+    runtime: Runtime
+    start: float = 0.0
+    steps: int = 0
+
+    def reset(self) -> None:
+        synchronize(self.runtime.device)
+        self.start = time.perf_counter()
+        self.steps = 0
+
+    def lap(self) -> float:
+        """Seconds per step since the last lap/reset."""
+        synchronize(self.runtime.device)
+        now = time.perf_counter()
+        per_step = (now - self.start) / max(1, self.steps)
+        self.start, self.steps = now, 0
+        return per_step
+
+
+@dataclass
+class Progress:
+    """How far the run is: tokens seen, time since this process started training, and an
+    estimate of the time to --max-steps from a moving average of the step time (evaluation
+    and checkpoints not counted)."""
+
+    tokens_per_step: int
+    max_steps: int
+    started: float = field(default_factory=time.monotonic)
+    step: int = 0
+    step_seconds: float | None = None
+
+    def update(self, step: int, seconds_per_step: float) -> "Progress":
+        self.step = step
+        avg = self.step_seconds
+        self.step_seconds = seconds_per_step if avg is None else 0.9 * avg + 0.1 * seconds_per_step
+        return self
+
+    def record(self) -> dict[str, float]:
+        left = max(0, self.max_steps - self.step - 1) * (self.step_seconds or 0.0)
+        return {"tokens_seen": (self.step + 1) * self.tokens_per_step,
+                "elapsed_s": round(time.monotonic() - self.started, 1), "eta_s": round(left, 1)}
+
+    def line(self) -> str:
+        r = self.record()
+        return (f"{human_count(r['tokens_seen'])} tokens | {self.step + 1}/{self.max_steps} steps in "
+                f"{format_duration(r['elapsed_s'])}, ETA {format_duration(r['eta_s'])}")
+
+
+# ---- the log
 
 
 class MetricsError(UserError):

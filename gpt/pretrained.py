@@ -17,6 +17,7 @@ Weights files are read and written with the `safetensors` package.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -32,7 +33,7 @@ import torch.nn as nn
 from gpt.checkpoint import CheckpointError
 from gpt.checkpoint import load as load_checkpoint_file
 from gpt.cli import OneLineParser
-from gpt.config import ConfigError, ModelConfig, from_dict
+from gpt.config import Config, ConfigError, ModelConfig, from_dict
 from gpt.errors import UserError
 from gpt.fileio import atomic_path, atomic_write
 from gpt.model import GPT, unwrap
@@ -264,6 +265,18 @@ def load_pretrained(name_or_path: str | os.PathLike, *, vocab_size: int | None =
                                block_size, dropout)
     hf_sd, path = read_hf_weights(folder)
     return build_model(cfg, hf_to_gpt_state_dict(hf_sd, cfg, str(path)), str(path), device)
+
+
+def with_pretrained_shape(cfg: Config) -> Config:
+    """--init-from decides the model's depth and width (its config.json is read; the weights
+    are loaded later, in build_run, unless a checkpoint is resumed instead)."""
+    if not cfg.train.init_from:
+        return cfg
+    folder = resolve(cfg.train.init_from)
+    pre = model_config_from_hf(read_hf_config(folder), str(folder),
+                                          cfg.model.vocab_size, cfg.model.block_size)
+    shape = {k: getattr(pre, k) for k in ("n_layer", "n_head", "n_embd")}
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **shape))
 
 
 # ---------------------------------------------------------------------------- checkpoints

@@ -25,26 +25,21 @@ from gpt.cli import parse_args, to_toml
 from gpt.config import Config, ConfigError, describe, grad_accum_steps, to_dict
 from gpt.data import ShardLoader
 from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, any_rank, device_name,
-                      init_runtime, is_oom, resolve_dtype, reuse_freed_memory, shutdown,
-                      synchronize)
+                      init_runtime, is_oom, resolve_dtype, reuse_freed_memory, shutdown)
 from gpt.errors import UserError
 from gpt.evaluate import val_loss
 from gpt.fileio import atomic_write
 from gpt.generate import sample
-from gpt.metrics import MetricsLog, flops_per_token, mfu, peak_memory, peak_tflops
+from gpt.metrics import (MetricsLog, Progress, StepTimer, flops_per_token, mfu, peak_memory,
+                         peak_tflops)
 from gpt.model import GPT
 from gpt.optim import lr_at
 from gpt.profiling import Profiler
+from gpt.signals import StopSignal
 from gpt.rng import seed_everything
 from gpt.shards import DataError, find_shards
 from gpt.step import TrainingDiverged, forward_backward, nonfinite_tensors, optimizer_step
 from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
-
-# SIGTERM (preemption, scancel), SIGINT (Ctrl-C), SIGHUP (a closed terminal) and SIGUSR1
-# (what schedulers such as SLURM's --signal send ahead of a kill) all mean: save and stop.
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
-                     if hasattr(signal, name))
-
 
 class OutOfMemory(UserError):
     """The device (or host) ran out of memory; the message says which flag to lower."""
@@ -70,6 +65,7 @@ class Run:
     state: LoopState = field(default_factory=LoopState)
     resumed_from: Path | None = None
     log: MetricsLog | None = None  # opened by the loop
+    progress: Progress | None = None  # started by the loop
 
     def say(self, *args: Any) -> None:
         """Print on rank 0 only."""
@@ -93,52 +89,6 @@ def set_matmul_precision(runtime: Runtime, tf32: bool) -> None:
         # TF32 runs fp32 matmuls on tensor cores (10-bit mantissa inputs, fp32 accumulate).
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
-
-
-@dataclass
-class StepTimer:
-    """Wall time between log points; the device is synchronised only at those points, so
-    steps in between queue up without host stalls."""
-
-    runtime: Runtime
-    start: float = 0.0
-    steps: int = 0
-
-    def reset(self) -> None:
-        synchronize(self.runtime.device)
-        self.start = time.perf_counter()
-        self.steps = 0
-
-    def lap(self) -> float:
-        """Seconds per step since the last lap/reset."""
-        synchronize(self.runtime.device)
-        now = time.perf_counter()
-        per_step = (now - self.start) / max(1, self.steps)
-        self.start, self.steps = now, 0
-        return per_step
-
-
-class StopSignal:
-    """Any of STOP_SIGNALS sets a flag; the loop finishes its step, checkpoints and exits.
-    A second SIGINT interrupts at once."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "StopSignal":
-        for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum == signal.SIGINT and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 # ---------------------------------------------------------------------------------------
@@ -228,6 +178,7 @@ def run_loop(run: Run) -> dict[str, Any]:
     start, stopped_by, last_loss = s.step, None, None
     if already_done(run):
         return outcome(run)
+    run.progress = Progress(cfg.data.total_batch_tokens, cfg.train.max_steps)
     timer = StepTimer(rt)
     with open_log(run), StopSignal() as stop, Profiler(cfg.profile, rt, start) as profiler:
         timer.reset()
@@ -344,12 +295,14 @@ def log_step(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor, lr: fl
     tok_s = run.cfg.data.total_batch_tokens / sec
     util = mfu(tok_s / rt.world_size, flops_tok, run_peak(run))  # per-device MFU
     mem_gb = peak_memory(rt.device)[0] / 2**30  # this rank's; the header says what it measures
+    progress = run.progress.update(step, sec)
     run.say(f"step {step:6d} | loss {mean_loss:.6f} | lr {lr:.4e} | norm {grad_norm:.4f} | "
             f"{sec * 1000:.1f} ms | {tok_s:,.0f} tok/s"
-            + (f" | MFU {util * 100:.1f}%" if util is not None else "") + f" | mem {mem_gb:.2f} GiB")
+            + (f" | MFU {util * 100:.1f}%" if util is not None else "")
+            + f" | mem {mem_gb:.2f} GiB | {progress.line()}")
     run.log.write({"type": "train", "step": step, "loss": mean_loss, "lr": lr,
                    "grad_norm": grad_norm, "ms": sec * 1000, "tokens_per_s": tok_s, "mfu": util,
-                   "peak_mem_gb": mem_gb})
+                   "peak_mem_gb": mem_gb, **progress.record()})
     return mean_loss
 
 
@@ -471,21 +424,9 @@ def banner(run: Run) -> dict[str, Any]:
     }
 
 
-def with_pretrained_shape(cfg: Config) -> Config:
-    """--init-from decides the model's depth and width (its config.json is read; the weights
-    are loaded later, in build_run, unless a checkpoint is resumed instead)."""
-    if not cfg.train.init_from:
-        return cfg
-    folder = pretrained.resolve(cfg.train.init_from)
-    pre = pretrained.model_config_from_hf(pretrained.read_hf_config(folder), str(folder),
-                                          cfg.model.vocab_size, cfg.model.block_size)
-    shape = {k: getattr(pre, k) for k in ("n_layer", "n_head", "n_embd")}
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **shape))
-
-
 def train(cfg: Config) -> dict[str, Any]:
     """Run training as configured (one process, or one rank under torchrun)."""
-    cfg = with_pretrained_shape(cfg)
+    cfg = pretrained.with_pretrained_shape(cfg)
     runtime = init_runtime(cfg.train.device, cfg.train.dist_timeout)
     if runtime.device_type == "cpu" and cfg.train.cpu_malloc_reuse:
         reuse_freed_memory()

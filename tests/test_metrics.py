@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,10 @@ def test_peak_memory_on_cpu_is_the_process_peak_rss() -> None:
     after, _ = peak_memory(cpu)
     assert after >= before + 60 * 2**20
     del block
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux")
+def test_cpu_malloc_reuse_takes_effect_on_glibc() -> None:
+    from gpt.dist import reuse_freed_memory
+
+    assert reuse_freed_memory() is True

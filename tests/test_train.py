@@ -102,6 +102,10 @@ def test_cli_end_to_end_on_shakespeare(shakespeare_dir: Path, tmp_path: Path) ->
     # On CPU the memory figure is the process's peak RSS, and the header says so.
     assert records[0]["peak_mem_source"] == "peak RSS" and all(r["peak_mem_gb"] > 0 for r in train)
     assert all(" GiB" in line for line in proc.stdout.splitlines() if line.startswith("step") and "| loss" in line)
+    # Progress: tokens seen so far, time since start and an estimate to --max-steps.
+    assert [r["tokens_seen"] for r in train] == [256 * (i + 1) for i in range(12)]
+    assert train[-1]["eta_s"] == 0 and train[0]["eta_s"] > 0 and train[-1]["elapsed_s"] > 0
+    assert "12/12 steps in" in proc.stdout and "ETA" in proc.stdout
     assert records[0]["grad_accum"] == 2 and records[0]["params"] > 0
     ckpt = load(out / "ckpt_000012.pt")  # weights_only=True inside
     assert ckpt["step"] == 12

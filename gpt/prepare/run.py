@@ -11,12 +11,12 @@ from typing import Any, TextIO
 from gpt.fileio import FolderLock, remove_dead_temp_files
 from gpt.prepare import config
 from gpt.prepare.config import (LAYOUT_VERSION, METADATA_VERSION, TOKENIZER_NAME, PrepareConfig,
-                                PrepareError, PrepareResult, available_cpus, format_duration,
-                                human_count)
+                                PrepareError, PrepareResult, available_cpus)
 from gpt.prepare.encode import encode_in_order, get_encoder
 from gpt.prepare.pieces import Position
 from gpt.prepare.sources import open_source
 from gpt.prepare.writer import ShardWriter, inspect_output, shard_totals
+from gpt.units import format_duration, human_count
 
 
 class Progress:
