@@ -37,7 +37,7 @@ from gpt.config import Config, ConfigError, ModelConfig, from_dict
 from gpt.errors import UserError
 from gpt.fileio import atomic_path, atomic_write
 from gpt.model import GPT, unwrap
-from gpt.tokenizer import GPT2_EOT, GPT2_VOCAB
+from gpt.tokenizer import ASSETS, GPT2_EOT, GPT2_VOCAB
 
 HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 HUB_ORG = "openai-community"
@@ -368,7 +368,9 @@ def gpt_to_hf_state_dict(state_dict: dict[str, torch.Tensor],
 def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLike,
               out_dir: str | os.PathLike, vocab_size: int | None = None) -> Path:
     """Write a model (GPT, possibly compiled/DDP-wrapped), checkpoint dict or checkpoint file
-    as a Hugging Face GPT-2 folder: config.json + model.safetensors.
+    as a Hugging Face GPT-2 folder: config.json + model.safetensors, and GPT-2's tokenizer
+    files (vocab.json, merges.txt, tokenizer_config.json) when the vocabulary is GPT-2's,
+    so that AutoTokenizer and pipeline("text-generation") work on the folder as it is.
 
     vocab_size defaults to GPT-2's 50257 (the padding rows are cut), or the model's own if
     smaller. Each file is written atomically; the weights first, config.json last.
@@ -390,10 +392,25 @@ def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLik
     out.mkdir(parents=True, exist_ok=True)
     hf_sd = gpt_to_hf_state_dict(sd, vocab)
     write_safetensors(hf_sd, out / "model.safetensors")
+    if vocab == GPT2_VOCAB:
+        write_tokenizer(out, cfg.block_size)
     config = hf_config(cfg, vocab, hf_sd["transformer.wte.weight"].dtype)
     atomic_write(out / CONFIG_FILE,
                  lambda fh: fh.write((json.dumps(config, indent=2) + "\n").encode("utf-8")))
     return out
+
+
+def write_tokenizer(out: Path, max_length: int) -> None:
+    """GPT-2's tokenizer in Hugging Face's file names: the same two BPE files the package
+    ships (encoder.json is vocab.json, vocab.bpe is merges.txt) and a tokenizer config."""
+    for ours, theirs in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
+        data = (ASSETS / "gpt2" / ours).read_bytes()
+        atomic_write(out / theirs, lambda fh, data=data: fh.write(data))
+    eot = "<|endoftext|>"
+    config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length,
+              "bos_token": eot, "eos_token": eot, "unk_token": eot, "add_prefix_space": False}
+    atomic_write(out / "tokenizer_config.json",
+                 lambda fh: fh.write((json.dumps(config, indent=2) + "\n").encode("utf-8")))
 
 
 # ---------------------------------------------------------------------------- CLI

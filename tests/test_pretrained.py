@@ -314,3 +314,26 @@ def test_transformers_loads_the_export(tmp_path: Path) -> None:
     with torch.no_grad():
         theirs = hf(IDX).logits
     torch.testing.assert_close(theirs, logits_of(model, IDX), rtol=0, atol=1e-4)
+
+
+def test_the_export_works_in_a_text_generation_pipeline(tmp_path: Path) -> None:
+    """The folder carries GPT-2's tokenizer, so AutoTokenizer and pipeline() work on it as
+    it is, and greedy generation there gives the text our own sampling gives."""
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed (optional; not a dependency)")
+    from gpt.generate import sample
+    from gpt.tokenizer import gpt2_tokenizer
+
+    model = tiny_gpt(vocab_size=50304)  # GPT-2's padded vocabulary, as trained
+    out = export_hf(model, tmp_path / "hf")
+    assert {"vocab.json", "merges.txt", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    small = export_hf(tiny_gpt(), tmp_path / "small")  # not GPT-2's vocabulary: no tokenizer
+    assert not (small / "vocab.json").exists()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    enc = gpt2_tokenizer()
+    prompt = "Hello, I'm a language model,"
+    assert tok(prompt)["input_ids"] == enc.encode_ordinary(prompt) and len(tok) == 50257
+    generate = transformers.pipeline("text-generation", model=str(out), tokenizer=str(out))
+    text = generate(prompt, max_new_tokens=8, do_sample=False)[0]["generated_text"]
+    ours = sample(model, enc.encode_ordinary(prompt), 8, temperature=0, valid_vocab=50257)
+    assert text != prompt and text == enc.decode(ours[0].tolist())
