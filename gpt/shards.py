@@ -14,13 +14,23 @@ little-endian int32 slots:
 
 Shards of a split live in one folder as ``{split}_*`` (e.g.
 ``train_000000.bin``), ``split`` being ``"train"`` or ``"val"``.
+
+Other trainers' shards, read as they are (detected from the file, validated as strictly)
+-------------------------------------------------------------------------------------
+* llm.c (``*_train_*.bin``, ``*_val_*.bin``): 256 little-endian int32 slots, ``[0]``
+  ``LLMC_MAGIC`` (20240520), ``[1]`` version (1: uint16 tokens, 2: uint32), ``[2]`` token
+  count; then the tokens.
+* build-nanogpt (``*_train_*.npy``, ``*_val_*.npy``): a ``.npy`` file as ``np.save``
+  writes it, one 1-D array of integer token ids (uint16 there).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -28,6 +38,9 @@ from gpt.errors import UserError
 from gpt.fileio import atomic_write
 
 SHARD_MAGIC = 0x47505432
+LLMC_MAGIC = 20240520
+LLMC_DTYPES: dict[int, np.dtype] = {1: np.dtype("<u2"), 2: np.dtype("<u4")}
+NPY_MAGIC = b"\x93NUMPY"
 SHARD_VERSION = 1
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -101,8 +114,20 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray | Iterable[int]) -> 
         raise ShardError(f"{path}: cannot write shard: {exc}") from exc
 
 
-def _read_header(path: Path) -> tuple[int, np.dtype]:
-    """Validate a shard's header and size; return (num_tokens, dtype)."""
+@dataclass(frozen=True)
+class Layout:
+    """Where a shard file's tokens are: how many, of which dtype, from which byte."""
+
+    num_tokens: int
+    dtype: np.dtype
+    offset: int
+    kind: str  # "gpt2-trainer", "llm.c" or "npy"
+
+
+def read_layout(path: Path) -> Layout:
+    """Validate a shard file of any of the formats read here (this trainer's, llm.c's, a
+    build-nanogpt .npy; see the module docstring) and its exact size; say where its tokens
+    are. Every failure is a ShardError naming the file."""
     if not path.exists():
         raise ShardError(f"{path}: shard file not found")
     if not path.is_file():
@@ -111,21 +136,46 @@ def _read_header(path: Path) -> tuple[int, np.dtype]:
         size = path.stat().st_size
         with open(path, "rb") as f:
             raw = f.read(HEADER_BYTES)
+            if raw.startswith(NPY_MAGIC):
+                f.seek(0)
+                layout = _npy_layout(path, f)
+            else:
+                layout = _header_layout(path, raw)
     except OSError as exc:
         raise ShardError(f"{path}: cannot read shard: {exc.strerror or exc}") from exc
+    expected = layout.offset + layout.num_tokens * layout.dtype.itemsize
+    if size < expected:
+        raise ShardError(
+            f"{path}: truncated data: header says {layout.num_tokens} tokens, expected "
+            f"{expected} bytes but file has {size}; {_RECREATE_HINT}"
+        )
+    if size > expected:
+        raise ShardError(
+            f"{path}: {size - expected} trailing bytes: header says {layout.num_tokens} "
+            f"tokens, expected {expected} bytes but file has {size}; {_RECREATE_HINT}"
+        )
+    return layout
+
+
+def _header_layout(path: Path, raw: bytes) -> Layout:
+    """This trainer's header or llm.c's, both 256 little-endian int32 slots."""
     if len(raw) < HEADER_BYTES:
         raise ShardError(
             f"{path}: truncated header ({len(raw)} bytes, need {HEADER_BYTES}); "
             f"{_RECREATE_HINT}"
         )
     header = np.frombuffer(raw, dtype="<u4")
-    magic = int(header[0])
+    magic, version = int(header[0]), int(header[1])
+    if magic == LLMC_MAGIC:
+        if version not in LLMC_DTYPES:
+            raise ShardError(f"{path}: llm.c shard of unknown version {version} (this code reads "
+                             f"versions {sorted(LLMC_DTYPES)})")
+        return Layout(int(header[2]), LLMC_DTYPES[version], HEADER_BYTES, "llm.c")
     if magic != SHARD_MAGIC:
         raise ShardError(
-            f"{path}: bad magic {magic:#010x}, expected {SHARD_MAGIC:#010x}; "
-            f"not a gpt2-trainer shard, {_RECREATE_HINT}"
+            f"{path}: bad magic {magic:#010x}, expected {SHARD_MAGIC:#010x}; not a gpt2-trainer "
+            f"shard (nor llm.c's, magic {LLMC_MAGIC}, nor a .npy array), {_RECREATE_HINT}"
         )
-    version = int(header[1])
     if version != SHARD_VERSION:
         raise ShardError(
             f"{path}: unknown shard version {version} (this code reads version "
@@ -137,25 +187,27 @@ def _read_header(path: Path) -> tuple[int, np.dtype]:
             f"{path}: unknown token dtype code {code} (known: {sorted(DTYPE_CODES)}); "
             f"{_RECREATE_HINT}"
         )
-    dtype = DTYPE_CODES[code]
     num_tokens = int(header[2]) | (int(header[3]) << 32)
-    expected = HEADER_BYTES + num_tokens * dtype.itemsize
-    if size < expected:
-        raise ShardError(
-            f"{path}: truncated data: header says {num_tokens} tokens, expected "
-            f"{expected} bytes but file has {size}; {_RECREATE_HINT}"
-        )
-    if size > expected:
-        raise ShardError(
-            f"{path}: {size - expected} trailing bytes: header says {num_tokens} "
-            f"tokens, expected {expected} bytes but file has {size}; {_RECREATE_HINT}"
-        )
-    return num_tokens, dtype
+    return Layout(num_tokens, DTYPE_CODES[code], HEADER_BYTES, "gpt2-trainer")
+
+
+def _npy_layout(path: Path, f: BinaryIO) -> Layout:
+    """A .npy file as np.save writes it (build-nanogpt's shards): one 1-D array of integers."""
+    try:
+        major, _ = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = read(f)
+    except ValueError as exc:
+        raise ShardError(f"{path}: not a readable .npy file ({exc})") from None
+    if len(shape) != 1 or dtype.kind not in "iu" or dtype.byteorder == ">":
+        raise ShardError(f"{path}: a .npy shard must hold one 1-D array of little-endian integer "
+                         f"token ids; this one holds shape {shape}, dtype {dtype}")
+    return Layout(int(shape[0]), dtype, f.tell(), "npy")
 
 
 def shard_num_tokens(path: str | os.PathLike) -> int:
     """Token count of a shard, from its (validated) header only."""
-    return _read_header(Path(path))[0]
+    return read_layout(Path(path)).num_tokens
 
 
 def bad_token_error(path: Path, tokens: np.ndarray, bad: np.ndarray, offset: int, what: str) -> ShardError:
@@ -185,7 +237,8 @@ class Shard:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.num_tokens, self.dtype = _read_header(self.path)
+        self.layout = read_layout(self.path)
+        self.num_tokens, self.dtype = self.layout.num_tokens, self.layout.dtype
         self._fd: int | None = None
 
     def read(self, start: int, stop: int) -> np.ndarray:
@@ -195,7 +248,7 @@ class Shard:
         try:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY)
-            data = os.pread(self._fd, want, HEADER_BYTES + start * size)
+            data = os.pread(self._fd, want, self.layout.offset + start * size)
         except OSError as exc:
             raise ShardError(f"{self.path}: cannot read shard: {exc.strerror or exc}") from exc
         if len(data) != want:
@@ -214,8 +267,8 @@ class Shard:
 def read_shard(path: str | os.PathLike, vocab_size: int | None = None) -> np.ndarray:
     """Validate a shard and return a read-only memmap of its tokens."""
     path = Path(path)
-    num_tokens, dtype = _read_header(path)
-    tokens = np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(num_tokens,))
+    layout = read_layout(path)
+    tokens = np.memmap(path, dtype=layout.dtype, mode="r", offset=layout.offset, shape=(layout.num_tokens,))
     if vocab_size is not None:
         _check_vocab(path, tokens, vocab_size)
     return tokens
@@ -229,8 +282,14 @@ def check_split(split: str) -> None:
         raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
 
 
+def is_shard_name(name: str, split: str) -> bool:
+    """``{split}_*`` (this trainer), or ``*_{split}_*.bin`` / ``.npy`` (llm.c's and
+    build-nanogpt's, e.g. fineweb_train_000001.bin, edufineweb_val_000000.npy)."""
+    return name.startswith(f"{split}_") or (f"_{split}_" in name and name.endswith((".bin", ".npy")))
+
+
 def find_shards(folder: str | os.PathLike, split: str) -> list[Path]:
-    """The ``{split}_*`` shard files in folder, sorted by name."""
+    """The shard files of a split in folder (see is_shard_name), sorted by name."""
     check_split(split)
     folder = Path(folder)
     if not folder.exists():
@@ -246,7 +305,7 @@ def find_shards(folder: str | os.PathLike, split: str) -> list[Path]:
         if p.is_symlink() and not p.exists():
             raise ShardError(f"{p}: a symlink to {os.readlink(p)}, which does not exist")
     names = [p.name for p in entries if p.is_file()]  # sub-folders are not shards
-    shards = [folder / n for n in names if n.startswith(f"{split}_")]
+    shards = [folder / n for n in names if is_shard_name(n, split)]
     if not shards:
         prefixes = sorted({n.split("_", 1)[0] + "_*" for n in names if "_" in n})
         found = f"found only {', '.join(prefixes)}" if prefixes else "found no shards"

@@ -213,9 +213,9 @@ def test_truncated_header(tmp_path: Path) -> None:
 
 
 def test_wrong_magic(shard: Path) -> None:
-    patch_header(shard, 0, 20240520)  # llm.c's magic
+    patch_header(shard, 0, 12345678)  # neither ours nor llm.c's (20240520), which is read now
     msg = assert_shard_error(shard, "bad magic")
-    assert "0x47505432" in msg and "0x0134d888" in msg
+    assert "0x47505432" in msg and "0x00bc614e" in msg
     assert "not a gpt2-trainer shard" in msg and "fineweb.py" in msg
 
 
@@ -566,3 +566,68 @@ def test_state_is_plain_python(tmp_path: Path) -> None:
     assert all(plain(v) for v in state.values())
     assert roundtrip_state(state) == state
     assert os.fspath(tmp_path) not in repr(state)  # names only, no machine paths
+
+
+# --------------------------------------------------------------------------
+# other trainers' shards: llm.c's .bin and build-nanogpt's .npy, read as they are
+
+
+def write_llmc(path: Path, tokens: np.ndarray, version: int = 1) -> Path:
+    """llm.c's format (dev/data/data_common.py): 256 int32 slots, then the tokens."""
+    header = np.zeros(256, dtype="<i4")
+    header[0], header[1], header[2] = 20240520, version, tokens.size
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype("<u2" if version == 1 else "<u4").tobytes())
+    return path
+
+
+def test_llmc_and_npy_shards_give_the_same_batches_as_ours(tmp_path: Path) -> None:
+    stream = np.random.default_rng(0).integers(0, 50257, 9_001).astype(np.uint16)
+    ours, llmc, npy = (tmp_path / n for n in ("ours", "llmc", "npy"))
+    for d in (ours, llmc, npy):
+        d.mkdir()
+    write_shard(ours / "train_000000.bin", stream[:4000])
+    write_shard(ours / "train_000001.bin", stream[4000:])
+    write_llmc(llmc / "fineweb_train_000001.bin", stream[:4000])
+    write_llmc(llmc / "fineweb_train_000002.bin", stream[4000:], version=2)
+    write_llmc(llmc / "fineweb_val_000000.bin", stream[:500])
+    np.save(npy / "edufineweb_train_000000.npy", stream[:4000])
+    np.save(npy / "edufineweb_train_000001.npy", stream[4000:])
+    assert [p.name for p in find_shards(llmc, "val")] == ["fineweb_val_000000.bin"]
+    loaders = [ShardLoader(d, "train", 2, 16) for d in (ours, llmc, npy)]
+    assert [ld.num_tokens for ld in loaders] == [9_001] * 3
+    for _ in range(loaders[0].steps_per_pass + 3):  # past a pass: the same stream in each
+        (x0, y0), (x1, y1), (x2, y2) = (ld.next_batch() for ld in loaders)
+        assert torch.equal(x0, x1) and torch.equal(x0, x2) and torch.equal(y0, y2)
+
+
+@pytest.mark.parametrize("damage,words", [
+    ("version", "llm.c shard of unknown version 9"),
+    ("truncate", "truncated data: header says 100 tokens"),
+    ("trailing", "2 trailing bytes"),
+])
+def test_llmc_shards_are_validated(tmp_path: Path, damage: str, words: str) -> None:
+    path = write_llmc(tmp_path / "fineweb_train_000001.bin", np.arange(100))
+    data = bytearray(path.read_bytes())
+    if damage == "version":
+        data[4:8] = np.array([9], dtype="<i4").tobytes()
+    elif damage == "truncate":
+        data = data[:-10]
+    else:
+        data += b"xx"
+    path.write_bytes(bytes(data))
+    assert_shard_error(path, words)
+
+
+@pytest.mark.parametrize("array,words", [
+    (np.zeros((4, 4), dtype=np.uint16), "one 1-D array"),
+    (np.zeros(10, dtype=np.float32), "one 1-D array"),
+])
+def test_npy_shards_are_validated(tmp_path: Path, array: np.ndarray, words: str) -> None:
+    path = tmp_path / "edufineweb_train_000000.npy"
+    np.save(path, array)
+    assert_shard_error(path, words)
+    np.save(path, np.arange(50, dtype=np.uint16))
+    path.write_bytes(path.read_bytes()[:-6])
+    assert_shard_error(path, "truncated data")

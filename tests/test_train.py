@@ -251,3 +251,20 @@ def test_samples_print_as_text(shakespeare_dir: Path, tmp_path: Path) -> None:
     samples = proc.stdout[proc.stdout.index("--- sample 0"):]
     assert samples.startswith("--- sample 0 at step 1:\nROMEO:\nO")  # real newlines
     assert "\\n" not in samples
+
+
+@pytest.mark.parametrize("kind", ["llm.c", "build-nanogpt"])
+def test_trains_on_other_trainers_shards(kind: str, tmp_path: Path) -> None:
+    tokens = np.random.default_rng(1).integers(0, 50257, 20_000).astype(np.uint16)
+    data = tmp_path / "data"
+    data.mkdir()
+    if kind == "llm.c":
+        header = np.zeros(256, dtype="<i4")
+        header[:3] = 20240520, 1, tokens.size
+        (data / "fineweb_train_000001.bin").write_bytes(header.tobytes() + tokens.tobytes())
+    else:
+        np.save(data / "edufineweb_train_000000.npy", tokens)
+    proc = run_cli(*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data),
+                   "--out-dir", str(tmp_path / "r"))
+    assert proc.returncode == 0, proc.stderr
+    assert "train tokens 20,000" in proc.stdout
