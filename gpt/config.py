@@ -118,6 +118,14 @@ class TrainConfig:
     seed: int = _opt(1337, "random seed for initialisation and data order")
     out_dir: str = _opt("runs/gpt2", "folder for the log, metrics, config and checkpoints")
     log_every: int = _opt(1, "print a log line every N steps (loss is read back only then)")
+    tensorboard: bool = _opt(
+        False, "also write every metrics record as TensorBoard events to OUT_DIR/tensorboard "
+        "(pip install 'gpt2-trainer[tensorboard]')"
+    )
+    wandb_project: str | None = _opt(
+        None, "also log every metrics record to Weights & Biases in this project "
+        "(pip install 'gpt2-trainer[wandb]'; WANDB_MODE=offline keeps the run on disk)"
+    )
     max_bad_steps: int = _opt(
         5, "stop after this many steps in a row with a non-finite loss or gradient (they are skipped)"
     )

@@ -4,19 +4,24 @@ JSONL metrics log."""
 from __future__ import annotations
 
 import contextlib
+import html
+import importlib.util
 import json
+import math
 import os
 import re
 import sys
 import time
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 import torch
 
-from gpt.config import ModelConfig
+from gpt.config import ConfigError, ModelConfig
 from gpt.dist import Runtime, synchronize
 from gpt.errors import UserError
 from gpt.units import format_duration, human_count
@@ -204,6 +209,92 @@ class Progress:
 # ---- the log
 
 
+class Tracker(Protocol):
+    """Somewhere else every metrics record goes (rank 0 only, like the log itself)."""
+
+    def write(self, record: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def scalars_and_texts(record: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
+    """A record as "type/key" -> number and "type/key" -> text (lists of strings joined)."""
+    kind, numbers, texts = record["type"], {}, {}
+    for key, value in record.items():
+        if key in ("type", "step"):
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            numbers[f"{kind}/{key}"] = float(value)
+        elif isinstance(value, str):
+            texts[f"{kind}/{key}"] = value
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            texts[f"{kind}/{key}"] = "\n\n".join(value)
+        elif isinstance(value, dict):
+            texts[f"{kind}/{key}"] = "    " + json.dumps(value, indent=1).replace("\n", "\n    ")
+    return numbers, texts
+
+
+class TensorBoardTracker:
+    """Event files in `folder` for `tensorboard --logdir` (the tensorboard extra)."""
+
+    def __init__(self, folder: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # optional: the tensorboard extra
+
+        self.writer = SummaryWriter(log_dir=str(folder))
+
+    def write(self, record: dict[str, Any]) -> None:
+        step = int(record.get("step", 0))
+        numbers, texts = scalars_and_texts(record)
+        for tag, value in numbers.items():
+            self.writer.add_scalar(tag, value, step)
+        for tag, text in texts.items():
+            self.writer.add_text(tag, text, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    """A Weights & Biases run (the wandb extra). Its id is kept in the run folder, so a
+    resumed training run continues the same W&B run; WANDB_MODE=offline keeps it on disk
+    (`wandb sync` uploads it later)."""
+
+    def __init__(self, project: str, folder: Path, config: dict[str, Any]) -> None:
+        import wandb  # optional: the wandb extra
+
+        id_file = folder / "wandb_run_id"
+        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
+        id_file.write_text(run_id + "\n")
+        self.wandb = wandb
+        self.run = wandb.init(project=project, dir=str(folder), config=config, name=folder.name,
+                              id=run_id, resume="allow")
+        # Records of a resumed run repeat earlier steps: plot against the trainer's step.
+        self.run.define_metric("trainer/step")
+        self.run.define_metric("*", step_metric="trainer/step")
+
+    def write(self, record: dict[str, Any]) -> None:
+        numbers, texts = scalars_and_texts(record)
+        data: dict[str, Any] = {**numbers, "trainer/step": int(record.get("step", 0))}
+        for tag, text in texts.items():
+            if tag != "run/config":  # already the run's config
+                data[tag] = self.wandb.Html(f"<pre>{html.escape(text)}</pre>")
+        self.run.log(data)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def check_tracking(tensorboard: bool, wandb_project: str | None) -> None:
+    """The packages the tracking flags need, before any work: a one-line error naming the
+    extra to install."""
+    for wanted, package, flag_name in ((tensorboard, "tensorboard", "--tensorboard"),
+                                       (wandb_project, "wandb", "--wandb-project")):
+        if wanted and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"{flag_name} needs the {package} package: "
+                              f"pip install 'gpt2-trainer[{package}]'")
+
+
 class MetricsError(UserError):
     """The metrics log cannot be opened or written; the message names the file."""
 
@@ -217,9 +308,11 @@ class MetricsLog:
     no rank checks.
     """
 
-    def __init__(self, path: str | os.PathLike, enabled: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, enabled: bool = True,
+                 trackers: Sequence[Tracker] = ()) -> None:
         self.path = Path(path)
         self._fh = None
+        self.trackers = list(trackers)  # every record goes to these as well
         if enabled:
             try:
                 self._fh = open(self.path, "a", encoding="utf-8")
@@ -239,10 +332,20 @@ class MetricsLog:
                 fh.close()
             raise MetricsError(f"{self.path}: cannot write the metrics log ({e.strerror or e}); "
                                f"the records before this one are intact") from None
+        for tracker in list(self.trackers):
+            try:
+                tracker.write(record)
+            except Exception as e:  # a tracking service must not stop training
+                print(f"warning: {type(tracker).__name__} failed ({type(e).__name__}: {e}); "
+                      f"it gets no more records, metrics.jsonl still does", file=sys.stderr)
+                self.trackers.remove(tracker)
 
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
+        for tracker in self.trackers:
+            with contextlib.suppress(Exception):
+                tracker.close()
 
     def __enter__(self) -> "MetricsLog":
         return self

@@ -30,8 +30,8 @@ from gpt.errors import UserError
 from gpt.evaluate import val_loss
 from gpt.fileio import atomic_write
 from gpt.generate import sample
-from gpt.metrics import (MetricsLog, Progress, StepTimer, flops_per_token, mfu, peak_memory,
-                         peak_tflops)
+from gpt.metrics import (MetricsLog, Progress, StepTimer, TensorBoardTracker, WandbTracker,
+                         check_tracking, flops_per_token, mfu, peak_memory, peak_tflops)
 from gpt.model import GPT
 from gpt.optim import lr_at
 from gpt.profiling import Profiler
@@ -385,7 +385,14 @@ def open_log(run: Run) -> Iterator[MetricsLog]:
             atomic_write(run.out_dir / "config.toml", lambda fh: fh.write(text.encode()))
         except OSError as e:
             raise ConfigError(f"{run.out_dir / 'config.toml'}: cannot write it ({e.strerror or e})") from None
-    run.log = MetricsLog(run.out_dir / "metrics.jsonl", enabled=run.runtime.is_master)
+    t = run.cfg.train
+    trackers: list[Any] = []
+    if run.runtime.is_master and t.tensorboard:
+        trackers.append(TensorBoardTracker(run.out_dir / "tensorboard"))
+    if run.runtime.is_master and t.wandb_project:
+        trackers.append(WandbTracker(t.wandb_project, run.out_dir, to_dict(run.cfg)))
+    run.log = MetricsLog(run.out_dir / "metrics.jsonl", enabled=run.runtime.is_master,
+                         trackers=trackers)
     try:
         run.log.write(banner(run))
         yield run.log
@@ -426,6 +433,7 @@ def banner(run: Run) -> dict[str, Any]:
 
 def train(cfg: Config) -> dict[str, Any]:
     """Run training as configured (one process, or one rank under torchrun)."""
+    check_tracking(cfg.train.tensorboard, cfg.train.wandb_project)
     cfg = pretrained.with_pretrained_shape(cfg)
     runtime = init_runtime(cfg.train.device, cfg.train.dist_timeout)
     if runtime.device_type == "cpu" and cfg.train.cpu_malloc_reuse:
