@@ -26,22 +26,26 @@
 #                              torchrun otherwise reuses one store across restarts and a
 #                              restarted worker can read its dead predecessor's address
 #                              and hang connecting to it (pytorch issue #135712)
+#   PYTHON                     the interpreter (default: python3): torchrun runs as its module
+#
+# Relative paths (--data-dir, --out-dir) are relative to where you run the script from.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+PYTHON=${PYTHON:-python3}
 
 : "${NNODES:?set NNODES to the number of machines}"
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}"
 MASTER_PORT=${MASTER_PORT:-29500}
-NGPUS=${NGPUS:-$(python -c "import torch; print(max(1, torch.cuda.device_count()))")}
+NGPUS=${NGPUS:-$("$PYTHON" -c "import torch; print(max(1, torch.cuda.device_count()))")}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}
 
-exec torchrun \
+exec "$PYTHON" -m torch.distributed.run \
   --nnodes="$NNODES" \
   --nproc-per-node="$NGPUS" \
   --rdzv-backend=c10d \
   --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" \
   --rdzv-id="${RUN_ID:-gpt2}" \
   --max-restarts="$MAX_RESTARTS" \
-  train_gpt2.py --resume auto "$@"
+  "$REPO/train_gpt2.py" --resume auto "$@"

@@ -14,12 +14,17 @@
 #   NCCL_P2P_DISABLE=1        only if peer-to-peer between GPUs is broken on the machine
 #   CUDA_VISIBLE_DEVICES=0,1  restrict the GPUs used (set NGPUS to match)
 #   OMP_NUM_THREADS           torchrun sets 1 per process; raise it if data loading is slow
+#   PYTHON                    the interpreter (default: python3): torchrun runs as its module
+#
+# Relative paths (--data-dir, --out-dir) are relative to where you run the script from.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+PYTHON=${PYTHON:-python3}
 
 if [ -z "${NGPUS:-}" ]; then
-  NGPUS=$(python -c "import torch; print(max(1, torch.cuda.device_count()))")
+  NGPUS=$("$PYTHON" -c "import torch; print(max(1, torch.cuda.device_count()))")
 fi
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 
-exec torchrun --standalone --nproc_per_node="$NGPUS" train_gpt2.py --resume auto "$@"
+exec "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$NGPUS" \
+  "$REPO/train_gpt2.py" --resume auto "$@"
