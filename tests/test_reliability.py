@@ -422,17 +422,6 @@ def test_out_of_memory_names_the_flag(monkeypatch, data_dir: Path, tmp_path: Pat
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_missing_tokenizer_files_offline(tmp_path: Path) -> None:
-    src = tmp_path / "in.txt"
-    src.write_text("hello")
-    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "empty_cache"),
-           "HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
-    proc = subprocess.run([sys.executable, str(REPO / "fineweb.py"), "--source", str(src),
-                           "--out", str(tmp_path / "o"), "--val-tokens", "1"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert "could not load tiktoken's 'gpt2' encoding" in one_line_error(proc)
-
-
 def test_a_shard_truncated_under_the_loader_is_a_named_error(tmp_path: Path) -> None:
     data = write_random_shards(tmp_path, seed=2, train=(4_000,))
     loader = ShardLoader(data, "train", 2, 32)
