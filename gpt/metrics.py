@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import time
 import uuid
@@ -263,12 +264,23 @@ class WandbTracker:
     def __init__(self, project: str, folder: Path, config: dict[str, Any]) -> None:
         import wandb  # optional: the wandb extra
 
-        id_file = folder / "wandb_run_id"
-        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:8]
-        id_file.write_text(run_id + "\n")
+        id_file, wandb_dir = folder / "wandb_run_id", folder / "wandb"
+        resumed, had_dir = id_file.is_file(), wandb_dir.exists()
+        run_id = id_file.read_text().strip() if resumed else uuid.uuid4().hex[:8]
         self.wandb = wandb
-        self.run = wandb.init(project=project, dir=str(folder), config=config, name=folder.name,
-                              id=run_id, resume="allow")
+        try:
+            self.run = wandb.init(project=project, dir=str(folder), config=config,
+                                  name=folder.name, id=run_id, resume="allow")
+        except Exception as e:  # noqa: BLE001 - any failure of the service or its login
+            if not had_dir:  # leave the run folder as it was
+                shutil.rmtree(wandb_dir, ignore_errors=True)
+            message = " ".join(str(e).split())[:300] or type(e).__name__
+            raise TrackingError(
+                f"--wandb-project {project}: W&B could not start a run ({message}); log in "
+                f"with `wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offline to keep "
+                f"the run on disk") from None
+        if not resumed:
+            id_file.write_text(run_id + "\n")
         # Records of a resumed run repeat earlier steps: plot against the trainer's step.
         self.run.define_metric("trainer/step")
         self.run.define_metric("*", step_metric="trainer/step")
@@ -283,6 +295,16 @@ class WandbTracker:
 
     def close(self) -> None:
         self.run.finish()
+
+
+def close_trackers(trackers: Sequence[Tracker]) -> None:
+    for tracker in trackers:
+        with contextlib.suppress(Exception):  # a service failing at the end loses nothing local
+            tracker.close()
+
+
+class TrackingError(UserError):
+    """A tracking service (W&B) could not start; the message says how to fix it."""
 
 
 def check_tracking(tensorboard: bool, wandb_project: str | None) -> None:
@@ -312,7 +334,7 @@ class MetricsLog:
                  trackers: Sequence[Tracker] = ()) -> None:
         self.path = Path(path)
         self._fh = None
-        self.trackers = list(trackers)  # every record goes to these as well
+        self.trackers = list(trackers)  # every record goes to these as well (not closed here)
         if enabled:
             try:
                 self._fh = open(self.path, "a", encoding="utf-8")
@@ -341,11 +363,10 @@ class MetricsLog:
                 self.trackers.remove(tracker)
 
     def close(self) -> None:
+        """Close the file; the trackers belong to whoever opened them."""
         if self._fh is not None:
             self._fh.close()
-        for tracker in self.trackers:
-            with contextlib.suppress(Exception):
-                tracker.close()
+            self._fh = None
 
     def __enter__(self) -> "MetricsLog":
         return self

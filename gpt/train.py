@@ -31,7 +31,8 @@ from gpt.evaluate import val_loss
 from gpt.fileio import atomic_write
 from gpt.generate import sample
 from gpt.metrics import (MetricsLog, Progress, StepTimer, TensorBoardTracker, WandbTracker,
-                         check_tracking, flops_per_token, mfu, peak_memory, peak_tflops)
+                         check_tracking, close_trackers, flops_per_token, mfu, peak_memory,
+                         peak_tflops)
 from gpt.model import GPT
 from gpt.optim import lr_at
 from gpt.profiling import Profiler
@@ -62,6 +63,7 @@ class Run:
     checkpointer: Checkpointer
     tokenizer: Any
     hellaswag_examples: list[Any] = field(default_factory=list)
+    trackers: list[Any] = field(default_factory=list)  # TensorBoard / W&B, rank 0 only
     state: LoopState = field(default_factory=LoopState)
     resumed_from: Path | None = None
     log: MetricsLog | None = None  # opened by the loop
@@ -133,6 +135,17 @@ def build_model(cfg: Config, ckpt: dict[str, Any] | None, runtime: Runtime) -> G
     return model.to(runtime.device)
 
 
+def open_trackers(cfg: Config, runtime: Runtime, out_dir: Path) -> list[Any]:
+    """The tracking services the flags ask for (rank 0 only); W&B first, as the one that
+    can fail (no login), so a failed start leaves nothing behind in the run folder."""
+    t, trackers = cfg.train, []
+    if runtime.is_master and t.wandb_project:
+        trackers.append(WandbTracker(t.wandb_project, out_dir, to_dict(cfg)))
+    if runtime.is_master and t.tensorboard:
+        trackers.append(TensorBoardTracker(out_dir / "tensorboard"))
+    return trackers
+
+
 def build_run(cfg: Config, runtime: Runtime) -> Run:
     t, e = cfg.train, cfg.eval
     parallel.check_mode(t.parallel, runtime)
@@ -162,6 +175,7 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
             checkpointer.restore(run.parts(), ckpt)
             run.resumed_from = resume_path
             run.say(f"resumed from {resume_path} at step {run.state.step}")
+        run.trackers = open_trackers(cfg, runtime, checkpointer.out_dir)  # last: may fail
     except BaseException:
         checkpointer.close(failed_at_start=True)
         raise
@@ -385,14 +399,8 @@ def open_log(run: Run) -> Iterator[MetricsLog]:
             atomic_write(run.out_dir / "config.toml", lambda fh: fh.write(text.encode()))
         except OSError as e:
             raise ConfigError(f"{run.out_dir / 'config.toml'}: cannot write it ({e.strerror or e})") from None
-    t = run.cfg.train
-    trackers: list[Any] = []
-    if run.runtime.is_master and t.tensorboard:
-        trackers.append(TensorBoardTracker(run.out_dir / "tensorboard"))
-    if run.runtime.is_master and t.wandb_project:
-        trackers.append(WandbTracker(t.wandb_project, run.out_dir, to_dict(run.cfg)))
     run.log = MetricsLog(run.out_dir / "metrics.jsonl", enabled=run.runtime.is_master,
-                         trackers=trackers)
+                         trackers=run.trackers)
     try:
         run.log.write(banner(run))
         yield run.log
@@ -444,6 +452,7 @@ def train(cfg: Config) -> dict[str, Any]:
         try:
             result = run_loop(run)
         finally:
+            close_trackers(run.trackers)
             run.checkpointer.close()
         clean = True
         return result

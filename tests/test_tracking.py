@@ -63,3 +63,19 @@ def test_missing_package_is_one_line_naming_the_extra(flag: list[str], extra: st
     err = capsys.readouterr().err
     assert code == 2 and f"pip install 'gpt2-trainer[{extra}]'" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+
+
+def test_wandb_without_a_login_is_one_line_and_leaves_no_folder(random_data_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    pytest.importorskip("wandb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path / "home"), WANDB_CONFIG_DIR=str(tmp_path / "wandb_config"),
+               WANDB_MODE="online", HTTPS_PROXY="http://127.0.0.1:9")
+    out = tmp_path / "run"
+    proc = run_cli(*ARGS, "--wandb-project", "p", "--data-dir", str(random_data_dir),
+                   "--out-dir", str(out), env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().startswith("error: --wandb-project p: W&B could not start a run")
+    assert "wandb login" in proc.stderr and "WANDB_MODE=offline" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not out.exists()
