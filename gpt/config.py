@@ -238,6 +238,8 @@ SECTIONS: dict[str, type] = {
 }
 
 MAX_LR = 1.0  # see validate()
+MAX_DIST_TIMEOUT = 7 * 24 * 3600.0  # seconds: no collective should wait longer than a week
+MAX_SAMPLES, MAX_SAMPLE_TOKENS = 64, 4096
 
 # Before these sections were split off, all their fields lived under [train]: config
 # files and checkpoints written then still name them there.
@@ -329,10 +331,17 @@ def validate(cfg: Config) -> None:
     _check(t.max_steps >= 1, f"--max-steps must be >= 1, got {t.max_steps}")
     _check(t.log_every >= 1, f"--log-every must be >= 1, got {t.log_every}")
     _check(t.max_bad_steps >= 1, f"--max-bad-steps must be >= 1, got {t.max_bad_steps}")
-    _check(t.dist_timeout > 0, f"--dist-timeout must be > 0 seconds, got {t.dist_timeout}")
+    _check(0 < t.dist_timeout <= MAX_DIST_TIMEOUT,
+           f"--dist-timeout must be > 0 and at most {MAX_DIST_TIMEOUT:.0f} seconds (a week), "
+           f"got {t.dist_timeout}")
+    _check(0 <= t.seed < 2**32, f"--seed must be in [0, 2**32), got {t.seed}")
     _check(bool(t.out_dir), "--out-dir must not be empty")
     for name in ("val_steps", "sample_tokens", "num_samples"):
         _check(getattr(e, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(e, name)}")
+    # Samples are printed for a person to read, in one batch: more would only exhaust memory.
+    _check(e.num_samples <= MAX_SAMPLES, f"--num-samples must be <= {MAX_SAMPLES}, got {e.num_samples}")
+    _check(e.sample_tokens <= MAX_SAMPLE_TOKENS,
+           f"--sample-tokens must be <= {MAX_SAMPLE_TOKENS}, got {e.sample_tokens}")
     _check(
         e.hellaswag_max_examples is None or e.hellaswag_max_examples >= 1,
         f"--hellaswag-max-examples must be >= 1, got {e.hellaswag_max_examples}",
