@@ -113,11 +113,14 @@ def _pid_alive(pid: int) -> bool:
 def remove_dead_temp_files(folder: Path) -> list[Path]:
     """Delete the temporary files in `folder` whose writing process is gone (a kill -9
     mid-write leaves one, up to a whole checkpoint in size); those of live processes stay.
-    Call it while holding the folder's lock, so no other writer is at work there."""
+    Call it while holding the folder's lock, so no other writer is at work there, and
+    before this process writes any: one tagged with this very pid was left by a dead
+    process that had it before (pids are reused, often so in containers)."""
     removed = []
     for entry in folder.iterdir():
         m = TEMP_FILE.match(entry.name)
-        if m and not entry.is_dir() and not _pid_alive(int(m.group(1))):
+        pid = int(m.group(1)) if m else 0
+        if m and not entry.is_dir() and (pid == os.getpid() or not _pid_alive(pid)):
             entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed

@@ -304,6 +304,9 @@ def find_shards(folder: str | os.PathLike, split: str) -> list[Path]:
     for p in entries:  # a shard that cannot be read must not drop out of the data in silence
         if p.is_symlink() and not p.exists():
             raise ShardError(f"{p}: a symlink to {os.readlink(p)}, which does not exist")
+        if p.name.endswith((".bin", ".npy")) and is_shard_name(p.name, split) and not p.is_file():
+            raise ShardError(f"{p}: named like a shard but not a file; move it out of the "
+                             f"data folder")
     names = [p.name for p in entries if p.is_file()]  # sub-folders are not shards
     shards = [folder / n for n in names if is_shard_name(n, split)]
     if not shards:

@@ -117,6 +117,12 @@ class Position:
     piece: int = 0
     offset: int = 0
 
+    def __post_init__(self) -> None:  # it is read back from metadata.json
+        for name in ("record", "piece", "offset"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise TypeError(f"position {name} must be a count, got {value!r}")
+
 
 class TextTaskBuilder:
     """Groups the pieces of numbered records into TextTasks of about task_chars."""
