@@ -36,14 +36,15 @@ import torch
 import torch.nn as nn
 
 from gpt import parallel
-from gpt.config import CheckpointConfig, Config, ConfigError, ModelConfig, to_dict, upgrade_dict
-from gpt.data import ShardLoader
+from gpt.config import (CheckpointConfig, Config, ConfigError, ModelConfig, from_dict, to_dict,
+                        upgrade_dict)
+from gpt.data import ShardLoader, check_loader_state
 from gpt.dist import Runtime, all_reduce_mean, broadcast_object, gather_objects
 from gpt.errors import UserError
-from gpt.fileio import FolderLock, atomic_write, remove_dead_temp_files
+from gpt.fileio import FolderLock, atomic_write, remove_dead_temp_files, temp_path
 from gpt.model import GPT
-from gpt.rng import rng_state, set_rng_state
-from gpt.step import TrainingDiverged, nonfinite_tensors
+from gpt.rng import check_rng_state, rng_state, set_rng_state
+from gpt.step import TrainingDiverged, count_nonfinite, nonfinite_tensors
 
 CKPT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
 REQUIRED_KEYS = ("model", "optimizer", "config", "step", "loader")
@@ -124,6 +125,20 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     return ckpt
 
 
+def model_weights(ckpt: Any, path: str | os.PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The model's config and weights in a loaded checkpoint (all that evaluating, sampling
+    and exporting read), or a one-line error naming the file."""
+    try:
+        model_cfg = from_dict(ckpt["config"]).model
+    except (ConfigError, TypeError, AttributeError, KeyError) as e:
+        raise CheckpointError(f"{path}: its config cannot be read ({e})") from None
+    weights = ckpt.get("model")
+    if not isinstance(weights, dict) or not all(isinstance(k, str) and torch.is_tensor(v)
+                                                for k, v in weights.items()):
+        raise CheckpointError(f"{path}: 'model' is not a dict of tensors")
+    return model_cfg, weights
+
+
 def _unpickle(path: Path, map_location: str | torch.device = "cpu") -> Any:
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
@@ -159,43 +174,63 @@ def by_stored_step(out_dir: Path) -> tuple[list[tuple[int, Path]], list[str]]:
     return sorted(found, key=lambda sp: (sp[0], sp[1].name), reverse=True), notes
 
 
-def check_contents(ckpt: dict[str, Any], path: Path, model_cfg: ModelConfig | None = None) -> None:
-    """Types and shapes of what a resume reads, and finite weights and optimizer state, so
-    a wrong file is a one-line error (and --resume auto moves on to an older one)."""
+def check_contents(ckpt: dict[str, Any], path: Path, model_cfg: ModelConfig) -> None:
+    """Types and shapes of everything a resume reads, and finite weights and optimizer
+    state, so a wrong file is a one-line error (and --resume auto moves on to an older one)."""
     def fail(what: str) -> None:
         raise CheckpointError(f"{path}: {what}")
 
     model, optim = ckpt.get("model"), ckpt.get("optimizer")
     if not isinstance(model, dict) or not all(torch.is_tensor(v) for v in model.values()):
         fail("'model' is not a dict of tensors")
-    if model_cfg is not None:
-        with torch.device("meta"):
-            expected = {k: tuple(v.shape) for k, v in GPT(model_cfg).state_dict().items()}
-        got = {k: tuple(v.shape) for k, v in model.items()}
-        if got != expected:
-            diff = sorted(set(got.items()) ^ set(expected.items()))[:3]
-            fail(f"its weights do not fit the model of its own config (e.g. {diff})")
-    if not isinstance(optim, dict) or not isinstance(optim.get("state", {}), dict):
-        fail("'optimizer' is not an optimizer state dict")
+    with torch.device("meta"):
+        meta = GPT(model_cfg)
+    expected = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in model.items()}
+    if got != expected:
+        diff = sorted(set(got.items()) ^ set(expected.items()))[:3]
+        fail(f"its weights do not fit the model of its own config (e.g. {diff})")
+    try:
+        parallel.check_optimizer_state(optim, {n: tuple(p.shape) for n, p in meta.named_parameters()})
+    except ValueError as e:
+        fail(f"'optimizer': {e}")
     step = ckpt.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         fail(f"'step' is {step!r}, not a step count")
-    if not isinstance(ckpt.get("loader"), list) or not all(isinstance(s, dict) for s in ckpt["loader"]):
-        fail("'loader' is not a list of loader states")
-    tensors = list(model.values()) + [v for s in optim.get("state", {}).values() if isinstance(s, dict)
-                                      for v in s.values() if torch.is_tensor(v) and v.is_floating_point()]
-    if not all(bool(torch.isfinite(t).all()) for t in tensors):
-        fail("holds non-finite (NaN or inf) weights or optimizer state")
+    for key in ("val_loss", "best_val_loss"):
+        value = ckpt.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            fail(f"'{key}' is {value!r}, not a loss or None")
+    skipped = ckpt.get("skipped_steps", 0)
+    if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
+        fail(f"'skipped_steps' is {skipped!r}, not a count")
+    if not isinstance(ckpt.get("best_checkpoint") or "", str):
+        fail(f"'best_checkpoint' is {ckpt['best_checkpoint']!r}, not a file name")
+    scaler = ckpt.get("scaler") or {}
+    if not isinstance(scaler, dict) or not all(isinstance(v, (int, float)) for v in scaler.values()):
+        fail("'scaler' is not a GradScaler state")
+    loaders, rngs = ckpt.get("loader"), ckpt.get("rng") or []
+    if not isinstance(loaders, list) or not loaders or not isinstance(rngs, list):
+        fail("'loader' is not a list of loader states, or 'rng' not a list of RNG states")
+    try:
+        for state in loaders:
+            check_loader_state(state)
+        for state in rngs:
+            check_rng_state(state)
+    except ValueError as e:
+        fail(str(e))
+    tensors = [t for t in model.values() if t.is_floating_point()]
+    tensors += [v for s in optim["state"].values() for v in s.values()
+                if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
+    if tensors and count_nonfinite(tensors).item() > 0:
+        fail("holds non-finite weights or optimizer state (NaN, inf or beyond 1e19)")
 
 
 def usable(path: Path) -> dict[str, Any]:
     """A checkpoint that verifies and whose contents a resume can use, or an error."""
     ckpt = load(path)
-    try:
-        model_cfg = ModelConfig(**upgrade_dict(ckpt["config"])["model"])
-    except (ConfigError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{path}: its config cannot be read ({e})") from None
-    check_contents(ckpt, path, model_cfg)
+    check_contents(ckpt, path, model_weights(ckpt, path)[0])
     return ckpt
 
 
@@ -212,13 +247,23 @@ def find_latest(out_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list
 
 
 def rotate(out_dir: Path, keep: int, protect: set[str]) -> list[Path]:
-    """Delete all but the newest `keep` checkpoints, never those named in `protect`."""
-    ckpts = list_checkpoints(out_dir)
+    """Delete all but the newest `keep` checkpoints by the step stored in each, never those
+    named in `protect`. A file that cannot be read is neither counted nor deleted (resume
+    skips it with a warning), and one that cannot be deleted stays, with a warning."""
+    newest_first, _ = by_stored_step(out_dir)
     removed = []
-    for _, path in ckpts[: max(0, len(ckpts) - keep)]:
-        if path.name not in protect:
-            path.unlink(missing_ok=True)
-            removed.append(path)
+    for _, path in newest_first[keep:]:
+        if path.name in protect:
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            print(f"warning: could not remove old checkpoint {path} ({e.strerror or e}); "
+                  f"training goes on", file=sys.stderr)
+            continue
+        removed.append(path)
     return removed
 
 
@@ -286,6 +331,7 @@ class Checkpointer:
         self.cfg = cfg
         self.runtime = runtime
         self.last_saved: Path | None = None  # this run's newest checkpoint
+        self.resumed_from: Path | None = None  # the checkpoint open() chose
         self._lock = FolderLock(out_dir, "training run")
 
     # ---- opening the run folder, and where to start
@@ -316,8 +362,9 @@ class Checkpointer:
             raise error
         if path_str is None:
             return None, None
+        self.resumed_from = Path(path_str)
         # Rank 0 verified the file; the others read it without checking the CRCs again.
-        return Path(path_str), ckpt if ckpt is not None else load(path_str, check=False)
+        return self.resumed_from, ckpt if ckpt is not None else load(path_str, check=False)
 
     def close(self, failed_at_start: bool = False) -> None:
         self._lock.release(remove_folder_if_unused=failed_at_start)
@@ -325,7 +372,7 @@ class Checkpointer:
     def _take_folder(self) -> None:
         try:
             self._lock.acquire()
-            probe = self.out_dir / f".write-test-{os.getpid()}"
+            probe = temp_path(self.out_dir / "write-test")  # a kill here leaves a dead temp file
             probe.write_text("ok")
             probe.unlink()
             for path in remove_dead_temp_files(self.out_dir):
@@ -371,7 +418,8 @@ class Checkpointer:
         rt, s = self.runtime, parts.loop
         if all_reduce_mean(nonfinite_tensors(parts.model, parts.optimizer), rt).item() > 0:
             raise TrainingDiverged(
-                f"the weights or optimizer state hold NaN or inf at step {s.step}: no checkpoint "
+                f"the weights or optimizer state hold NaN, inf or values beyond 1e19 at step "
+                f"{s.step}: no checkpoint "
                 f"of them is written; {self.last_good()}. Lower --max-lr or check the data, "
                 f"then --resume auto")
         model_sd = parallel.model_state(parts.model)
@@ -409,9 +457,6 @@ class Checkpointer:
         """Load optimizer, scaler, loader, RNG and loop state (the model is already loaded:
         it must be, before any sharding)."""
         rt = self.runtime
-        parallel.load_optimizer_state(parts.model, parts.optimizer, ckpt["optimizer"])
-        if ckpt.get("scaler"):
-            parts.scaler.load_state_dict(ckpt["scaler"])
         loaders = ckpt["loader"]
         # In lockstep every rank is at the same position; a new world size re-splits it
         # (the loader checks that the split is exact, or refuses).
@@ -419,10 +464,21 @@ class Checkpointer:
             parts.loader.load_state_dict(loaders[rt.rank] if len(loaders) == rt.world_size else loaders[0])
         except ValueError as e:
             raise CheckpointError(f"cannot continue the data where the checkpoint left it: {e}") from None
-        rngs = ckpt.get("rng") or []
-        if rngs:
-            set_rng_state(rngs[rt.rank] if len(rngs) == rt.world_size else rngs[0])
-        parts.loop.load_state_dict(ckpt)
+        try:
+            parallel.load_optimizer_state(parts.model, parts.optimizer, ckpt["optimizer"])
+            if ckpt.get("scaler"):
+                parts.scaler.load_state_dict(ckpt["scaler"])
+            rngs = ckpt.get("rng") or []
+            if rngs:
+                set_rng_state(rngs[rt.rank] if len(rngs) == rt.world_size else rngs[0])
+            parts.loop.load_state_dict(ckpt)
+        except torch.OutOfMemoryError:
+            raise
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+            # check_contents vetted the file; this is the net for what it cannot foresee
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise CheckpointError(f"{self.resumed_from}: its training state cannot be restored "
+                                  f"({type(e).__name__}: {first})") from None
 
 
 def check_resume_config(ckpt: dict[str, Any], cfg: Config, path: Path) -> list[str]:

@@ -47,6 +47,31 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return int(value)
 
 
+def check_loader_state(state: object) -> None:
+    """Raise ValueError unless `state` has the fields and types ShardLoader.state_dict
+    writes (whether it fits this run's data is load_state_dict's question)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"loader state is a {type(state).__name__}, not a dict")
+    required = ("version", "split", "batch_size", "seq_len", "world_size", "seed",
+                "shuffle", "epoch", "step", "shards")
+    missing = [k for k in required if k not in state]
+    if missing:
+        raise ValueError(f"loader state is missing fields: {', '.join(missing)}")
+    if state["version"] != STATE_VERSION:
+        raise ValueError(
+            f"loader state has version {state['version']!r}, this code reads {STATE_VERSION}"
+        )
+    for name, minimum in (("batch_size", 1), ("seq_len", 1), ("world_size", 1), ("seed", 0),
+                          ("epoch", 0), ("step", 0)):
+        _check_int(f"saved {name}", state[name], minimum)
+    if not isinstance(state["split"], str) or not isinstance(state["shuffle"], bool):
+        raise ValueError("loader state's split must be a string and shuffle a bool")
+    shards = state["shards"]
+    if not isinstance(shards, (list, tuple)) or not all(
+            isinstance(s, (list, tuple)) and len(s) == 2 and isinstance(s[0], str) for s in shards):
+        raise ValueError("loader state's shards must be a list of [file name, token count]")
+
+
 class ShardLoader:
     """Serves (x, y) int64 batches of shape (B, T) from a split's shards.
 
@@ -273,15 +298,7 @@ class ShardLoader:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the position saved by state_dict (rank stays this loader's)."""
-        required = ("version", "split", "batch_size", "seq_len", "world_size", "seed",
-                    "shuffle", "epoch", "step", "shards")
-        missing = [k for k in required if k not in state]
-        if missing:
-            raise ValueError(f"loader state is missing fields: {', '.join(missing)}")
-        if state["version"] != STATE_VERSION:
-            raise ValueError(
-                f"loader state has version {state['version']!r}, this code reads {STATE_VERSION}"
-            )
+        check_loader_state(state)
         self._check_same_data(state)
         saved_ws = _check_int("saved world_size", state["world_size"], 1)
         epoch = _check_int("saved epoch", state["epoch"], 0)

@@ -168,6 +168,49 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sta
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
+def check_optimizer_state(state: Any, param_shapes: dict[str, tuple[int, ...]]) -> None:
+    """Raise ValueError unless `state` is a full, name-keyed AdamW state that
+    load_optimizer_state can load into a model with these parameters (name -> shape):
+    groups that list the parameters by name with numeric settings, and per-parameter
+    state (all of it, or none yet) of the parameters' shapes."""
+    if not isinstance(state, dict) or not isinstance(state.get("state"), dict) \
+            or not isinstance(state.get("param_groups"), list):
+        raise ValueError("it is not an optimizer state dict (state and param_groups)")
+    grouped: list[str] = []
+    for group in state["param_groups"]:
+        if not isinstance(group, dict) or not isinstance(group.get("params"), list):
+            raise ValueError("a param group is not a dict with a list of params")
+        grouped += group["params"]
+        for key in ("lr", "weight_decay", "eps"):
+            if not _real(group.get(key)):
+                raise ValueError(f"a param group's {key} is {group.get(key)!r}, not a number")
+        betas = group.get("betas")
+        if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(map(_real, betas)):
+            raise ValueError(f"a param group's betas are {betas!r}, not two numbers")
+    if sorted(map(str, grouped)) != sorted(param_shapes):
+        unknown = sorted(set(map(str, grouped)) ^ set(param_shapes))[:3]
+        raise ValueError(f"its param groups do not list this model's parameters (e.g. {unknown})")
+    per_param = state["state"]
+    if per_param and sorted(per_param) != sorted(param_shapes):
+        unknown = sorted(set(per_param) ^ set(param_shapes))[:3]
+        raise ValueError(f"its state is not that of this model's parameters (e.g. {unknown})")
+    for name, entry in per_param.items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"the state of {name} is not a dict")
+        for key, value in entry.items():
+            if key == "step":
+                if not (_real(value) or (torch.is_tensor(value) and value.numel() == 1)):
+                    raise ValueError(f"the step count of {name} is {value!r}")
+            elif not torch.is_tensor(value) or tuple(value.shape) != param_shapes[name]:
+                got = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+                raise ValueError(f"{name}'s {key} is {got}, not a tensor of the parameter's "
+                                 f"shape {param_shapes[name]}")
+
+
+def _real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def _param_names(model: nn.Module) -> list[str]:
     """Parameter names in the order param_groups() lists them (decay group first)."""
     names = {id(p): n for n, p in unwrap(model).named_parameters()}

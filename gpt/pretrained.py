@@ -30,10 +30,10 @@ import safetensors.torch
 import torch
 import torch.nn as nn
 
-from gpt.checkpoint import CheckpointError
+from gpt.checkpoint import CheckpointError, model_weights
 from gpt.checkpoint import load as load_checkpoint_file
 from gpt.cli import OneLineParser
-from gpt.config import Config, ConfigError, ModelConfig, from_dict
+from gpt.config import Config, ModelConfig
 from gpt.errors import UserError
 from gpt.fileio import atomic_path, atomic_write
 from gpt.model import GPT, unwrap
@@ -287,14 +287,9 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, tor
     "model" and "config" entries are needed; the file is memory-mapped, so the optimizer
     state in it is never read."""
     try:
-        ckpt = load_checkpoint_file(path, required=("model", "config"))
+        return model_weights(load_checkpoint_file(path, required=("model", "config")), path)
     except CheckpointError as e:
         raise PretrainedError(f"--checkpoint {e}") from None
-    try:
-        cfg = from_dict(ckpt["config"]).model
-    except (ConfigError, TypeError, AttributeError) as e:
-        raise PretrainedError(f"--checkpoint {path}: its config does not load ({e})") from None
-    return cfg, ckpt["model"]
 
 
 def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> GPT:
@@ -380,7 +375,10 @@ def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLik
         model = unwrap(model_or_checkpoint)
         cfg, sd = model.config, model.state_dict()
     elif isinstance(model_or_checkpoint, dict):
-        cfg, sd = from_dict(model_or_checkpoint["config"]).model, model_or_checkpoint["model"]
+        try:
+            cfg, sd = model_weights(model_or_checkpoint, "checkpoint")
+        except CheckpointError as e:
+            raise PretrainedError(str(e)) from None
     else:
         cfg, sd = read_checkpoint(model_or_checkpoint)
     vocab = min(cfg.vocab_size, GPT2_VOCAB) if vocab_size is None else vocab_size

@@ -54,3 +54,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def _as_tuple(x: Any) -> Any:
     """random.setstate needs tuples; a checkpoint round trip may give lists."""
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def check_rng_state(state: Any) -> None:
+    """Raise ValueError unless `state` is one that set_rng_state takes: it is tried, and
+    the generators are put back as they were."""
+    before = rng_state()
+    try:
+        set_rng_state(state)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+        raise ValueError(f"RNG state cannot be restored ({type(e).__name__}: {e})") from None
+    finally:
+        set_rng_state(before)

@@ -84,7 +84,15 @@ def nonfinite_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> tor
                 if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
     if not tensors:
         return torch.zeros((), device=next(model.parameters()).device)
-    norms = torch.stack(torch._foreach_norm(tensors))  # the fused kernel clip_grad_norm_ uses
+    return count_nonfinite(tensors)
+
+
+def count_nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """How many of these tensors hold a NaN or an inf, or values so large that their norm
+    overflows (above about 1e19 in fp32: no weight worth keeping), as a device tensor. The
+    one test of finiteness for the loop and for checkpoints, in one fused norm kernel (the
+    one clip_grad_norm_ uses)."""
+    norms = torch.stack(torch._foreach_norm(tensors))
     return (~torch.isfinite(norms)).sum().float()
 
 

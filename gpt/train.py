@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import torch
 
 from gpt import hellaswag, parallel, pretrained
-from gpt.checkpoint import Checkpointer, LoopState, Parts
+from gpt.checkpoint import Checkpointer, LoopState, Parts, model_weights
 from gpt.cli import parse_args, to_toml
 from gpt.config import Config, ConfigError, describe, grad_accum_steps, to_dict
 from gpt.data import ShardLoader
@@ -125,7 +125,7 @@ def build_model(cfg: Config, ckpt: dict[str, Any] | None, runtime: Runtime) -> G
     device and not yet sharded: every rank holds it all."""
     model = GPT(cfg.model)
     if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
+        model.load_state_dict(model_weights(ckpt, "checkpoint")[1])
     elif cfg.train.init_from:
         pre = pretrained.load_pretrained(cfg.train.init_from, vocab_size=cfg.model.vocab_size,
                                          block_size=cfg.model.block_size, dropout=cfg.model.dropout)
@@ -198,8 +198,9 @@ def run_loop(run: Run) -> dict[str, Any]:
         timer.reset()
         while True:
             at_end = s.step >= end
-            if periodic_work(run, at_end, first=s.step == start):
-                timer.reset()  # evaluation and checkpoint time is not training time
+            with stop_at_bad_data(run):  # a val shard can fail too
+                if periodic_work(run, at_end, first=s.step == start):
+                    timer.reset()  # evaluation and checkpoint time is not training time
             if at_end:
                 break
 
@@ -220,8 +221,10 @@ def run_loop(run: Run) -> dict[str, Any]:
                 stopped_by = stop.signum or signal.SIGTERM
                 name = signal.Signals(stopped_by).name
                 path = save_checkpoint(run, reason=name)
-                run.say(f"{name} received: saved checkpoint {path} at step {s.step}; "
-                        f"continue with --resume auto")
+                run.say(f"{name} received: " + (
+                    f"saved checkpoint {path} at step {s.step}" if path else
+                    f"stopped at step {s.step} without a checkpoint; "
+                    f"{run.checkpointer.last_good()}") + "; continue with --resume auto")
                 break
     return outcome(run, last_loss, stopped_by)
 
@@ -264,10 +267,10 @@ def periodic_work(run: Run, at_end: bool, first: bool) -> bool:
 
 @contextlib.contextmanager
 def stop_at_bad_data(run: Run) -> Iterator[None]:
-    """A shard that fails mid-step (truncated or replaced under the run) stops the run with
-    its name. In one process the weights are still those of the last whole step, so they
-    are saved with the loader wound back to the step's start; under torchrun the other
-    ranks are inside a collective, so the error alone ends the job."""
+    """A shard that fails mid-step or in validation (truncated or replaced under the run)
+    stops the run with its name. In one process the weights are still those of the last
+    whole step, so they are saved with the loader wound back to the step's start; under
+    torchrun the other ranks are inside a collective, so the error alone ends the job."""
     position = run.train_loader.position()
     try:
         yield
@@ -277,8 +280,9 @@ def stop_at_bad_data(run: Run) -> Iterator[None]:
         run.par.optimizer.zero_grad(set_to_none=True)
         run.train_loader.seek(position)
         path = save_checkpoint(run, reason="data error")
-        raise DataError(f"{e}; saved {path} at step {run.state.step}: restore the data, then "
-                        f"--resume auto") from None
+        saved = (f"saved {path} at step {run.state.step}" if path else
+                 f"no checkpoint saved ({run.checkpointer.last_good()})")
+        raise DataError(f"{e}; {saved}: restore the data, then --resume auto") from None
 
 
 def update_or_skip(run: Run, step: int, norm: torch.Tensor, lr: float) -> None:
@@ -303,7 +307,8 @@ def log_step(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor, lr: fl
     mean_loss, bad_mean, grad_norm = torch.cat([reduced, norm.float().reshape(1)]).tolist()
     if bad_mean > 0:
         raise TrainingDiverged(
-            f"the weights or optimizer state hold NaN or inf after step {step}, though the "
+            f"the weights or optimizer state hold NaN, inf or values beyond 1e19 after step "
+            f"{step}, though the "
             f"gradient was finite (the update itself overflowed: lower --max-lr); "
             f"{run.checkpointer.last_good()}; then --resume auto")
     tok_s = run.cfg.data.total_batch_tokens / sec
@@ -340,8 +345,17 @@ def score_hellaswag(run: Run) -> None:
     run.log.write({"type": "hellaswag", "step": run.state.step, **hs})
 
 
-def save_checkpoint(run: Run, reason: str | None = None) -> Path:
-    """Write a checkpoint (a collective) and record it, with why if not periodic."""
+def save_checkpoint(run: Run, reason: str | None = None) -> Path | None:
+    """Write a checkpoint (a collective) and record it, with why if not periodic. None
+    during a streak of skipped steps: weights whose loss is not finite are no place to go
+    back to (every rank knows the streak: the norm that starts it is global)."""
+    s = run.state
+    if s.bad_in_row:
+        run.say(f"step {s.step:6d} | no checkpoint: the last {s.bad_in_row} step(s) had a "
+                f"non-finite loss or gradient")
+        run.log.write({"type": "checkpoint", "step": s.step, "path": None,
+                       "reason": f"not saved: {s.bad_in_row} skipped step(s) in a row"})
+        return None
     path = run.checkpointer.save(run.parts())
     record = {"type": "checkpoint", "step": run.state.step, "path": str(path)}
     run.log.write(record if reason is None else {**record, "reason": reason})

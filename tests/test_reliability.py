@@ -22,7 +22,7 @@ from gpt import checkpoint
 from gpt.checkpoint import CheckpointError, load
 from gpt.cli import parse_args
 from gpt.data import ShardLoader
-from gpt.fileio import LOCK_NAME, FolderLock, atomic_write
+from gpt.fileio import LOCK_NAME, FolderLock, atomic_write, remove_dead_temp_files
 from gpt.shards import DataError, ShardError, find_shards
 from gpt.step import TrainingDiverged
 
@@ -82,11 +82,16 @@ def all_finite(path: Path) -> bool:
     (["--grad-clip", "inf"], "--grad-clip must be a finite number"),
     (["--eps", "inf"], "--eps must be a finite number"),
     (["--weight-decay", "2000"], "must be < 1"),
+    (["--seed", "-1"], "--seed must be in [0, 2**32), got -1"),
+    (["--seed", "99999999999"], "--seed must be in [0, 2**32)"),
+    (["--dist-timeout", "1e300"], "--dist-timeout must be > 0 and at most 604800 seconds"),
+    (["--num-samples", "10000000"], "--num-samples must be <= 64"),
+    (["--sample-tokens", "1000000"], "--sample-tokens must be <= 4096"),
 ])
-def test_values_that_cannot_be_meant_are_refused(flags: list[str], words: str) -> None:
+def test_values_that_cannot_be_meant_are_refused(flags: list[str], words: str, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         parse_args(flags)
-    assert exc.value.code == 2
+    assert exc.value.code == 2 and words in capsys.readouterr().err
 
 
 def test_refusal_is_one_line_naming_the_flag() -> None:
@@ -129,11 +134,12 @@ def test_poisoned_weights_stop_the_run_at_the_next_log_step(monkeypatch, data_di
 
 def test_a_checkpoint_is_never_written_from_poisoned_state(monkeypatch, data_dir: Path,
                                                             tmp_path: Path) -> None:
-    """Log steps far apart: the save itself must refuse, and name a good checkpoint."""
+    """Log steps far apart: the save itself must refuse, and name a good checkpoint. The
+    update just before the save is the poisoned one, so no loss has seen it yet."""
     import gpt.train as train_mod
 
     out = tmp_path / "run"
-    poison_after(monkeypatch, 2)
+    poison_after(monkeypatch, 3)
     cfg = parse_args([*ARGS, "--max-steps", "8", "--checkpoint-every", "2", "--log-every", "100",
                       "--data-dir", str(data_dir), "--out-dir", str(out)])
     with pytest.raises(TrainingDiverged, match=r"at step 4: no checkpoint of them is written.*"
@@ -253,6 +259,14 @@ def test_dead_temp_files_go_and_live_ones_stay(run_copy: Path, data_dir: Path) -
     assert f"removed {dead.name}" in proc.stderr
 
 
+def test_a_temp_file_tagged_with_our_own_pid_counts_as_dead(tmp_path: Path) -> None:
+    """At start-up this process has written nothing yet: a file with its pid was left by a
+    dead process that had the same pid (a restarted container often gets the same one)."""
+    ours = tmp_path / f".ckpt_000007.pt.tmp-{os.getpid()}"
+    ours.write_bytes(b"x")
+    assert remove_dead_temp_files(tmp_path) == [ours] and not ours.exists()
+
+
 def test_newest_is_chosen_by_the_step_stored_inside(run_copy: Path) -> None:
     shutil.copy(run_copy / "ckpt_000002.pt", run_copy / "ckpt_000099.pt")  # a newer name, step 2
     (run_copy / "ckpt_000098.pt").mkdir()  # named like a checkpoint, not a file
@@ -345,6 +359,16 @@ def test_dangling_symlink_named_like_a_shard(tmp_path: Path) -> None:
     proc = run_cli(*ARGS, "--max-steps", "1", "--data-dir", str(data), "--out-dir", str(tmp_path / "r"))
     assert "train_000001.bin: a symlink to" in one_line_error(proc)
     assert not (tmp_path / "r").exists()  # a run that fails at start leaves no folder
+
+
+def test_a_folder_named_like_a_shard_is_an_error(tmp_path: Path) -> None:
+    data = write_random_shards(tmp_path, seed=1, train=(5_000,))
+    (data / "train_000001.bin").mkdir()
+    with pytest.raises(ShardError, match="train_000001.bin: named like a shard but not a file"):
+        find_shards(data, "train")
+    (data / "train_notes").mkdir()  # any other folder is not the data's business
+    (data / "train_000001.bin").rmdir()
+    assert [p.name for p in find_shards(data, "train")] == ["train_000000.bin"]
 
 
 def test_truncated_gz_input(tmp_path: Path) -> None:

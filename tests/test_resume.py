@@ -224,6 +224,44 @@ def test_non_finite_steps_are_skipped_and_counted(monkeypatch, data_dir: Path, t
     assert all(math.isfinite(p.float().sum()) for p in load(out / "ckpt_000006.pt")["model"].values())
 
 
+def test_no_checkpoint_is_saved_during_a_streak_of_skipped_steps(monkeypatch, data_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    """Finite weights whose loss is not finite are no checkpoint to go back to: saves wait
+    for a good step, and the error names the last checkpoint from before the streak."""
+    import gpt.train as train_mod
+
+    out = tmp_path / "run"
+    with pytest.raises(train_mod.TrainingDiverged, match=r"4 steps in a row.*ckpt_000003\.pt"):
+        run_with_bad_steps(monkeypatch, data_dir, out, {3, 4, 5, 6}, "--checkpoint-every", "1",
+                           "--max-bad-steps", "4", "--keep-checkpoints", "5", "--max-steps", "10")
+    assert [s for s, _ in checkpoint.list_checkpoints(out)] == [1, 2, 3]
+    records = read_metrics(out, "checkpoint")
+    assert [(r["step"], r["path"] is None) for r in records] == [
+        (1, False), (2, False), (3, False), (4, True), (5, True), (6, True)]
+
+
+def test_a_val_shard_failing_mid_run_stops_with_a_checkpoint(monkeypatch, data_dir: Path,
+                                                              tmp_path: Path) -> None:
+    import gpt.train as train_mod
+    from gpt.shards import DataError, ShardError
+
+    real = train_mod.val_loss
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ShardError("val_000000.bin: holds fewer tokens than its header said")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "val_loss", failing)
+    out = tmp_path / "run"
+    with pytest.raises(DataError, match=r"val_000000.bin: .*; saved .*ckpt_000002\.pt at step 2: "
+                                         r"restore the data"):
+        train_in_process(monkeypatch, data_dir, out, "--val-every", "2", "--val-steps", "1")
+    assert [s for s, _ in checkpoint.list_checkpoints(out)] == [2]
+
+
 def test_too_many_bad_steps_in_a_row_stop_the_run(monkeypatch, data_dir: Path,
                                                   two_step_copy: Path) -> None:
     import gpt.train as train_mod
@@ -243,12 +281,47 @@ def test_too_many_bad_steps_in_a_row_stop_the_run(monkeypatch, data_dir: Path,
 
 def test_rotation_keeps_the_newest_and_the_best(tmp_path: Path) -> None:
     for step in (1, 2, 3, 4, 5):
-        (tmp_path / f"ckpt_{step:06d}.pt").write_bytes(b"x")
+        torch.save({"step": step}, tmp_path / f"ckpt_{step:06d}.pt")
     (tmp_path / "notes.txt").write_text("mine")
     removed = checkpoint.rotate(tmp_path, keep=2, protect={"ckpt_000002.pt"})
     assert sorted(p.name for p in removed) == ["ckpt_000001.pt", "ckpt_000003.pt"]
     assert [s for s, _ in checkpoint.list_checkpoints(tmp_path)] == [2, 4, 5]
     assert (tmp_path / "notes.txt").exists()
+
+
+def test_rotation_counts_readable_checkpoints_by_their_stored_step(tmp_path: Path) -> None:
+    """Damaged files are neither counted nor deleted, so they cannot push good checkpoints
+    out; the order is the step stored inside, not the name."""
+    for step in (2, 4):
+        torch.save({"step": step}, tmp_path / f"ckpt_{step:06d}.pt")
+    torch.save({"step": 1}, tmp_path / "ckpt_000009.pt")  # renamed by hand: the oldest
+    for name in ("ckpt_000006.pt", "ckpt_000007.pt", "ckpt_000008.pt"):
+        (tmp_path / name).write_bytes(b"")
+    torch.save({"step": 5}, tmp_path / "ckpt_000005.pt")
+    removed = checkpoint.rotate(tmp_path, keep=2, protect={"ckpt_000005.pt"})
+    assert sorted(p.name for p in removed) == ["ckpt_000002.pt", "ckpt_000009.pt"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["ckpt_000004.pt", "ckpt_000005.pt", "ckpt_000006.pt", "ckpt_000007.pt",
+                    "ckpt_000008.pt"]
+
+
+def test_a_checkpoint_that_cannot_be_deleted_is_a_warning(tmp_path: Path, monkeypatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    for step in (1, 2, 3):
+        torch.save({"step": step}, tmp_path / f"ckpt_{step:06d}.pt")
+    real_unlink = Path.unlink
+
+    def unlink(self: Path, missing_ok: bool = False) -> None:
+        if self.name == "ckpt_000001.pt":
+            raise PermissionError(1, "Operation not permitted")
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    removed = checkpoint.rotate(tmp_path, keep=1, protect={"ckpt_000003.pt"})
+    assert [p.name for p in removed] == ["ckpt_000002.pt"]
+    err = capsys.readouterr().err
+    assert "warning: could not remove old checkpoint" in err and "ckpt_000001.pt" in err
+    assert "Operation not permitted" in err and "training goes on" in err
 
 
 @pytest.mark.slow

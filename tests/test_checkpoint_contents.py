@@ -1,0 +1,113 @@
+"""A checkpoint is vetted before a resume uses it: any entry a resume reads with the wrong
+type or shape makes the file unusable, so `--resume PATH` stops in one line naming the
+file and the entry, and `--resume auto` skips it, with a warning, for the newest one that
+is usable. Evaluating, sampling and exporting check the entries they read the same way."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from helpers import QUIET, TINY, run_cli, write_random_shards
+from gpt import checkpoint
+from gpt.checkpoint import CheckpointError
+from gpt.pretrained import PretrainedError, read_checkpoint
+
+ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_shards(tmp_path_factory.mktemp("data"), seed=11, train=(9_000,), val=(3_000,))
+
+
+@pytest.fixture(scope="module")
+def four_steps(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run with ckpt_000002.pt and ckpt_000004.pt, trained once."""
+    out = tmp_path_factory.mktemp("four") / "run"
+    proc = run_cli(*ARGS, "--max-steps", "4", "--checkpoint-every", "2", "--data-dir", str(data_dir),
+                   "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture()
+def run_copy(four_steps: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(four_steps, tmp_path / "run"))
+
+
+def first_state(ckpt: dict[str, Any]) -> dict[str, Any]:
+    return next(iter(ckpt["optimizer"]["state"].values()))
+
+
+def rename_first_state(ckpt: dict[str, Any]) -> None:
+    state = ckpt["optimizer"]["state"]
+    state["transformer.bogus.weight"] = state.pop(next(iter(state)))
+
+
+# entry -> (how to spoil it, words the error must hold)
+SPOILED: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "best_val_loss": (lambda c: c.update(best_val_loss="abc"), "'best_val_loss' is 'abc'"),
+    "val_loss": (lambda c: c.update(val_loss=float("nan")), "'val_loss' is nan"),
+    "skipped_steps": (lambda c: c.update(skipped_steps="x"), "'skipped_steps' is 'x'"),
+    "best_checkpoint": (lambda c: c.update(best_checkpoint=5), "'best_checkpoint' is 5"),
+    "scaler": (lambda c: c.update(scaler={"scale": "big"}), "'scaler' is not a GradScaler state"),
+    "rng": (lambda c: c.update(rng=[{"python": 5}]), "RNG state cannot be restored"),
+    "loader": (lambda c: c.update(loader=[{"version": 1}]), "loader state is missing fields"),
+    "loader step": (lambda c: c["loader"][0].update(step=-3), "saved step must be >= 0"),
+    "param_groups": (lambda c: c["optimizer"].update(param_groups="nope"),
+                     "not an optimizer state dict"),
+    "lr": (lambda c: c["optimizer"]["param_groups"][0].update(lr="fast"), "lr is 'fast'"),
+    "state step": (lambda c: first_state(c).update(step="seven"), "step count of"),
+    "state name": (rename_first_state, "transformer.bogus.weight"),
+    "exp_avg shape": (lambda c: first_state(c).update(exp_avg=torch.zeros(3)),
+                      "exp_avg is (3,), not a tensor of the parameter's shape"),
+    "huge state": (lambda c: first_state(c)["exp_avg_sq"].fill_(3e19), "beyond 1e19"),
+}
+
+
+def spoil(path: Path, how: Callable[[dict[str, Any]], None]) -> None:
+    ckpt = torch.load(path, weights_only=True)
+    how(ckpt)
+    torch.save(ckpt, path)
+
+
+@pytest.mark.parametrize("entry", list(SPOILED))
+def test_a_spoiled_entry_makes_the_checkpoint_unusable(entry: str, run_copy: Path) -> None:
+    how, words = SPOILED[entry]
+    spoil(run_copy / "ckpt_000004.pt", how)
+    with pytest.raises(CheckpointError, match="ckpt_000004.pt: ") as caught:
+        checkpoint.usable(run_copy / "ckpt_000004.pt")
+    assert words in str(caught.value)
+    path, ckpt, notes = checkpoint.find_latest(run_copy)
+    assert path == run_copy / "ckpt_000002.pt" and ckpt["step"] == 2  # the older good one
+    assert len(notes) == 1 and "skipping damaged checkpoint" in notes[0] and words in notes[0]
+
+
+def test_resume_auto_falls_back_from_wrong_shaped_optimizer_state(run_copy: Path,
+                                                                  data_dir: Path) -> None:
+    """The file that once resumed and then "diverged", calling itself the last good one."""
+    spoil(run_copy / "ckpt_000004.pt", SPOILED["exp_avg shape"][0])
+    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+                   "--resume", str(run_copy / "ckpt_000004.pt"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
+    assert "ckpt_000004.pt: 'optimizer':" in proc.stderr
+    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+                   "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: skipping damaged checkpoint" in proc.stderr and "at step 2" in proc.stdout
+
+
+def test_evaluating_a_checkpoint_whose_model_is_not_weights_is_one_line(run_copy: Path) -> None:
+    spoil(run_copy / "ckpt_000004.pt", lambda c: c.update(model=[1, 2]))
+    with pytest.raises(PretrainedError, match="ckpt_000004.pt: 'model' is not a dict of tensors"):
+        read_checkpoint(run_copy / "ckpt_000004.pt")
+    spoil(run_copy / "ckpt_000002.pt", lambda c: c.update(config={"model": "tiny"}))
+    with pytest.raises(PretrainedError, match="ckpt_000002.pt: its config cannot be read"):
+        read_checkpoint(run_copy / "ckpt_000002.pt")
