@@ -47,7 +47,7 @@ class OneLineParser(argparse.ArgumentParser):
     def parse_args(self, args: typing.Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
         argv = list(sys.argv[1:] if args is None else args)
-        flags = self._all_flags()
+        flags = self._all_flags(argv)
         # An unknown flag first: a typo is usually why a required one then looks missing.
         for token in argv[: argv.index("--") if "--" in argv else len(argv)]:
             name = token.split("=")[0]
@@ -58,12 +58,15 @@ class OneLineParser(argparse.ArgumentParser):
             self.error(f"unrecognized argument {unknown[0]!r}")
         return parsed
 
-    def _all_flags(self) -> list[str]:
-        """Every option string, the subcommands' included."""
+    def _all_flags(self, argv: list[str]) -> list[str]:
+        """Every option string: this parser's, and those of the subcommand named in argv
+        (of every subcommand, if none is named yet)."""
         flags = [o for a in self._actions for o in a.option_strings]
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
+                named = next((a for a in argv if a in action.choices), None)
+                subs = [action.choices[named]] if named else action.choices.values()
+                for sub in subs:
                     flags += [o for a in sub._actions for o in a.option_strings]
         return flags
 
@@ -101,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--preset",
         dest="preset",
         choices=list(PRESETS),
-        help="model size preset (default: gpt2); --n-layer etc. override its values",
+        metavar="PRESET",
+        help=f"model size preset: {', '.join(PRESETS)} (default: gpt2); --n-layer etc. "
+        "override its values",
     )
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(f"{section} settings")

@@ -111,8 +111,9 @@ class TrainConfig:
     tf32: bool = _opt(True, "allow TF32 tensor-core matmuls for fp32 work on CUDA")
     compile: bool | None = _opt(None, "torch.compile the model (default: on for CUDA only)")
     compile_mode: str = _opt(
-        "default", "torch.compile mode: max-autotune searches kernel configs (minutes of "
-        "compiling), reduce-overhead adds CUDA graphs",
+        "default", "torch.compile mode (default: default, inductor's usual kernels): "
+        "max-autotune searches kernel configs (minutes of compiling), reduce-overhead adds "
+        "CUDA graphs",
         ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     )
     seed: int = _opt(1337, "random seed for initialisation and data order")

@@ -145,15 +145,21 @@ def build_parser() -> argparse.ArgumentParser:
         "or a local Hugging Face GPT-2 folder",
     )
     p.add_argument("--prompt", default="Hello, I'm a language model,",
-                   help="text to continue; empty starts from <|endoftext|>")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per sample")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy decoding")
-    p.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest (0: all)")
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"])
+                   help="text to continue; empty starts from <|endoftext|> "
+                   "(default: \"Hello, I'm a language model,\")")
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="tokens generated per sample (default: 64)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="softmax temperature; 0 is greedy decoding (default: 1.0)")
+    p.add_argument("--top-k", type=int, default=50,
+                   help="sample among the k likeliest tokens; 0: all (default: 50)")
+    p.add_argument("--num-samples", type=int, default=1,
+                   help="samples generated in one batch (default: 1)")
+    p.add_argument("--seed", type=int, default=1337, help="sampling seed (default: 1337)")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"],
+                   help="auto picks cuda > mps > cpu (default: auto)")
     p.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
-                   help="autocast precision; auto: bf16 on CUDA/MPS, fp32 on CPU")
+                   help="autocast precision; auto: bf16 on CUDA/MPS, fp32 on CPU (default: auto)")
     p.add_argument("--no-stop-at-eot", dest="stop_at_eot", action="store_false",
                    help="keep generating after <|endoftext|>")
     p.add_argument("--no-cache", dest="use_cache", action="store_false",
@@ -169,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--temperature must be >= 0, got {args.temperature}")
     if args.top_k < 0:
         parser.error(f"--top-k must be >= 0 (0 keeps every token), got {args.top_k}")
+    if not 0 <= args.seed < 2**63:
+        parser.error(f"--seed must be in [0, 2**63), got {args.seed}")
 
     try:
         device = pick_device(args.device)

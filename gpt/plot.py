@@ -210,9 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--output", default=None,
                    help="image file (default: curves.png next to the first metrics file)")
     p.add_argument("--smooth", type=float, default=0.0,
-                   help="EMA factor in [0, 1) for the train loss (0: raw)")
+                   help="EMA factor in [0, 1) for the train loss (default: 0, the raw loss)")
     p.add_argument("--log-loss", action="store_true", help="log scale for the loss")
-    p.add_argument("--title", default=None)
+    p.add_argument("--title", default=None, help="the figure's title (default: none)")
     args = p.parse_args(argv)
     if not 0.0 <= args.smooth < 1.0:
         p.error("--smooth must be in [0, 1)")

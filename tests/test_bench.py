@@ -390,19 +390,31 @@ def test_mode_flops_and_precision_skips() -> None:
     assert "tf32 needs CUDA" in precision_skip_reason("tf32", CPU)
 
 
-def test_bad_arguments() -> None:
+def test_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["model", "--sizes", "gpt5", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --sizes 'gpt5' is not a preset") and len(err.splitlines()) == 1
+    assert cli.main(["ladder", "--seq-len", "0", "--device", "cpu"]) == 2
+    assert "--seq-len and --batch-size must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
-        cli.main(["model", "--sizes", "gpt5", "--device", "cpu"])
-    assert "not a preset" in str(e.value)
+        cli.main(["model", "--size", "gpt2"])  # the suggestion is this subcommand's flag
+    assert e.value.code == 2 and "did you mean '--sizes'?" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         cli.main(["model", "--precision", "fp8"])
     assert e.value.code == 2
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
-def test_cuda_requested_without_gpu(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cuda_requested_without_gpu(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
     assert cli.main(["model", "--device", "cuda"]) == 2
     assert "--device cuda" in capsys.readouterr().err
+    # a standalone subcommand's error is one line too (it was a traceback)
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29633"}.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["comm", "allreduce", "--device", "cuda"]) == 2
+    assert capsys.readouterr().err == ("error: --device cuda: no CUDA device is visible to torch "
+                                       "(try --device auto)\n")
 
 
 def test_module_entry_point(monkeypatch: pytest.MonkeyPatch,

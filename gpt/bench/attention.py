@@ -31,6 +31,7 @@ from gpt.bench.common import (
 from gpt.bench.naive import causal_mask, naive_attention
 from gpt.bench.report import Column, fmt_mem, fmt_ms, fmt_x, status_text
 from gpt.bench.timing import allocated_memory, reset_dynamo, run_guarded
+from gpt.config import ConfigError
 from gpt.dist import DTYPES, synchronize
 
 SDPA_BACKENDS = {
@@ -92,7 +93,7 @@ def _resolve(ctx: Context) -> None:
         ctx.log(f"warning: sequence length {max(a.seq_lens)} on {ctx.device.type}: naive "
                 "attention builds B x H x T x T scores; this may take very long")
     if min(a.head_dims) < 1 or min(a.seq_lens) < 1 or a.batch_size < 1 or a.n_head < 1:
-        raise SystemExit("error: --head-dims, --seq-lens, --batch-size, --n-head must be >= 1")
+        raise ConfigError("--head-dims, --seq-lens, --batch-size, --n-head must be >= 1")
 
 
 def make_attention(impl: str, T: int, device: torch.device, nvtx: bool, compile_mode: str

@@ -2,7 +2,8 @@
 
 Timing subcommands (model, components, attention, ladder, compile) share the common
 flags and a Context, and their results go through one writer. Standalone subcommands
-(comm, prepare) own their flags and run themselves: their parser sets `standalone`.
+(comm, prepare, gpu, cpu-malloc) own their flags and run themselves: their parser sets
+`standalone`. A UserError from any of them is one line and its exit code.
 """
 
 from __future__ import annotations
@@ -44,14 +45,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    try:
+        return run(args, argv)
+    except UserError as e:  # a bad value, --device cuda without a GPU, ...
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
     if getattr(args, "standalone", None) is not None:
         args.argv = argv  # for the command line its results record
         return args.standalone(args)
-    try:
-        ctx = Context.create(args.command, args, argv)
-    except UserError as e:  # e.g. --device cuda without a GPU
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+    ctx = Context.create(args.command, args, argv)
     try:
         results, sections = RUNNERS[args.command](ctx)
     except KeyboardInterrupt:

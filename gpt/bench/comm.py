@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from gpt.bench.report import git_commit
 from gpt.config import PRESETS, model_preset
 from gpt.dist import Runtime, autocast, device_name, init_runtime, shutdown, synchronize
-from gpt.model import GPT
+from gpt.model import GPT, unwrap
 from gpt.parallel import set_grad_sync
 from gpt.tokenizer import GPT2_VOCAB
 
@@ -96,7 +96,7 @@ def bench_ddp(runtime: Runtime, preset: str, batch_size: int, seq_len: int, warm
 
     compute = stats(time_it(lambda: fwd_bwd(False), runtime, warmup, iters))
     synced = stats(time_it(lambda: fwd_bwd(True), runtime, warmup, iters))
-    n_params = model.module.num_params()
+    n_params = unwrap(model).num_params()
     flat = torch.randn(n_params, device=runtime.device)
     comm = stats(time_it(lambda: dist.all_reduce(flat), runtime, warmup, iters))
     exposed = max(0.0, synced["median_ms"] - compute["median_ms"])
@@ -148,14 +148,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        "(under torchrun)", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("allreduce", "ddp"))
-    p.add_argument("--sizes-mb", type=float, nargs="+", default=list(SIZES_MB))
+    p.add_argument("--sizes-mb", type=float, nargs="+", default=list(SIZES_MB),
+                   help="allreduce: message sizes in MB (default: 1 MB to 1 GB)")
     p.add_argument("--model", default=None, choices=list(PRESETS),
                    help="ddp: model preset (default gpt2 on CUDA, tiny on CPU)")
     p.add_argument("--batch-size", type=int, default=None, help="ddp: micro-batch (default 8 / 4)")
     p.add_argument("--seq-len", type=int, default=None, help="ddp: sequence length (default 1024 / 64)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default: 3)")
+    p.add_argument("--iters", type=int, default=10, help="timed iterations (default: 10)")
+    p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
+                   help="auto: cuda with NCCL, else cpu with gloo (default: auto)")
     p.add_argument("--out", default=None, help="write the JSON result here")
     p.set_defaults(standalone=run)
 

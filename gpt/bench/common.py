@@ -18,8 +18,8 @@ import torch.nn as nn
 from gpt.bench import report
 from gpt.bench.naive import use_naive_attention
 from gpt.bench.timing import Timing, bind_setup, time_fn
-from gpt.config import PRESETS, ModelConfig, model_preset
-from gpt.dist import bf16_supported
+from gpt.config import PRESETS, ConfigError, ModelConfig, model_preset
+from gpt.dist import bf16_supported, pick_device
 from gpt.dist import autocast as _autocast
 from gpt.metrics import flops_per_token, mfu, peak_tflops
 from gpt.model import GPT
@@ -132,7 +132,7 @@ def expand_sizes(names: Sequence[str]) -> list[str]:
     for name in names:
         for n in SIZE_GROUPS.get(name, [name]):
             if n not in PRESETS:
-                raise SystemExit(f"error: --sizes {n!r} is not a preset; choose from "
+                raise ConfigError(f"--sizes {n!r} is not a preset; choose from "
                                  f"{', '.join([*PRESETS, *SIZE_GROUPS])}")
             if n not in out:
                 out.append(n)
@@ -249,8 +249,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("common")
     g.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"],
                    help="device (auto: cuda > mps > cpu)")
-    g.add_argument("--warmup", type=int, default=5, help="warm-up iterations per cell, not measured")
-    g.add_argument("--steps", type=int, default=10, help="measured iterations per cell")
+    g.add_argument("--warmup", type=int, default=5, help="warm-up iterations per cell, not measured (default: 5)")
+    g.add_argument("--steps", type=int, default=10, help="measured iterations per cell (default: 10)")
     g.add_argument("--out", default="runs/bench", help="folder for <name>.json and <name>.md")
     g.add_argument("--name", default=None,
                    help="file stem of the outputs (default: <subcommand>_<device>_<time>)")
@@ -293,13 +293,11 @@ class Context:
 
     @classmethod
     def create(cls, command: str, args: argparse.Namespace, argv: list[str]) -> "Context":
-        from gpt.dist import pick_device
-
         device = pick_device(args.device)
         if args.warmup < 0 or args.steps < 1:
-            raise SystemExit("error: --warmup must be >= 0 and --steps >= 1")
+            raise ConfigError("--warmup must be >= 0 and --steps >= 1")
         if args.peak_tflops is not None and args.peak_tflops <= 0:
-            raise SystemExit("error: --peak-tflops must be > 0")
+            raise ConfigError("--peak-tflops must be > 0")
         ctx = cls(command=command, args=args, argv=list(argv), device=device)
         if args.peak_tflops:
             ctx.peak, ctx.peak_source = float(args.peak_tflops), "--peak-tflops"

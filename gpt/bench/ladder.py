@@ -103,7 +103,7 @@ def _resolve(ctx: Context) -> None:
             used.append(f"--{key.replace('_', '-')} {value}")
     a.size = expand_sizes([a.size])[0]
     if a.seq_len < 1 or a.batch_size < 1:
-        raise SystemExit("error: --seq-len and --batch-size must be >= 1")
+        raise ConfigError("--seq-len and --batch-size must be >= 1")
     if not cuda and used:
         ctx.log(f"note: no CUDA device; small ladder defaults ({', '.join(used)})")
     if not cuda and not a.no_compile_rungs:

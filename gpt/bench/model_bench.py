@@ -34,7 +34,7 @@ from gpt.bench.common import (
 )
 from gpt.bench.report import Column, fmt_int, fmt_mem, fmt_ms, fmt_pct, status_text
 from gpt.bench.timing import reset_dynamo, run_guarded
-from gpt.config import OptimConfig
+from gpt.config import ConfigError, OptimConfig
 from gpt.optim import build_optimizer
 
 # --------------------------------------------------------------------------------------
@@ -91,7 +91,7 @@ def resolve_grid(args: argparse.Namespace, ctx: Context) -> None:
             defaulted.append(f"--{key.replace('_', '-')} {' '.join(map(str, d[key]))}")
     args.sizes = expand_sizes(args.sizes)
     if any(t < 1 for t in args.seq_len) or any(b < 1 for b in args.batch_size):
-        raise SystemExit("error: --seq-len and --batch-size must be >= 1")
+        raise ConfigError("--seq-len and --batch-size must be >= 1")
     if defaulted and ctx.device.type != "cuda":
         ctx.log(f"note: no CUDA device; using small CPU defaults ({', '.join(defaulted)})")
 
