@@ -71,7 +71,8 @@ def model_preset(name: str, **overrides: Any) -> ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    data_dir: str = _opt("data/fineweb-edu-10B", "folder of train_*/val_* token shards")
+    data_dir: str = _opt("data/fineweb-edu-10B", "folder of train_*/val_* token shards "
+                         "(fineweb.py's; llm.c's .bin and build-nanogpt's .npy shards too)")
     batch_size: int = _opt(64, "micro-batch size B: sequences per forward pass per process")
     seq_len: int = _opt(1024, "sequence length T in tokens (at most --block-size)")
     total_batch_tokens: int = _opt(

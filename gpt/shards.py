@@ -284,8 +284,10 @@ def check_split(split: str) -> None:
 
 def is_shard_name(name: str, split: str) -> bool:
     """``{split}_*`` (this trainer), or ``*_{split}_*.bin`` / ``.npy`` (llm.c's and
-    build-nanogpt's, e.g. fineweb_train_000001.bin, edufineweb_val_000000.npy)."""
-    return name.startswith(f"{split}_") or (f"_{split}_" in name and name.endswith((".bin", ".npy")))
+    build-nanogpt's, e.g. fineweb_train_000001.bin, edufineweb_val_000000.npy), or llm.c's
+    single-file ``*_{split}.bin`` (tiny_shakespeare_val.bin, TinyStories_train.bin)."""
+    return name.startswith(f"{split}_") or (
+        name.endswith((".bin", ".npy")) and (f"_{split}_" in name or name.endswith(f"_{split}.bin")))
 
 
 def find_shards(folder: str | os.PathLike, split: str) -> list[Path]:

@@ -595,7 +595,14 @@ def test_llmc_and_npy_shards_give_the_same_batches_as_ours(tmp_path: Path) -> No
     np.save(npy / "edufineweb_train_000000.npy", stream[:4000])
     np.save(npy / "edufineweb_train_000001.npy", stream[4000:])
     assert [p.name for p in find_shards(llmc, "val")] == ["fineweb_val_000000.bin"]
-    loaders = [ShardLoader(d, "train", 2, 16) for d in (ours, llmc, npy)]
+    single = tmp_path / "single"  # llm.c's one-file datasets: tiny_shakespeare_train.bin
+    single.mkdir()
+    write_llmc(single / "tiny_shakespeare_train.bin", stream)
+    write_llmc(single / "tiny_shakespeare_val.bin", stream[:500])
+    assert [p.name for p in find_shards(single, "val")] == ["tiny_shakespeare_val.bin"]
+    loaders = [ShardLoader(d, "train", 2, 16) for d in (ours, llmc, npy, single)]
+    assert [ld.num_tokens for ld in loaders] == [9_001] * 4
+    loaders.pop()
     assert [ld.num_tokens for ld in loaders] == [9_001] * 3
     for _ in range(loaders[0].steps_per_pass + 3):  # past a pass: the same stream in each
         (x0, y0), (x1, y1), (x2, y2) = (ld.next_batch() for ld in loaders)
