@@ -677,3 +677,20 @@ def test_fineweb_output_trains(tmp_path: Path) -> None:
     done = run_cli(*TINY, *QUIET, "--max-steps", "3", "--data-dir", str(data), "--out-dir", str(runs))
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(read_metrics(runs, "train")) == 3
+
+
+def test_progress_shows_rate_and_eta(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ETA times only what this run did: a resume that starts 20% in and reaches 60%
+    in 20 s has 40% left, so 20 s more."""
+    from gpt.prepare import run as prep_run
+
+    clock = iter([0.0, 0.0, 20.0, 25.0])
+    monkeypatch.setattr(prep_run.time, "perf_counter", lambda: next(clock))
+    log = io.StringIO()
+    progress = prep_run.Progress(True, log, "out", None)
+    progress.update(docs=0, tokens=0, total_tokens=0, fraction=0.2)  # too soon to print
+    progress.update(docs=40, tokens=2_000, total_tokens=2_000, fraction=0.6)
+    progress.update(docs=50, tokens=2_500, total_tokens=2_500, fraction=1.0, final=True)
+    first, final = log.getvalue().splitlines()
+    assert first == "out: 2.00k tokens, 40 docs | 100 tok/s, 2 docs/s | 60.0% ETA 20s"
+    assert final == "out: 2.50k tokens, 50 docs | 100 tok/s, 2 docs/s | 100.0%"

@@ -185,7 +185,8 @@ MODEL_NOTES = [
     "included); step adds backward, clipping and the optimizer. MFU = tokens/s x FLOPs per token / bf16 dense "
     "peak, with FLOPs per token = 6N + 12 L d T for fwdbwd and step and a third of it for "
     "fwd (gpt.metrics.flops_per_token). fp32/tf32 rows are measured against the bf16 peak "
-    "too. Peak memory: torch.cuda.max_memory_allocated over the measured steps (n/a off CUDA).",
+    "too. Peak memory over the measured steps: torch.cuda.max_memory_allocated on CUDA, the "
+    "process's peak resident memory on CPU and MPS (gpt.metrics.peak_memory).",
 ]
 
 
