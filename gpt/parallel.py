@@ -138,6 +138,16 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP); plain tensors pass through."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer holding this rank's state: ZeroRedundancyOptimizer's inner AdamW."""
+    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+
+
 # ---- checkpoint state: full, keyed by parameter name, on rank 0
 
 

@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from gpt.dist import autocast
 from gpt.errors import UserError
-from gpt.parallel import full_tensor, set_grad_sync
+from gpt.parallel import full_tensor, local_optimizer, local_tensor, set_grad_sync
 from gpt.profiling import nvtx_range
 
 
@@ -78,10 +78,9 @@ def nonfinite_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> tor
     values so large that their norm overflows), as a device tensor: the caller decides when
     to read it. One fused norm over everything; under FSDP and ZeRO-1 each rank checks its
     own shards, so the counts are summed over ranks."""
-    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer's local AdamW
-    tensors = [_local(p.detach()) for p in model.parameters()]
-    tensors += [_local(v) for state in inner.state.values() for v in state.values()
-                if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
+    tensors = [local_tensor(p.detach()) for p in model.parameters()]
+    tensors += [local_tensor(v) for state in local_optimizer(optimizer).state.values()
+                for v in state.values() if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
     if not tensors:
         return torch.zeros((), device=next(model.parameters()).device)
     return count_nonfinite(tensors)
@@ -94,8 +93,3 @@ def count_nonfinite(tensors: list[torch.Tensor]) -> torch.Tensor:
     one clip_grad_norm_ uses)."""
     norms = torch.stack(torch._foreach_norm(tensors))
     return (~torch.isfinite(norms)).sum().float()
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (FSDP); plain tensors pass through."""
-    return t.to_local() if hasattr(t, "to_local") else t

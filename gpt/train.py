@@ -1,4 +1,5 @@
-"""The training loop: accumulate micro-batches, clip, step, log, evaluate, sample, checkpoint.
+"""The training loop: build a run, then step (gpt/step.py), log, evaluate, sample and
+checkpoint, each when its interval comes.
 
 Run it as `python train_gpt2.py [flags]` (or `gpt2-train`); `--help` lists every flag.
 The same file runs one process or one rank under torchrun.

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt.bench import report
 from gpt.bench.common import (
@@ -113,8 +114,6 @@ def make_attention(impl: str, T: int, device: torch.device, nvtx: bool, compile_
         return naive
     if impl == "sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     backend = getattr(SDPBackend, SDPA_BACKENDS[impl])
 
     def pinned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -126,10 +125,6 @@ def make_attention(impl: str, T: int, device: torch.device, nvtx: bool, compile_
 
 def _skip_reason(impl: str, device: torch.device) -> str | None:
     if impl in SDPA_BACKENDS:
-        try:
-            from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401
-        except ImportError:
-            return f"torch {torch.__version__} has no torch.nn.attention.sdpa_kernel"
         if not hasattr(SDPBackend, SDPA_BACKENDS[impl]):
             return f"torch {torch.__version__} has no {SDPA_BACKENDS[impl]} backend"
     if impl.endswith("-compiled"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -68,8 +69,6 @@ def run_info(command: str, device: torch.device, argv: Sequence[str] | None = No
         info["compute_capability"] = f"{props.major}.{props.minor}"
         info["gpu_count"] = torch.cuda.device_count()
     else:
-        import os
-
         info["cpu_threads"] = torch.get_num_threads()
         info["cpu_count"] = os.cpu_count()
     return info

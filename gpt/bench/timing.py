@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
+import torch._dynamo
 
 from gpt.dist import is_oom, synchronize
 from gpt.metrics import peak_memory, reset_peak_memory
@@ -237,12 +238,7 @@ def free_memory(device: torch.device, reset_compiler: bool = False,
 def reset_dynamo() -> None:
     """Forget compiled graphs: each compiled cell compiles afresh (honest compile times,
     and a sweep never hits dynamo's recompile limit and silently falls back to eager)."""
-    try:
-        import torch._dynamo
-
-        torch._dynamo.reset()
-    except Exception:  # noqa: BLE001 - no dynamo on this build: nothing to reset
-        pass
+    torch._dynamo.reset()
 
 
 # --------------------------------------------------------------------------------------
