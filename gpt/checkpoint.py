@@ -14,7 +14,9 @@ objects), so loading it never runs code:
     best_val_loss   the best validation loss so far, or None
     best_checkpoint file name of the checkpoint with best_val_loss, or None
     skipped_steps   steps skipped so far for a non-finite loss or gradient
-Checkpointer.save writes this dict and Checkpointer.restore reads it; nothing else does.
+Checkpointer.save writes this dict; Checkpointer.restore reads it back, check_contents
+vets it first, and model_weights reads the config and weights alone (for evaluating,
+sampling and exporting). Nothing outside this file reads or writes its keys.
 The file is torch.save's zip archive, whose CRC-32 of every record is checked on load
 (torch.load does not check them), and its weights and optimizer state are always finite:
 save() refuses to write others, and the resume choice skips them.
