@@ -366,7 +366,6 @@ class MetricsLog:
         """Close the file; the trackers belong to whoever opened them."""
         if self._fh is not None:
             self._fh.close()
-            self._fh = None
 
     def __enter__(self) -> "MetricsLog":
         return self

@@ -15,14 +15,17 @@ import tiktoken
 
 from helpers import REPO, SHAKESPEARE
 from gpt import tokenizer
+from gpt.prepare import encode as prep_encode
 from gpt.prepare.cli import main as fineweb_main
 from gpt.shards import read_shard
 
 
 @pytest.fixture()
 def no_tiktoken_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    """tiktoken's cache points at an empty folder, and gpt2_tokenizer() is built afresh."""
+    """tiktoken's cache points at an empty folder, and the tokenizer is built afresh (by
+    gpt2_tokenizer, and by fineweb.py's encoder, which keeps the one it first got)."""
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty_cache"))
+    monkeypatch.setattr(prep_encode, "_encoder", None)
     tokenizer.gpt2_tokenizer.cache_clear()
     yield
     tokenizer.gpt2_tokenizer.cache_clear()
