@@ -7,10 +7,12 @@ them; nothing here is global.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import platform
 import subprocess
 import sys
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -136,10 +138,29 @@ def init_runtime(requested_device: str = "auto", timeout_s: float = 600.0) -> Ru
                    distributed=True, control_group=control)
 
 
+def set_matmul_precision(runtime: Runtime, tf32: bool) -> None:
+    if runtime.device_type == "cuda":
+        # TF32 runs fp32 matmuls on tensor cores (10-bit mantissa inputs, fp32 accumulate).
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
 def shutdown(runtime: Runtime, clean: bool) -> None:
     """Tear the process group down. After a clean finish, wait for every rank first (rank 0
-    may still be writing); after an error, do not: the peers may be gone."""
+    may still be writing); after an error, do not: the peers may be gone.
+
+    What holds the group from C++ (DDP's reducer, FSDP's state) must be gone first, the
+    frames of an exception in flight included. Freed later, it would destroy the group while
+    holding the GIL, and gloo's destructor then waits on worker threads that need the GIL
+    to free their last tensors: the process hung at exit, or aborted during interpreter
+    shutdown ("terminate called without an active exception"). Dropped here, the group dies
+    in destroy_process_group, which releases the GIL."""
     if runtime.distributed and dist.is_initialized():
+        exc = sys.exc_info()[1]
+        while exc is not None:
+            traceback.clear_frames(exc.__traceback__)
+            exc = exc.__cause__ or exc.__context__
+        gc.collect()
         if clean:
             dist.barrier()
         dist.destroy_process_group()

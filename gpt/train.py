@@ -26,14 +26,14 @@ from gpt.cli import parse_args, to_toml
 from gpt.config import Config, ConfigError, describe, grad_accum_steps, to_dict
 from gpt.data import ShardLoader
 from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, any_rank, device_name,
-                      init_runtime, is_oom, resolve_dtype, reuse_freed_memory, shutdown)
+                      init_runtime, is_oom, resolve_dtype, reuse_freed_memory,
+                      set_matmul_precision, shutdown)
 from gpt.errors import UserError
 from gpt.evaluate import val_loss
 from gpt.fileio import atomic_write
 from gpt.generate import sample
-from gpt.metrics import (MetricsLog, Progress, StepTimer, TensorBoardTracker, WandbTracker,
-                         check_tracking, close_trackers, flops_per_token, mfu, peak_memory,
-                         peak_tflops)
+from gpt.metrics import (MetricsLog, Progress, StepTimer, check_tracking, close_trackers,
+                         flops_per_token, mfu, open_trackers, peak_memory, peak_tflops)
 from gpt.model import GPT
 from gpt.optim import lr_at
 from gpt.profiling import Profiler
@@ -87,13 +87,6 @@ class Run:
                      self.cfg)
 
 
-def set_matmul_precision(runtime: Runtime, tf32: bool) -> None:
-    if runtime.device_type == "cuda":
-        # TF32 runs fp32 matmuls on tensor cores (10-bit mantissa inputs, fp32 accumulate).
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-
-
 # ---------------------------------------------------------------------------------------
 # building a run
 
@@ -136,17 +129,6 @@ def build_model(cfg: Config, ckpt: dict[str, Any] | None, runtime: Runtime) -> G
     return model.to(runtime.device)
 
 
-def open_trackers(cfg: Config, runtime: Runtime, out_dir: Path) -> list[Any]:
-    """The tracking services the flags ask for (rank 0 only); W&B first, as the one that
-    can fail (no login), so a failed start leaves nothing behind in the run folder."""
-    t, trackers = cfg.train, []
-    if runtime.is_master and t.wandb_project:
-        trackers.append(WandbTracker(t.wandb_project, out_dir, to_dict(cfg)))
-    if runtime.is_master and t.tensorboard:
-        trackers.append(TensorBoardTracker(out_dir / "tensorboard"))
-    return trackers
-
-
 def build_run(cfg: Config, runtime: Runtime) -> Run:
     t, e = cfg.train, cfg.eval
     parallel.check_mode(t.parallel, runtime)
@@ -176,7 +158,8 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
             checkpointer.restore(run.parts(), ckpt)
             run.resumed_from = resume_path
             run.say(f"resumed from {resume_path} at step {run.state.step}")
-        run.trackers = open_trackers(cfg, runtime, checkpointer.out_dir)  # last: may fail
+        if runtime.is_master:  # last: W&B can fail to start (no login)
+            run.trackers = open_trackers(t.tensorboard, t.wandb_project, run.out_dir, to_dict(cfg))
     except BaseException:
         checkpointer.close(failed_at_start=True)
         raise
@@ -309,9 +292,8 @@ def log_step(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor, lr: fl
     if bad_mean > 0:
         raise TrainingDiverged(
             f"the weights or optimizer state hold NaN, inf or values beyond 1e19 after step "
-            f"{step}, though the "
-            f"gradient was finite (the update itself overflowed: lower --max-lr); "
-            f"{run.checkpointer.last_good()}; then --resume auto")
+            f"{step}, though the gradient was finite (the update itself overflowed: lower "
+            f"--max-lr); {run.checkpointer.last_good()}; then --resume auto")
     tok_s = run.cfg.data.total_batch_tokens / sec
     util = mfu(tok_s / rt.world_size, flops_tok, run_peak(run))  # per-device MFU
     mem_gb = peak_memory(rt.device)[0] / 2**30  # this rank's; the header says what it measures
@@ -463,12 +445,7 @@ def train(cfg: Config) -> dict[str, Any]:
         reuse_freed_memory()
     clean = False
     try:
-        run = build_run(cfg, runtime)
-        try:
-            result = run_loop(run)
-        finally:
-            close_trackers(run.trackers)
-            run.checkpointer.close()
+        result = build_and_run(cfg, runtime)
         clean = True
         return result
     except (RuntimeError, MemoryError) as e:
@@ -482,6 +459,17 @@ def train(cfg: Config) -> dict[str, Any]:
             f" ({' '.join(str(e).split())[:200]})") from None
     finally:
         shutdown(runtime, clean)
+
+
+def build_and_run(cfg: Config, runtime: Runtime) -> dict[str, Any]:
+    """The run lives in this frame alone, so it is gone by the time the process group is
+    torn down (see dist.shutdown)."""
+    run = build_run(cfg, runtime)
+    try:
+        return run_loop(run)
+    finally:
+        close_trackers(run.trackers)
+        run.checkpointer.close()
 
 
 def main(argv: list[str] | None = None) -> int:
