@@ -421,9 +421,8 @@ class Checkpointer:
         if all_reduce_mean(nonfinite_tensors(parts.model, parts.optimizer), rt).item() > 0:
             raise TrainingDiverged(
                 f"the weights or optimizer state hold NaN, inf or values beyond 1e19 at step "
-                f"{s.step}: no checkpoint "
-                f"of them is written; {self.last_good()}. Lower --max-lr or check the data, "
-                f"then --resume auto")
+                f"{s.step}: no checkpoint of them is written; {self.last_good()}. Lower "
+                f"--max-lr or check the data, then --resume auto")
         model_sd = parallel.model_state(parts.model)
         optim_sd = parallel.optimizer_state(parts.model, parts.optimizer, rt)
         loaders = gather_objects(parts.loader.state_dict(), rt)

@@ -297,6 +297,18 @@ class WandbTracker:
         self.run.finish()
 
 
+def open_trackers(tensorboard: bool, wandb_project: str | None, folder: Path,
+                  config: dict[str, Any]) -> list[Tracker]:
+    """The tracking services the flags ask for, in the run folder. W&B first, the one that
+    can fail (no login): its failure then leaves nothing behind."""
+    trackers: list[Tracker] = []
+    if wandb_project:
+        trackers.append(WandbTracker(wandb_project, folder, config))
+    if tensorboard:
+        trackers.append(TensorBoardTracker(folder / "tensorboard"))
+    return trackers
+
+
 def close_trackers(trackers: Sequence[Tracker]) -> None:
     for tracker in trackers:
         with contextlib.suppress(Exception):  # a service failing at the end loses nothing local

@@ -261,8 +261,9 @@ def test_activation_checkpointing_lowers_peak_memory() -> None:
 # generation and HellaSwag
 
 
-def test_kv_cache_generation_equals_full_recompute() -> None:
-    torch.backends.cuda.matmul.allow_tf32 = False  # plain fp32: both paths must agree exactly
+def test_kv_cache_generation_equals_full_recompute(monkeypatch: pytest.MonkeyPatch) -> None:
+    # plain fp32 (put back afterwards): both paths must agree exactly
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     model = tiny_gpu_model()
     prompt = [5, 17, 300, 42]
     cached = sample(model, prompt, 40, temperature=0, use_cache=True)

@@ -2,7 +2,7 @@
 here with all their state in a temporary folder (Debian's slurm-wlm and munge; .ci/run
 installs them where it runs as root). A job of two CPU processes trains, is requeued
 mid-run, and resumes from the checkpoint its SIGTERM wrote. Skipped, with the reason,
-where SLURM is not installed."""
+where SLURM is not installed or the tests do not run as root."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(bool(MISSING), reason=f"SLURM is not installed here ({', '.join(MISSING)} "
                        f"missing): apt-get install slurm-wlm munge (.ci/run does, as root)"),
+    pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() != 0,
+                       reason="the test cluster's daemons run as root (SlurmUser=root): run as root"),
 ]
 
 
