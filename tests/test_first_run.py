@@ -30,8 +30,8 @@ def test_readme_first_run_offline(tmp_path: Path) -> None:
     assert len(val) == 30_000 and len(val) + len(train) == 338_026  # EOT + the corpus
 
     run(str(REPO / "train_gpt2.py"), "--config", str(REPO / "configs" / "cpu-demo.toml"),
-        "--max-steps", "4", "--val-every", "2", "--sample-every", "4", "--checkpoint-every", "4",
-        "--sample-tokens", "8")
+        "--max-steps", "4", "--val-every", "2", "--val-steps", "1", "--sample-every", "4",
+        "--checkpoint-every", "4", "--sample-tokens", "8")
     out = tmp_path / "runs" / "shakespeare"
     assert [r["step"] for r in read_metrics(out, "val")] == [0, 2, 4]
     assert read_metrics(out, "sample")[0]["samples"][0].startswith("ROMEO:")

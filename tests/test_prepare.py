@@ -6,8 +6,6 @@ import gzip
 import io
 import json
 import random
-import subprocess
-import sys
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from gpt.fileio import LOCK_NAME
 from gpt.shards import DataError, find_shards, read_shard, write_shard
 from gpt.prepare import PrepareConfig, PrepareError, parse_count, prepare, split_paragraphs, split_pieces
 
-from helpers import QUIET, REPO, SHAKESPEARE, TINY, read_metrics, run_cli
+from helpers import SHAKESPEARE
 
 # --------------------------------------------------------------------------
 # Helpers and fixtures (`enc`, the GPT-2 tokenizer, comes from conftest)
@@ -664,21 +662,6 @@ def test_memory_stays_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, e
 
 
 @pytest.mark.slow
-def test_fineweb_output_trains(tmp_path: Path) -> None:
-    if SHAKESPEARE.is_file():
-        src = SHAKESPEARE
-    else:
-        src = write_jsonl(tmp_path / "in.jsonl", make_docs(400))
-    data, runs = tmp_path / "data", tmp_path / "run"
-    prep_cmd = [sys.executable, str(REPO / "fineweb.py"), "--source", str(src), "--out", str(data),
-                "--val-tokens", "5000", "--shard-tokens", "50000"]
-    done = subprocess.run(prep_cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    done = run_cli(*TINY, *QUIET, "--max-steps", "3", "--data-dir", str(data), "--out-dir", str(runs))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert len(read_metrics(runs, "train")) == 3
-
-
 def test_progress_shows_rate_and_eta(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ETA times only what this run did: a resume that starts 20% in and reaches 60%
     in 20 s has 40% left, so 20 s more."""
