@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers import SHAKESPEARE, SHARED_DATA, write_random_shards
+from helpers import QUIET, SHAKESPEARE, SHARED_DATA, TINY, run_cli, write_random_shards
 
 TIKTOKEN_CACHE = SHARED_DATA / "tiktoken_cache"
 
@@ -64,6 +65,30 @@ def shakespeare_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_tokens
     write_shard(out / "train_000000.bin", train[:half])
     write_shard(out / "train_000001.bin", train[half:])
     return out
+
+
+@pytest.fixture(scope="session")
+def four_step_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Random shards for four_step_run (and for resuming copies of it)."""
+    return write_random_shards(tmp_path_factory.mktemp("four_data"), seed=5, train=(9_000, 9_000),
+                               val=(3_000,))
+
+
+@pytest.fixture(scope="session")
+def four_step_run(four_step_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny run with ckpt_000002.pt and ckpt_000004.pt, trained once per session;
+    tests that write into it take run_copy."""
+    out = tmp_path_factory.mktemp("four") / "run"
+    proc = run_cli(*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "4",
+                   "--checkpoint-every", "2", "--data-dir", str(four_step_data), "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture()
+def run_copy(four_step_run: Path, tmp_path: Path) -> Path:
+    """A private copy of four_step_run."""
+    return Path(shutil.copytree(four_step_run, tmp_path / "run"))
 
 
 @pytest.fixture()

@@ -5,7 +5,6 @@ is usable. Evaluating, sampling and exporting check the entries they read the sa
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import QUIET, TINY, run_cli, write_random_shards
+from helpers import QUIET, TINY, run_cli
 from gpt import checkpoint
 from gpt.checkpoint import CheckpointError
 from gpt.pretrained import PretrainedError, read_checkpoint
@@ -21,24 +20,9 @@ from gpt.pretrained import PretrainedError, read_checkpoint
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=11, train=(9_000,), val=(3_000,))
-
-
-@pytest.fixture(scope="module")
-def four_steps(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished run with ckpt_000002.pt and ckpt_000004.pt, trained once."""
-    out = tmp_path_factory.mktemp("four") / "run"
-    proc = run_cli(*ARGS, "--max-steps", "4", "--checkpoint-every", "2", "--data-dir", str(data_dir),
-                   "--out-dir", str(out))
-    assert proc.returncode == 0, proc.stderr
-    return out
-
-
 @pytest.fixture()
-def run_copy(four_steps: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(four_steps, tmp_path / "run"))
+def data_dir(four_step_data: Path) -> Path:
+    return four_step_data  # the data of four_step_run, which run_copy is a copy of
 
 
 def first_state(ckpt: dict[str, Any]) -> dict[str, Any]:

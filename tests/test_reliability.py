@@ -29,25 +29,10 @@ from gpt.step import TrainingDiverged
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=5, train=(9_000, 9_000),
-                               val=(3_000,))
-
-
-@pytest.fixture(scope="module")
-def four_steps(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished run with ckpt_000002.pt and ckpt_000004.pt, trained once."""
-    out = tmp_path_factory.mktemp("four") / "run"
-    proc = run_cli(*ARGS, "--max-steps", "4", "--checkpoint-every", "2", "--data-dir", str(data_dir),
-                   "--out-dir", str(out))
-    assert proc.returncode == 0, proc.stderr
-    return out
-
-
 @pytest.fixture()
-def run_copy(four_steps: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(four_steps, tmp_path / "run"))
+def data_dir(four_step_data: Path) -> Path:
+    """The data of four_step_run (conftest.py), which run_copy's resumes need."""
+    return four_step_data
 
 
 def one_line_error(proc: subprocess.CompletedProcess, code: int = 1) -> str:
