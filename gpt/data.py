@@ -300,9 +300,7 @@ class ShardLoader:
         """Restore the position saved by state_dict (rank stays this loader's)."""
         check_loader_state(state)
         self._check_same_data(state)
-        saved_ws = _check_int("saved world_size", state["world_size"], 1)
-        epoch = _check_int("saved epoch", state["epoch"], 0)
-        step = _check_int("saved step", state["step"], 0)
+        saved_ws, epoch, step = (int(state[k]) for k in ("world_size", "epoch", "step"))
         consumed = step * saved_ws  # global windows already served in this pass
         if consumed % self._world_size:
             raise ValueError(

@@ -66,7 +66,6 @@ class Run:
     hellaswag_examples: list[Any] = field(default_factory=list)
     trackers: list[Any] = field(default_factory=list)  # TensorBoard / W&B, rank 0 only
     state: LoopState = field(default_factory=LoopState)
-    resumed_from: Path | None = None
     log: MetricsLog | None = None  # opened by the loop
     progress: Progress | None = None  # started by the loop
 
@@ -156,7 +155,6 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
                   tokenizer=gpt2_tokenizer() if samples else None, hellaswag_examples=examples)
         if ckpt is not None:
             checkpointer.restore(run.parts(), ckpt)
-            run.resumed_from = resume_path
             run.say(f"resumed from {resume_path} at step {run.state.step}")
         if runtime.is_master:  # last: W&B can fail to start (no login)
             run.trackers = open_trackers(t.tensorboard, t.wandb_project, run.out_dir, to_dict(cfg))
@@ -432,7 +430,8 @@ def banner(run: Run) -> dict[str, Any]:
         "flops_per_token": flops_per_token(cfg.model, d.seq_len), "peak_tflops": peak,
         "peak_mem_source": peak_memory(rt.device)[1],
         "start_step": run.state.step,
-        "resumed_from": str(run.resumed_from) if run.resumed_from else None, "time": time.time(),
+        "resumed_from": str(run.checkpointer.resumed_from) if run.checkpointer.resumed_from else None,
+        "time": time.time(),
     }
 
 
