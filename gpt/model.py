@@ -7,6 +7,8 @@ h.N.attn.c_attn, ...) so their weights map onto this model name for name.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -60,7 +62,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)  # q, k, v in one matmul
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
-        self.c_proj.residual_scale = True  # type: ignore[attr-defined]  # see GPT._init_weights
+        self.c_proj.residual_scale = True  # type: ignore[attr-defined]  # see GPT._init_module
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
     def forward(
@@ -151,23 +153,54 @@ class GPT(nn.Module):
         # Weight tying: the output projection is the token embedding (saves V x d params,
         # and is what GPT-2 did).
         self.lm_head.weight = self.transformer.wte.weight
-        self.apply(self._init_weights)
+        if self.lm_head.weight.device.type != "meta":  # on meta, init_weights() comes later
+            with torch.no_grad():
+                for module in _post_order(self):  # the order nn.Module.apply visits them
+                    self._init_module(module)
 
-    def _init_weights(self, module: nn.Module) -> None:
+    def _init_module(self, module: nn.Module, device: str | None = None) -> None:
+        """GPT-2's initialisation of one module, its random values drawn on `device`
+        (default: where the weight is): N(0, 0.02) for matmul weights and embeddings
+        (less for the projections into the residual stream), zero biases, unit gains."""
         if isinstance(module, nn.Linear):
             std = 0.02
             if getattr(module, "residual_scale", False):
                 # Each block adds two outputs to the residual stream; scaling their init
                 # keeps the stream's variance from growing with depth.
                 std *= (2 * self.config.n_layer) ** -0.5
-            nn.init.normal_(module.weight, mean=0.0, std=std)
+            _fill_normal(module.weight, std, device)
             if module.bias is not None:
-                nn.init.zeros_(module.bias)
+                module.bias.zero_()
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            _fill_normal(module.weight, 0.02, device)
         elif isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+            module.weight.fill_(1.0)
+            module.bias.zero_()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise a model built on the meta device and materialised since (to_empty,
+        maybe sharded first) to exactly the weights GPT(cfg) built on the CPU gets from the
+        same seed: the values are drawn from the CPU generator, one tensor at a time, in
+        the same order, and copied into the parameters wherever they live. (GPT(cfg) on
+        the CPU draws first in the layers' own constructors, then in GPT-2's init, which
+        ties the head last; both are replayed.) So no rank ever holds the whole model on
+        the host, and a seed gives the same model on any device, sharded or not."""
+        for module in self.modules():  # the constructors' default inits, in build order
+            if isinstance(module, nn.Linear):
+                nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
+                          device="cpu")
+            elif isinstance(module, nn.Embedding):
+                nn.Embedding(module.num_embeddings, module.embedding_dim, device="cpu")
+        for module in _post_order(self):  # the order nn.Module.apply visits them
+            self._init_module(module, "cpu")
+
+    def to_empty(self, *, device: torch.device | str | None, recurse: bool = True) -> "GPT":
+        """nn.Module.to_empty, with the head tied to the embedding again (moving a
+        meta-device model gives each module a tensor of its own)."""
+        super().to_empty(device=device, recurse=recurse)
+        self.lm_head.weight = self.transformer.wte.weight
+        return self
 
     def num_params(self, exclude_position_embedding: bool = False) -> int:
         """Parameter count, tied weights counted once."""
@@ -189,7 +222,9 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """idx: (B, T) token ids. Returns (logits (B, T, V), mean cross-entropy or None).
+        """idx: (B, T) token ids. Returns (logits (B, T, V), None) without targets, and
+        (None, mean cross-entropy) with targets (B, T) of any layout: a training step never
+        holds the full logits past the loss.
 
         Without kv_cache (training, evaluation) this is one causal pass over idx. With a
         KVCache, idx continues the cached sequence: its tokens take positions
@@ -206,12 +241,31 @@ class GPT(nn.Module):
             x = block(x) if kv_cache is None else block(x, kv_cache, i)
         if kv_cache is not None:
             kv_cache.length += T
+        if targets is None:
+            return self.lm_head(self.transformer.ln_f(x)), None
+        return None, self.loss(x, targets)
+
+    def loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of the last block's output x (B, T, C) against targets: the
+        final LayerNorm, the head and the loss, which can be compiled on their own (under
+        FSDP the root module's own code runs eagerly; see gpt.parallel)."""
         logits = self.lm_head(self.transformer.ln_f(x))
-        loss = None
-        if targets is not None:
-            # Under autocast cross_entropy runs in fp32, so bf16 logits lose no accuracy here.
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-        return logits, loss
+        # Under autocast cross_entropy runs in fp32, so bf16 logits lose no accuracy here.
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def _post_order(module: nn.Module) -> Iterator[nn.Module]:
+    """Every submodule, children before their parent: the order nn.Module.apply visits."""
+    for child in module.children():
+        yield from _post_order(child)
+    yield module
+
+
+def _fill_normal(param: torch.Tensor, std: float, device: str | torch.device | None) -> None:
+    """param <- N(0, std) drawn as one tensor of its full shape on `device` (default: the
+    parameter's), then copied in: the same draws as nn.init.normal_ on such a tensor."""
+    values = torch.empty(param.shape, dtype=param.dtype, device=device or param.device)
+    param.copy_(values.normal_(0.0, std))
 
 
 def unwrap(model: nn.Module) -> nn.Module:
