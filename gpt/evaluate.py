@@ -46,14 +46,18 @@ def val_loss(
     was_training = model.training
     model.eval()
     loader.reset()
-    losses = []
-    for _ in range(min(steps, loader.steps_per_pass)):
+    steps = min(steps, loader.steps_per_pass)
+    total: torch.Tensor | None = None
+    for _ in range(steps):
         x, y = loader.next_batch()
         with autocast(device_type, autocast_dtype):
             _, loss = model(x, y)
-        losses.append(loss.float())
+        # Summed into a tensor of our own at once: a model compiled with CUDA graphs
+        # (--compile-mode reduce-overhead) overwrites its outputs at the next call.
+        total = loss.float().clone() if total is None else total + loss.float()
     model.train(was_training)
-    return torch.stack(losses).mean()
+    assert total is not None  # a loader has at least one batch a pass
+    return total / steps
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -36,6 +36,28 @@ def write_hellaswag(path: Path) -> Path:
     return path
 
 
+class OverwritingModel(torch.nn.Module):
+    """Returns losses 1, 2, 3, ... and overwrites its previous output at every call, as a
+    model compiled with CUDA graphs (--compile-mode reduce-overhead) does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.previous: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[None, torch.Tensor]:
+        if self.previous is not None:
+            self.previous.fill_(-100.0)  # the graph's output buffer, reused
+        self.calls += 1
+        self.previous = torch.full((), float(self.calls))
+        return None, self.previous
+
+
+def test_val_loss_keeps_no_output_across_calls(random_data_dir: Path) -> None:
+    loader = ShardLoader(random_data_dir, "val", 2, 16)
+    assert val_loss(OverwritingModel(), loader, 3, "cpu", torch.float32).item() == 2.0
+
+
 def test_val_loss_is_a_0dim_tensor_near_uniform(random_data_dir: Path) -> None:
     torch.manual_seed(0)
     model = GPT(model_preset("tiny", block_size=32))
