@@ -37,6 +37,21 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["TIKTOKEN_CACHE_DIR"] = str(TIKTOKEN_CACHE)
 
 
+@pytest.fixture(autouse=True)
+def restore_global_flags():
+    """Put torch's process-wide numerics switches back after every test: a test that turns
+    TF32 on (the trainer does, on CUDA) must not loosen later exact comparisons."""
+    import torch
+
+    cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = (cuda.allow_tf32, cudnn.allow_tf32, cudnn.benchmark,
+             torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled())
+    yield
+    cuda.allow_tf32, cudnn.allow_tf32, cudnn.benchmark = saved[:3]
+    torch.set_float32_matmul_precision(saved[3])
+    torch.use_deterministic_algorithms(saved[4])
+
+
 @pytest.fixture(scope="session")
 def enc():
     """The GPT-2 tokenizer (tiktoken's cache, else the files the package ships)."""

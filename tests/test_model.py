@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from gpt.config import PRESETS, model_preset
 from gpt.model import GPT
@@ -112,3 +113,49 @@ def test_dropout_is_off_by_default_and_used_when_set() -> None:
     c, _ = dropped(idx)
     d, _ = dropped(idx)
     assert not torch.allclose(c, d)
+
+
+def test_targets_of_any_layout_and_no_logits_with_a_loss() -> None:
+    """Targets sliced from a longer row (not contiguous) give the same loss as a copy;
+    with targets the model hands back no logits, so a training step never keeps them."""
+    torch.manual_seed(0)
+    model = GPT(model_preset("tiny", block_size=64))
+    rows = torch.randint(0, 50257, (2, 65))
+    x, y = rows[:, :-1], rows[:, 1:]
+    assert not y.is_contiguous()
+    logits, loss = model(x, y)
+    assert logits is None
+    assert torch.equal(loss, model(x, y.contiguous())[1])
+    full, none = model(x)
+    assert none is None and full.shape == (2, 64, 50304)
+    assert torch.equal(F.cross_entropy(full.view(-1, full.size(-1)), y.reshape(-1)), loss)
+
+
+def test_a_meta_build_initialised_later_equals_a_cpu_build() -> None:
+    """GPT.init_weights after to_empty gives every weight of GPT(cfg) on the CPU, bit for
+    bit, and leaves the CPU generator where the CPU build leaves it."""
+    cfg = model_preset("mini", block_size=32)
+    torch.manual_seed(1234)
+    cpu = GPT(cfg)
+    after_cpu = torch.rand(4)
+    torch.manual_seed(1234)
+    with torch.device("meta"):
+        late = GPT(cfg)
+    assert all(p.is_meta for p in late.parameters())
+    late.to_empty(device="cpu").init_weights()
+    assert late.lm_head.weight is late.transformer.wte.weight  # tied again after to_empty
+    assert torch.equal(torch.rand(4), after_cpu)
+    for name, value in cpu.state_dict().items():
+        assert torch.equal(late.state_dict()[name], value), name
+
+
+# These two run in this order (pytest keeps a file's order): the first leaves TF32 on, as
+# the trainer does on CUDA; the second finds it off again (conftest.restore_global_flags).
+def test_a_test_may_turn_tf32_on() -> None:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+
+
+def test_the_next_test_finds_the_global_flags_restored() -> None:
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert torch.get_float32_matmul_precision() == "highest"
