@@ -138,6 +138,19 @@ class TrainConfig:
     activation_checkpointing: bool = _opt(
         False, "recompute block activations in backward to save memory (any --parallel mode)"
     )
+    fsdp_param_dtype: str = _opt(
+        "fp32", "--parallel fsdp: the dtype parameters are all-gathered and computed in. fp32: "
+        "as the other modes (autocast does the bf16 matmuls); bf16: half the all-gather "
+        "traffic and unsharded-parameter memory, torchtitan's default, with LayerNorm gains "
+        "and the residual stream between blocks in bf16 too, so the loss curve differs "
+        "slightly. Either way gradients are reduced, and the weights and AdamW state kept, "
+        "in fp32", ("fp32", "bf16"),
+    )
+    finite_check_every: int = _opt(
+        100, "check that the weights and optimizer state are finite every N steps (and before "
+        "every checkpoint, always); a step whose gradient is not finite is skipped on the "
+        "device either way"
+    )
     dist_timeout: float = _opt(
         600.0, "seconds a collective may wait for the other ranks before the job fails"
     )
@@ -182,6 +195,10 @@ class CheckpointConfig:
     """When checkpoints are written and kept, and where a run starts from."""
 
     checkpoint_every: int = _opt(1000, "also checkpoint every N steps (0: only at the end)")
+    save_checkpoints: bool = _opt(
+        True, "write checkpoints (--no-save-checkpoints: none at all, not even at the end or on "
+        "a stop signal; for benchmarks)"
+    )
     keep_checkpoints: int = _opt(
         3, "keep the newest N periodic checkpoints (the best by val loss is kept as well)"
     )
@@ -333,6 +350,8 @@ def validate(cfg: Config) -> None:
     _check(t.max_steps >= 1, f"--max-steps must be >= 1, got {t.max_steps}")
     _check(t.log_every >= 1, f"--log-every must be >= 1, got {t.log_every}")
     _check(t.max_bad_steps >= 1, f"--max-bad-steps must be >= 1, got {t.max_bad_steps}")
+    _check(t.finite_check_every >= 1,
+           f"--finite-check-every must be >= 1, got {t.finite_check_every}")
     _check(0 < t.dist_timeout <= MAX_DIST_TIMEOUT,
            f"--dist-timeout must be > 0 and at most {MAX_DIST_TIMEOUT:.0f} seconds (a week), "
            f"got {t.dist_timeout}")

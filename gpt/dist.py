@@ -31,8 +31,8 @@ class Runtime:
     local_rank: int = 0
     world_size: int = 1
     distributed: bool = False  # a process group is up (torchrun), even with one process
-    # A gloo group for small host-side decisions (stop now? skip this step?): its
-    # collectives never wait on the GPU stream, unlike NCCL's.
+    # A gloo group for small host-side decisions (stop now?): its collectives never wait
+    # on the GPU stream, unlike NCCL's.
     control_group: Any = None
 
     @property
@@ -133,7 +133,9 @@ def init_runtime(requested_device: str = "auto", timeout_s: float = 600.0) -> Ru
                               world_size, is_master=False, timeout=timeout)
         dist.init_process_group(backend=backend, store=dist.PrefixStore(prefix, store),
                                 rank=rank, world_size=world_size, timeout=timeout)
-    control = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
+    # Its own group even where training runs on gloo too: its votes then never queue
+    # behind, or beside, the training collectives.
+    control = dist.new_group(backend="gloo", timeout=timeout)
     return Runtime(device=device, rank=rank, local_rank=local_rank, world_size=world_size,
                    distributed=True, control_group=control)
 
@@ -164,15 +166,6 @@ def shutdown(runtime: Runtime, clean: bool) -> None:
         if clean:
             dist.barrier()
         dist.destroy_process_group()
-
-
-def any_rank(flag: bool, runtime: Runtime) -> bool:
-    """True on every rank if `flag` is true on any rank (host-side; no GPU sync)."""
-    if not runtime.distributed:
-        return flag
-    t = torch.tensor([int(flag)], dtype=torch.int32)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=runtime.control_group)
-    return bool(t.item())
 
 
 def gather_objects(obj: Any, runtime: Runtime) -> list[Any]:

@@ -9,16 +9,19 @@ Modes (`--parallel`):
 - fsdp:  parameters, gradients and optimizer state sharded (FSDP2, one unit per
          transformer block), for models whose replicas do not fit, e.g. gpt2-xl.
 
-parallelize() applies, in this order, activation checkpointing -> torch.compile ->
-the mode's wrapper -> the optimizer (which must see the sharded parameters under FSDP).
-Checkpoints store the full (unsharded) model and optimizer state keyed by parameter
-name, so a checkpoint written under one mode or world size loads under another.
+parallelize() applies, in this order: activation checkpointing -> torch.compile -> the
+mode's wrapper -> the weights (a model built on the meta device is materialised on its
+device, and initialised, only now: after sharding under FSDP) -> the optimizer (which
+must see the sharded parameters under FSDP). Checkpoints store the full (unsharded)
+model and optimizer state keyed by parameter name, so a checkpoint written under one
+mode or world size loads under another.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -29,7 +32,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor.experimental import implicit_replication
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
@@ -38,13 +43,21 @@ from gpt.dist import Runtime
 from gpt.model import GPT, unwrap
 from gpt.optim import adamw_kwargs, build_optimizer, param_groups, want_fused
 
+# torch.compile's backend. Tests that check the graphs (not the kernels) set "aot_eager":
+# the same graphs and recompiles, without inductor's code generation.
+COMPILE_BACKEND = "inductor"
+# Modes that capture CUDA graphs: a graph cannot hold FSDP's collectives between blocks.
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
 
 @dataclass
 class Parallelized:
-    """What parallelize() returns: the module the loop calls and its optimizer."""
+    """What parallelize() returns: the modules the loop calls, and the optimizer."""
 
     train_model: nn.Module  # compiled and/or wrapped; the bare model is sharded in place under FSDP
+    eval_model: nn.Module  # what validation and HellaSwag call (see parallelize)
     optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # fp16's loss scaler; disabled (a no-op) otherwise
     fused: bool  # the optimizer runs the fused AdamW kernel
     compiled: bool
 
@@ -59,16 +72,57 @@ def check_mode(mode: str, runtime: Runtime) -> None:
         )
 
 
-def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Runtime) -> Parallelized:
-    """Make `model` (already on its device, weights loaded) ready to train under
-    train.parallel: activation checkpointing, compile, wrapper, then the optimizer."""
+def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Runtime,
+                autocast_dtype: torch.dtype = torch.float32) -> Parallelized:
+    """Make `model` ready to train under train.parallel: activation checkpointing,
+    compile, wrapper, weights, then the optimizer and fp16's scaler. `model` is either on
+    its device with its weights loaded, or on the meta device, to be initialised here
+    (GPT.init_weights: the same weights as a CPU build from the same seed)."""
     check_mode(train.parallel, runtime)
+    compile_mode = train.compile_mode if train.compile_on(runtime.device_type) else None
+    if train.parallel == "fsdp" and compile_mode in CUDA_GRAPH_MODES:
+        raise ConfigError(
+            f"--compile-mode {compile_mode} captures CUDA graphs, which cannot hold FSDP's "
+            f"all-gathers between the blocks: use --compile-mode default or "
+            f"max-autotune-no-cudagraphs with --parallel fsdp")
     if train.activation_checkpointing:
         apply_activation_checkpointing(model)
-    compiled = train.compile_on(runtime.device_type)
-    train_model = _wrap(model, train.parallel, runtime, train.compile_mode if compiled else None)
-    optimizer, fused = _make_optimizer(model, train.parallel, optim, runtime)
-    return Parallelized(train_model, optimizer, fused, compiled)
+    if train.parallel == "fsdp":
+        train_model = eval_model = _shard(model, train.fsdp_param_dtype, compile_mode)
+        materialize(model, runtime.device)
+    else:
+        materialize(model, runtime.device)
+        train_model = _replicate(model, runtime, compile_mode)
+        # Evaluation gets a compiled callable of its own (inductor's usual kernels, static
+        # shapes): its no-grad graph and HellaSwag's shapes are compiled beside the
+        # training graph, never in its place, and no CUDA graph outlives an eval call.
+        eval_model = compiled(model, "default") if compile_mode else model
+    fp16 = autocast_dtype == torch.float16
+    optimizer, fused = _make_optimizer(model, train.parallel, optim, runtime, fp16)
+    return Parallelized(train_model, eval_model, optimizer,
+                        grad_scaler(train.parallel, runtime.device_type, fp16), fused,
+                        compile_mode is not None)
+
+
+def compiled(fn: Callable[..., Any], mode: str) -> Any:
+    """torch.compile with static shapes: each shape the run uses (the training batch,
+    the validation batch, HellaSwag's padded batch) gets a graph of its own, so no call
+    ever turns another's graph into a dynamic-shape one."""
+    if COMPILE_BACKEND == "inductor":
+        return torch.compile(fn, mode=mode, dynamic=False)
+    return torch.compile(fn, backend=COMPILE_BACKEND, dynamic=False)
+
+
+def materialize(model: GPT, device: torch.device) -> None:
+    """Give a model built on the meta device real storage on `device`, and its initial
+    weights; a model that has them already is left alone. Under FSDP this runs after
+    sharding: each rank writes its own shard of each tensor (implicit replication lets
+    a full CPU tensor be copied into a sharded one, locally)."""
+    if not any(p.is_meta for p in model.parameters()):
+        return
+    model.to_empty(device=device)
+    with implicit_replication():
+        model.init_weights()
 
 
 def samples_on_this_rank(mode: str, runtime: Runtime) -> bool:
@@ -80,38 +134,80 @@ def samples_on_this_rank(mode: str, runtime: Runtime) -> bool:
 def apply_activation_checkpointing(model: GPT) -> None:
     """Recompute each block's activations in the backward pass instead of storing them:
     roughly one extra forward of compute for most of the activation memory."""
+    # The recomputation must see the random numbers the forward saw only if it draws any:
+    # with dropout off, saving and restoring the RNG state per block would be pure cost.
+    preserve_rng = model.config.dropout > 0
     for block in model.transformer.h:
         forward = block.forward
         # An instance attribute shadows the method, so module hooks (FSDP's) still run
         # around __call__ and the parameter names do not change.
-        block.forward = lambda *a, _f=forward, **kw: checkpoint(_f, *a, use_reentrant=False, **kw)
+        block.forward = lambda *a, _f=forward, **kw: checkpoint(
+            _f, *a, use_reentrant=False, preserve_rng_state=preserve_rng, **kw)
 
 
-def _wrap(model: GPT, mode: str, runtime: Runtime, compile_mode: str | None) -> nn.Module:
-    """The module the training loop calls: compiled (unless compile_mode is None) and/or
-    wrapped for the mode."""
+def _shard(model: GPT, param_dtype: str, compile_mode: str | None) -> GPT:
+    """FSDP2, one unit per block and the rest (embeddings, final LayerNorm, head) in the
+    root's. Compiling the whole root would not work: FSDP's hooks are not traceable, so
+    the root's frame would fall back to eager. Instead each block is compiled before it
+    is sharded (as torchtitan does), and so are the final LayerNorm, head and loss
+    (GPT.loss), which would otherwise run eagerly and hold fp32 copies of the logits."""
+    # Gradients are reduced in fp32 whatever the parameters are gathered in. fp32
+    # (default): the parameters stay fp32 and autocast does the bf16 compute, as in the
+    # other modes, so all three train the same numbers. bf16: gathered and used in bf16
+    # (half the all-gather traffic and unsharded memory), torchtitan's default.
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if param_dtype == "bf16" else None,
+                                  reduce_dtype=torch.float32)
+    for block in model.transformer.h:
+        if compile_mode is not None:
+            block.compile(**_compile_kwargs(compile_mode))  # in place: names unchanged
+        fully_shard(block, mp_policy=policy)
+    if compile_mode is not None:
+        model.loss = compiled(model.loss, compile_mode)  # type: ignore[method-assign]
+    fully_shard(model, mp_policy=policy)
+    return model
 
-    def compiled(m: nn.Module) -> nn.Module:
-        return m if compile_mode is None else torch.compile(m, mode=compile_mode)
 
-    if mode == "fsdp":
-        # Parameters stay fp32 (the optimizer's master copy); autocast in the loop does
-        # the bf16 compute, as in the other modes, so all three train the same numbers.
-        policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
-        for block in model.transformer.h:
-            fully_shard(block, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
-        return compiled(model)
-    wrapped = compiled(model)
+def _compile_kwargs(mode: str) -> dict[str, Any]:
+    if COMPILE_BACKEND == "inductor":
+        return {"mode": mode, "dynamic": False}
+    return {"backend": COMPILE_BACKEND, "dynamic": False}
+
+
+def _replicate(model: GPT, runtime: Runtime, compile_mode: str | None) -> nn.Module:
+    """The module the loop calls under ddp and zero1: compiled (unless compile_mode is
+    None), and wrapped in DDP when there is more than one rank."""
+    wrapped = model if compile_mode is None else compiled(model, compile_mode)
     if runtime.distributed and runtime.world_size > 1:
         device_ids = [runtime.local_rank] if runtime.device_type == "cuda" else None
-        wrapped = DDP(wrapped, device_ids=device_ids)
+        # Gradients as views into DDP's all-reduce buckets: no copy of every gradient into
+        # a bucket and back each step, and no second copy of the gradients in memory.
+        # (static_graph is left off: it would have to be proven with the no-sync
+        # accumulation steps, and the reducer's bucketing is settled after one step anyway.)
+        wrapped = DDP(wrapped, device_ids=device_ids, gradient_as_bucket_view=True)
     return wrapped
 
 
-def _make_optimizer(model: GPT, mode: str, cfg: OptimConfig,
-                    runtime: Runtime) -> tuple[torch.optim.Optimizer, bool]:
+def grad_scaler(mode: str, device_type: str, enabled: bool) -> torch.amp.GradScaler:
+    """fp16's loss scaler (a no-op when not enabled). Under FSDP each rank holds other
+    gradient shards, so an overflow found on one rank must skip the step on all: the
+    sharded scaler all-reduces its found-inf flag. The plain one would let ranks disagree
+    on skipping, and their scales drift apart."""
+    if mode == "fsdp" and enabled:
+        return ShardedGradScaler(device_type, enabled=True)
+    return torch.amp.GradScaler(device_type, enabled=enabled)
+
+
+def _make_optimizer(model: GPT, mode: str, cfg: OptimConfig, runtime: Runtime,
+                    fp16: bool) -> tuple[torch.optim.Optimizer, bool]:
     """AdamW for the mode, over the (possibly sharded) parameters."""
+    if mode == "fsdp" and fp16:
+        # torch's sharded scaler hands a fused AdamW its overflow flag with the wrong shape
+        # (one element, not a scalar), which the fused kernel's step count rejects; the
+        # unfused AdamW reads the flag on the host instead.
+        if cfg.fused:
+            raise ConfigError("--fused: fused AdamW cannot take torch's sharded fp16 scaler "
+                              "under --parallel fsdp; drop --fused (or use --dtype bf16)")
+        cfg = dataclasses.replace(cfg, fused=False)
     if mode != "zero1":
         return build_optimizer(model, cfg, runtime.device)
     fused = want_fused(cfg, runtime.device)
@@ -122,15 +218,16 @@ def _make_optimizer(model: GPT, mode: str, cfg: OptimConfig,
 
 
 def set_grad_sync(model: nn.Module, enabled: bool) -> None:
-    """Whether the coming backward pass reduces gradients across ranks. Skipping it on
-    all but the last accumulation micro-step saves (k-1)/k of the communication. DDP reads
-    the flag in its forward, so set it before the forward."""
+    """Whether the coming backward pass all-reduces gradients across ranks, under DDP:
+    skipping it on all but the last accumulation micro-step saves (k-1)/k of the
+    communication. DDP reads the flag in its forward, so set it before the forward.
+
+    Under FSDP every micro-step reduce-scatters its gradients, on purpose: skipping
+    that would keep the whole model's unsharded fp32 gradients through accumulation
+    (+5.8 GiB per rank at gpt2-xl), and FSDP is chosen for memory; the reduce-scatters
+    overlap the backward pass."""
     if isinstance(model, DDP):
         model.require_backward_grad_sync = enabled
-        return
-    inner = unwrap(model)
-    if hasattr(inner, "set_requires_gradient_sync"):  # an FSDP2-sharded root module
-        inner.set_requires_gradient_sync(enabled)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

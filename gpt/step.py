@@ -1,6 +1,10 @@
 """One optimizer step: gradients accumulated over micro-batches, unscaled and clipped,
-then the AdamW update at the step's learning rate; and the check that the weights and
-optimizer state it leaves are finite.
+then the AdamW update at the step's learning rate, skipped on the device when the
+gradient is not finite; the count of such steps; and the check that the weights and
+optimizer state are finite.
+
+Nothing here waits for the device: losses, norms and counts stay device tensors until
+the loop reads them, at log steps.
 
 The training loop (gpt/train.py) calls these, and so does the speed ladder's last rung
 (gpt/bench/ladder.py), so both time the same step.
@@ -53,8 +57,8 @@ def forward_backward(
             _, loss = model(x, y)
         # Each micro-batch's mean loss is divided by the number of micro-batches, so the
         # summed gradients are those of the mean loss over the whole batch.
-        loss = loss / accum_steps
-        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        loss = loss / accum_steps  # a tensor of our own: under CUDA graphs the next call
+        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()  # reuses the model's
         with nvtx_range("backward", nvtx):
             scaler.scale(loss).backward()
     scaler.unscale_(optimizer)  # no-op unless fp16; clipping must see the true gradients
@@ -65,12 +69,62 @@ def forward_backward(
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, lr: float,
-                   nvtx: bool = False) -> None:
+                   norm: torch.Tensor, nvtx: bool = False) -> torch.Tensor | None:
+    """The update at `lr`, unless the gradient norm is not finite. Returns whether the
+    step was skipped as a 0-dim device tensor (1.0 if so), or None under fp16, whose
+    scaler skips overflowed steps itself (routinely, while it finds its scale)."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     with nvtx_range("optimizer", nvtx):
-        scaler.step(optimizer)  # skips the update itself if fp16 gradients overflowed
-        scaler.update()
+        if scaler.is_enabled():
+            scaler.step(optimizer)
+            scaler.update()
+            return None
+        found_inf = (~torch.isfinite(norm)).float()
+        _step_unless(optimizer, found_inf)
+    return found_inf
+
+
+def _step_unless(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
+    """optimizer.step(), skipped if found_inf is 1. Fused AdamW takes the flag (as
+    GradScaler passes it): its kernel leaves weights, moments and step counts alone, with
+    no host sync. The unfused AdamW cannot, so there the flag is read (one sync)."""
+    inner = local_optimizer(optimizer)  # ZeRO-1's inner AdamW is the one that steps
+    if inner.defaults.get("fused"):
+        inner.found_inf = found_inf  # type: ignore[attr-defined]
+        try:
+            optimizer.step()
+        finally:
+            del inner.found_inf  # type: ignore[attr-defined]
+    elif found_inf.item() == 0:
+        optimizer.step()
+
+
+class SkippedSteps:
+    """Steps skipped for a non-finite gradient, counted on the device (a few tiny kernels
+    a step, no sync) and read when the loop reads its losses."""
+
+    def __init__(self) -> None:
+        # skipped since the last read, the current streak, the longest streak since the last read
+        self._counts: torch.Tensor | None = None
+
+    def add(self, found_inf: torch.Tensor | None) -> None:
+        if found_inf is None:
+            return
+        if self._counts is None:
+            self._counts = torch.zeros(3, device=found_inf.device)
+        skipped, streak, longest = self._counts.unbind()
+        streak = (streak + found_inf) * found_inf  # back to 0 at a good step
+        self._counts = torch.stack([skipped + found_inf, streak, torch.maximum(longest, streak)])
+
+    def counts(self, device: torch.device) -> torch.Tensor:
+        """The three counts as a device tensor, to read with other values in one go."""
+        return self._counts if self._counts is not None else torch.zeros(3, device=device)
+
+    def reset(self, streak: int) -> None:
+        """After a read: the since-the-last-read counts start again; the streak goes on."""
+        if self._counts is not None:
+            self._counts = torch.tensor([0.0, streak, streak], device=self._counts.device)
 
 
 def nonfinite_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import signal
 import sys
@@ -25,7 +24,7 @@ from gpt.checkpoint import Checkpointer, LoopState, Parts, model_weights
 from gpt.cli import parse_args, to_toml
 from gpt.config import Config, ConfigError, describe, grad_accum_steps, to_dict
 from gpt.data import ShardLoader
-from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, any_rank, device_name,
+from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, device_name,
                       init_runtime, is_oom, resolve_dtype, reuse_freed_memory,
                       set_matmul_precision, shutdown)
 from gpt.errors import UserError
@@ -40,7 +39,8 @@ from gpt.profiling import Profiler
 from gpt.signals import StopSignal
 from gpt.rng import seed_everything
 from gpt.shards import DataError, find_shards
-from gpt.step import TrainingDiverged, forward_backward, nonfinite_tensors, optimizer_step
+from gpt.step import (SkippedSteps, TrainingDiverged, forward_backward, nonfinite_tensors,
+                      optimizer_step)
 from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
 
 class OutOfMemory(UserError):
@@ -56,7 +56,6 @@ class Run:
     out_dir: Path
     model: GPT  # the bare model (sharded in place under FSDP)
     par: parallel.Parallelized  # the module the loop calls, and its optimizer
-    scaler: torch.amp.GradScaler
     autocast_dtype: torch.dtype
     accum: int
     train_loader: ShardLoader
@@ -66,6 +65,7 @@ class Run:
     hellaswag_examples: list[Any] = field(default_factory=list)
     trackers: list[Any] = field(default_factory=list)  # TensorBoard / W&B, rank 0 only
     state: LoopState = field(default_factory=LoopState)
+    skips: SkippedSteps = field(default_factory=SkippedSteps)  # counted on the device
     log: MetricsLog | None = None  # opened by the loop
     progress: Progress | None = None  # started by the loop
 
@@ -82,7 +82,7 @@ class Run:
 
     def parts(self) -> Parts:
         """What a checkpoint of this run is made of."""
-        return Parts(self.model, self.par.optimizer, self.scaler, self.train_loader, self.state,
+        return Parts(self.model, self.par.optimizer, self.par.scaler, self.train_loader, self.state,
                      self.cfg)
 
 
@@ -114,18 +114,24 @@ def build_loaders(cfg: Config, runtime: Runtime) -> tuple[ShardLoader, ShardLoad
 
 
 def build_model(cfg: Config, ckpt: dict[str, Any] | None, runtime: Runtime) -> GPT:
-    """The model with its starting weights (the checkpoint's, GPT-2's or fresh), on its
-    device and not yet sharded: every rank holds it all."""
-    model = GPT(cfg.model)
+    """The model, not yet sharded: built on the meta device, so no rank holds a copy on
+    the host. Fresh weights come later, on the device and after sharding
+    (parallel.materialize); the checkpoint's or GPT-2's are loaded here, on the device."""
+    with torch.device("meta"):
+        model = GPT(cfg.model)
     if ckpt is not None:
-        model.load_state_dict(model_weights(ckpt, "checkpoint")[1])
+        weights = model_weights(ckpt, "checkpoint")[1]
     elif cfg.train.init_from:
-        pre = pretrained.load_pretrained(cfg.train.init_from, vocab_size=cfg.model.vocab_size,
-                                         block_size=cfg.model.block_size, dropout=cfg.model.dropout)
-        model.load_state_dict(pre.state_dict())
+        weights = pretrained.load_pretrained(
+            cfg.train.init_from, vocab_size=cfg.model.vocab_size, block_size=cfg.model.block_size,
+            dropout=cfg.model.dropout).state_dict()
         if runtime.is_master:
             print(f"initialised from {cfg.train.init_from}")
-    return model.to(runtime.device)
+    else:
+        return model
+    model.to_empty(device=runtime.device)
+    model.load_state_dict(weights)
+    return model
 
 
 def build_run(cfg: Config, runtime: Runtime) -> Run:
@@ -146,10 +152,8 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
             examples = hellaswag.load_examples(e.hellaswag_file, None, runtime.rank, None,
                                                e.hellaswag_max_examples)
         model = build_model(cfg, ckpt, runtime)
-        run = Run(cfg=cfg, runtime=runtime, out_dir=checkpointer.out_dir, model=model,
-                  par=parallel.parallelize(model, t, cfg.optim, runtime),
-                  scaler=torch.amp.GradScaler(runtime.device_type,
-                                              enabled=autocast_dtype == torch.float16),
+        par = parallel.parallelize(model, t, cfg.optim, runtime, autocast_dtype)
+        run = Run(cfg=cfg, runtime=runtime, out_dir=checkpointer.out_dir, model=model, par=par,
                   autocast_dtype=autocast_dtype, accum=accum, train_loader=train_loader,
                   val_loader=val_loader, checkpointer=checkpointer,
                   tokenizer=gpt2_tokenizer() if samples else None, hellaswag_examples=examples)
@@ -176,7 +180,7 @@ def run_loop(run: Run) -> dict[str, Any]:
         return outcome(run)
     run.progress = Progress(cfg.data.total_batch_tokens, cfg.train.max_steps)
     timer = StepTimer(rt)
-    with open_log(run), StopSignal() as stop, Profiler(cfg.profile, rt, start) as profiler:
+    with open_log(run), StopSignal(rt) as stop, Profiler(cfg.profile, rt, start) as profiler:
         timer.reset()
         while True:
             at_end = s.step >= end
@@ -190,23 +194,29 @@ def run_loop(run: Run) -> dict[str, Any]:
             lr = lr_at(step, cfg.optim.max_lr, cfg.optim.min_lr_ratio,
                        cfg.optim.warmup_steps, cfg.train.max_steps)
             with profiler.step(step), stop_at_bad_data(run):
-                loss, norm = forward_backward(run.par.train_model, run.scaler, run.par.optimizer,
+                loss, norm = forward_backward(run.par.train_model, run.par.scaler, run.par.optimizer,
                                               run.train_loader, run.accum, cfg.optim.grad_clip,
                                               rt.device_type, run.autocast_dtype, cfg.profile.nvtx)
-                update_or_skip(run, step, norm, lr)
+                # Skipped on the device if the gradient is not finite (counted, read later).
+                run.skips.add(optimizer_step(run.par.optimizer, run.par.scaler, lr, norm,
+                                             cfg.profile.nvtx))
             s.step += 1
             timer.steps += 1
 
+            # The only waits on the device: log steps, and the finiteness check when due.
+            check = s.step % cfg.train.finite_check_every == 0
             if step % cfg.train.log_every == 0 or s.step == end:
-                last_loss = log_step(run, step, loss, norm, lr, timer.lap())
-            if any_rank(stop.signum is not None, rt):  # all ranks stop at the same step
+                last_loss = log_step(run, step, loss, norm, lr, timer.lap(), check)
+            elif check:
+                check_finite(run, step)
+            if stop.agreed():  # every rank stops at the same step
                 stopped_by = stop.signum or signal.SIGTERM
                 name = signal.Signals(stopped_by).name
                 path = save_checkpoint(run, reason=name)
                 run.say(f"{name} received: " + (
                     f"saved checkpoint {path} at step {s.step}" if path else
                     f"stopped at step {s.step} without a checkpoint; "
-                    f"{run.checkpointer.last_good()}") + "; continue with --resume auto")
+                    f"{no_checkpoint_note(run)}") + "; continue with --resume auto")
                 break
     return outcome(run, last_loss, stopped_by)
 
@@ -238,7 +248,8 @@ def periodic_work(run: Run, at_end: bool, first: bool) -> bool:
     jobs = [
         (run.val_loader is not None and due(e.val_every), validate),
         (bool(run.hellaswag_examples) and due(e.hellaswag_every), score_hellaswag),
-        (not first and (at_end or due(run.cfg.checkpoint.checkpoint_every)), save_checkpoint),
+        (run.cfg.checkpoint.save_checkpoints and not first
+         and (at_end or due(run.cfg.checkpoint.checkpoint_every)), save_checkpoint),
         (run.tokenizer is not None and not first and due(e.sample_every), log_samples),
     ]
     for wanted, job in jobs:
@@ -263,35 +274,28 @@ def stop_at_bad_data(run: Run) -> Iterator[None]:
         run.train_loader.seek(position)
         path = save_checkpoint(run, reason="data error")
         saved = (f"saved {path} at step {run.state.step}" if path else
-                 f"no checkpoint saved ({run.checkpointer.last_good()})")
+                 f"no checkpoint saved ({no_checkpoint_note(run)})")
         raise DataError(f"{e}; {saved}: restore the data, then --resume auto") from None
 
 
-def update_or_skip(run: Run, step: int, norm: torch.Tensor, lr: float) -> None:
-    """The optimizer update, unless the gradient is not finite (bf16/fp32; fp16's scaler
-    skips such updates itself). The norm is global, so every rank decides the same."""
-    if not run.scaler.is_enabled() and not math.isfinite(norm.item()):
-        skip_step(run, step)
-    else:
-        optimizer_step(run.par.optimizer, run.scaler, lr, run.cfg.profile.nvtx)
-        run.state.bad_in_row = 0
-
-
 def log_step(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor, lr: float,
-             sec: float) -> float:
-    """The step's line and metrics record, and the check that the weights and optimizer
-    state are still finite; returns the loss (mean over ranks)."""
+             sec: float, check_weights: bool) -> float:
+    """The step's line and metrics record, the skipped steps since the last one, and (when
+    due) the check that the weights and optimizer state are finite; returns the loss
+    (mean over ranks)."""
     rt, flops_tok = run.runtime, flops_per_token(run.cfg.model, run.cfg.data.seq_len)
     # One collective (every rank joins, only on log steps) and one read-back for the loss,
-    # the count of non-finite weight and state tensors, and the (already global) norm.
-    bad = nonfinite_tensors(run.model, run.par.optimizer)
-    reduced = all_reduce_mean(torch.stack([loss.float(), bad]), rt)
-    mean_loss, bad_mean, grad_norm = torch.cat([reduced, norm.float().reshape(1)]).tolist()
+    # the count of non-finite weight and state tensors, the (already global) norm and the
+    # skip counts (the same on every rank: the norm that decides them is global).
+    bad = (nonfinite_tensors(run.model, run.par.optimizer) if check_weights
+           else torch.zeros((), device=loss.device))
+    reduced = all_reduce_mean(torch.stack([loss.float(), bad.to(loss.device)]), rt)
+    values = torch.cat([reduced, norm.float().reshape(1).to(loss.device),
+                        run.skips.counts(loss.device)]).tolist()
+    mean_loss, bad_mean, grad_norm = values[:3]
+    account_skips(run, step, values[3:])
     if bad_mean > 0:
-        raise TrainingDiverged(
-            f"the weights or optimizer state hold NaN, inf or values beyond 1e19 after step "
-            f"{step}, though the gradient was finite (the update itself overflowed: lower "
-            f"--max-lr); {run.checkpointer.last_good()}; then --resume auto")
+        raise diverged_weights(run, step)
     tok_s = run.cfg.data.total_batch_tokens / sec
     util = mfu(tok_s / rt.world_size, flops_tok, run_peak(run))  # per-device MFU
     mem_gb = peak_memory(rt.device)[0] / 2**30  # this rank's; the header says what it measures
@@ -306,11 +310,50 @@ def log_step(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor, lr: fl
     return mean_loss
 
 
+def check_finite(run: Run, step: int) -> None:
+    """The finiteness check of the weights and optimizer state on a step that is not a
+    log step (one collective and one read)."""
+    bad = all_reduce_mean(nonfinite_tensors(run.model, run.par.optimizer), run.runtime)
+    if bad.item() > 0:
+        raise diverged_weights(run, step)
+
+
+def diverged_weights(run: Run, step: int) -> TrainingDiverged:
+    return TrainingDiverged(
+        f"the weights or optimizer state hold NaN, inf or values beyond 1e19 after step "
+        f"{step}, though the gradient was finite (the update itself overflowed: lower "
+        f"--max-lr); {run.checkpointer.last_good()}; then --resume auto")
+
+
+def account_skips(run: Run, step: int, counts: list[float]) -> None:
+    """Bring the loop's count of skipped steps up to date from the device's (read at
+    `step`): record and say how many were skipped since the last read, and stop once
+    --max-bad-steps came in a row."""
+    since, streak, longest = (int(c) for c in counts)
+    s = run.state
+    s.bad_in_row = streak
+    run.skips.reset(streak)
+    if since == 0:
+        return
+    s.skipped += since
+    what = ("step skipped" if since == 1 and streak > 0 else
+            f"{since} step(s) skipped since the last log line")
+    run.say(f"step {step:6d} | non-finite loss or gradient: {what} ({streak} in a row now, "
+            f"{s.skipped} in all)")
+    run.log.write({"type": "skipped", "step": step, "count": since, "in_a_row": streak,
+                   "total": s.skipped})
+    if longest >= run.cfg.train.max_bad_steps:
+        raise TrainingDiverged(
+            f"{longest} steps in a row had a non-finite loss or gradient (by step {step}); "
+            f"stopping. {run.checkpointer.last_good()}. Lower --max-lr or check the data, "
+            f"then --resume auto")
+
+
 def validate(run: Run) -> None:
     # Every rank scores its own disjoint slice; the mean is over all of them.
     rt, s = run.runtime, run.state
     s.last_val = all_reduce_mean(
-        val_loss(run.par.train_model, run.val_loader, run.cfg.eval.val_steps, rt.device_type,
+        val_loss(run.par.eval_model, run.val_loader, run.cfg.eval.val_steps, rt.device_type,
                  run.autocast_dtype), rt).item()
     run.say(f"step {s.step:6d} | val loss {s.last_val:.4f}")
     run.log.write({"type": "val", "step": s.step, "val_loss": s.last_val})
@@ -319,7 +362,7 @@ def validate(run: Run) -> None:
 def score_hellaswag(run: Run) -> None:
     rt = run.runtime
     # GPT-2's ids only: a padded vocabulary's extra rows are masked out.
-    hs = hellaswag.evaluate(run.par.train_model, run.hellaswag_examples, rt.device,
+    hs = hellaswag.evaluate(run.par.eval_model, run.hellaswag_examples, rt.device,
                             run.autocast_dtype, rt.rank, rt.world_size, valid_vocab=GPT2_VOCAB)
     run.say(f"step {run.state.step:6d} | hellaswag acc_norm {hs['acc_norm']:.4f} "
             f"(acc {hs['acc']:.4f}, {hs['total']} examples)")
@@ -328,9 +371,14 @@ def score_hellaswag(run: Run) -> None:
 
 def save_checkpoint(run: Run, reason: str | None = None) -> Path | None:
     """Write a checkpoint (a collective) and record it, with why if not periodic. None
-    during a streak of skipped steps: weights whose loss is not finite are no place to go
-    back to (every rank knows the streak: the norm that starts it is global)."""
+    under --no-save-checkpoints, and during a streak of skipped steps: weights whose loss
+    is not finite are no place to go back to (every rank knows the streak: the norm that
+    starts it is global)."""
     s = run.state
+    if not run.cfg.checkpoint.save_checkpoints:
+        return None
+    if s.step > 0:  # the skips of the steps since the last log line (one read)
+        account_skips(run, s.step - 1, run.skips.counts(run.runtime.device).tolist())
     if s.bad_in_row:
         run.say(f"step {s.step:6d} | no checkpoint: the last {s.bad_in_row} step(s) had a "
                 f"non-finite loss or gradient")
@@ -345,6 +393,13 @@ def save_checkpoint(run: Run, reason: str | None = None) -> Path | None:
     return path
 
 
+def no_checkpoint_note(run: Run) -> str:
+    """Where to go back to when nothing was saved now, for a message."""
+    if not run.cfg.checkpoint.save_checkpoints:
+        return "--no-save-checkpoints is set, so nothing is saved"
+    return run.checkpointer.last_good()
+
+
 def log_samples(run: Run) -> None:
     e, tok = run.cfg.eval, run.tokenizer
     gen = torch.Generator().manual_seed(run.cfg.train.seed + run.state.step)
@@ -355,23 +410,6 @@ def log_samples(run: Run) -> None:
     for i, text in enumerate(texts):
         run.say(f"--- sample {i} at step {run.state.step}:\n{text}")
     run.log.write({"type": "sample", "step": run.state.step, "samples": texts})
-
-
-def skip_step(run: Run, step: int) -> None:
-    """Drop a step whose loss or gradients are not finite; stop after too many in a row."""
-    s = run.state
-    run.par.optimizer.zero_grad(set_to_none=True)
-    s.bad_in_row += 1
-    s.skipped += 1
-    run.say(f"step {step:6d} | non-finite loss or gradient: step skipped "
-            f"({s.bad_in_row} in a row, {s.skipped} in all)")
-    run.log.write({"type": "skipped", "step": step, "in_a_row": s.bad_in_row, "total": s.skipped})
-    if s.bad_in_row >= run.cfg.train.max_bad_steps:
-        raise TrainingDiverged(
-            f"{s.bad_in_row} steps in a row had a non-finite loss or gradient (step {step}); "
-            f"stopping. {run.checkpointer.last_good()}. Lower --max-lr or check the data, "
-            f"then --resume auto"
-        )
 
 
 def run_peak(run: Run) -> float | None:

@@ -92,29 +92,43 @@ def poison_after(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     real = train_mod.optimizer_step
     count = {"n": 0}
 
-    def overflowing(optimizer, scaler, lr, nvtx=False):
-        real(optimizer, scaler, lr, nvtx)
+    def overflowing(optimizer, scaler, lr, norm, nvtx=False):
+        found_inf = real(optimizer, scaler, lr, norm, nvtx)
         count["n"] += 1
         if count["n"] > step:
             with torch.no_grad():
                 optimizer.param_groups[0]["params"][0].view(-1)[0] = float("nan")
+        return found_inf
 
     monkeypatch.setattr(train_mod, "optimizer_step", overflowing)
 
 
-def test_poisoned_weights_stop_the_run_at_the_next_log_step(monkeypatch, data_dir: Path,
-                                                             tmp_path: Path) -> None:
+def test_poisoned_weights_stop_the_run_at_the_next_check(monkeypatch, data_dir: Path,
+                                                         tmp_path: Path) -> None:
     import gpt.train as train_mod
 
     out = tmp_path / "run"
     poison_after(monkeypatch, 3)
     cfg = parse_args([*ARGS, "--max-steps", "8", "--checkpoint-every", "2",
-                      "--data-dir", str(data_dir), "--out-dir", str(out)])
+                      "--finite-check-every", "1", "--data-dir", str(data_dir), "--out-dir", str(out)])
     with pytest.raises(TrainingDiverged, match=r"after step 3.*last good checkpoint is .*ckpt_000002\.pt"):
         train_mod.train(cfg)
     saved = [s for s, _ in checkpoint.list_checkpoints(out)]
     assert saved == [2]  # nothing written from the poisoned state
     assert all_finite(out / "ckpt_000002.pt")
+
+
+def test_the_finiteness_check_runs_between_log_steps_too(monkeypatch, data_dir: Path,
+                                                         tmp_path: Path) -> None:
+    import gpt.train as train_mod
+
+    out = tmp_path / "run"
+    poison_after(monkeypatch, 3)
+    cfg = parse_args([*ARGS, "--max-steps", "8", "--checkpoint-every", "2", "--log-every", "100",
+                      "--finite-check-every", "1", "--data-dir", str(data_dir), "--out-dir", str(out)])
+    with pytest.raises(TrainingDiverged, match=r"after step 3.*ckpt_000002\.pt"):
+        train_mod.train(cfg)
+    assert [s for s, _ in checkpoint.list_checkpoints(out)] == [2]
 
 
 def test_a_checkpoint_is_never_written_from_poisoned_state(monkeypatch, data_dir: Path,

@@ -224,6 +224,38 @@ def test_non_finite_steps_are_skipped_and_counted(monkeypatch, data_dir: Path, t
     assert all(math.isfinite(p.float().sum()) for p in load(out / "ckpt_000006.pt")["model"].values())
 
 
+def test_skips_are_counted_on_the_device_and_read_at_log_steps(monkeypatch, data_dir: Path,
+                                                               tmp_path: Path) -> None:
+    """Log lines every 4 steps: the skips between them are read there, in one record."""
+    out = tmp_path / "run"
+    result = run_with_bad_steps(monkeypatch, data_dir, out, {1, 2}, "--log-every", "4",
+                                "--max-steps", "6", "--checkpoint-every", "0")
+    assert result["skipped"] == 2
+    assert [(r["step"], r["count"], r["in_a_row"], r["total"]) for r in read_metrics(out, "skipped")
+            ] == [(4, 2, 0, 2)]
+    assert load(out / "ckpt_000006.pt")["skipped_steps"] == 2
+
+
+def test_a_streak_between_log_steps_still_stops_the_run(monkeypatch, data_dir: Path,
+                                                        tmp_path: Path) -> None:
+    """Three bad steps in a row, then good ones, all between two log lines: the longest
+    streak since the last read is what counts."""
+    import gpt.train as train_mod
+
+    with pytest.raises(train_mod.TrainingDiverged, match=r"3 steps in a row.*by step 4"):
+        run_with_bad_steps(monkeypatch, data_dir, tmp_path / "run", {1, 2, 3}, "--log-every", "4",
+                           "--max-bad-steps", "3", "--checkpoint-every", "0")
+
+
+def test_no_save_checkpoints_writes_none(data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_cli(*ARGS, "--data-dir", str(data_dir), "--out-dir", str(out), "--max-steps", "3",
+                   "--checkpoint-every", "1", "--no-save-checkpoints")
+    assert proc.returncode == 0, proc.stderr
+    assert not list(out.glob("ckpt_*")) and not read_metrics(out, "checkpoint")
+    assert len(read_metrics(out, "train")) == 3
+
+
 def test_no_checkpoint_is_saved_during_a_streak_of_skipped_steps(monkeypatch, data_dir: Path,
                                                                   tmp_path: Path) -> None:
     """Finite weights whose loss is not finite are no checkpoint to go back to: saves wait

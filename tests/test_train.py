@@ -28,8 +28,8 @@ def grads_after_step(data: Path, batch_size: int, accum: int) -> dict[str, torch
     loader = ShardLoader(data, "train", batch_size, 16)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     # lr 0 leaves the weights alone, so the gradients left behind are those of the batch.
-    forward_backward(model, scaler, opt, loader, accum, 0.0, "cpu", torch.float32)
-    optimizer_step(opt, scaler, 0.0)
+    _, norm = forward_backward(model, scaler, opt, loader, accum, 0.0, "cpu", torch.float32)
+    optimizer_step(opt, scaler, 0.0, norm)
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 

@@ -157,9 +157,10 @@ def _rung_cell(ctx: Context, s: Settings) -> dict[str, Any]:
                 loader = _FixedBatch(x, y)
 
                 def fn() -> None:
-                    forward_backward(runner, scaler, optimizer, loader, 1, optim_cfg.grad_clip,
-                                     device.type, dtype if dtype is not None else torch.float32)
-                    optimizer_step(optimizer, scaler, optim_cfg.max_lr)
+                    _, norm = forward_backward(runner, scaler, optimizer, loader, 1,
+                                               optim_cfg.grad_clip, device.type,
+                                               dtype if dtype is not None else torch.float32)
+                    optimizer_step(optimizer, scaler, optim_cfg.max_lr, norm)
             else:
                 # The trainer's own AdamW: fused when the rung says so, otherwise torch's
                 # default (foreach on CUDA), as the rung's description says.
