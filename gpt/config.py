@@ -185,6 +185,10 @@ class CheckpointConfig:
     keep_checkpoints: int = _opt(
         3, "keep the newest N periodic checkpoints (the best by val loss is kept as well)"
     )
+    save_checkpoints: bool = _opt(
+        True, "write checkpoints (--no-save-checkpoints: none at all, not even at the end or on "
+        "a stop signal; for benchmarks)"
+    )
     resume: str = _opt(
         "none",
         "'auto': continue from the newest complete checkpoint in --out-dir (start fresh if "

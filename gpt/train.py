@@ -330,6 +330,8 @@ def save_checkpoint(run: Run, reason: str | None = None) -> Path | None:
     """Write a checkpoint (a collective) and record it, with why if not periodic. None
     during a streak of skipped steps: weights whose loss is not finite are no place to go
     back to (every rank knows the streak: the norm that starts it is global)."""
+    if not run.cfg.checkpoint.save_checkpoints:
+        return None  # --no-save-checkpoints (benchmarks): none at all
     s = run.state
     if s.bad_in_row:
         run.say(f"step {s.step:6d} | no checkpoint: the last {s.bad_in_row} step(s) had a "
