@@ -67,6 +67,8 @@ def test_plan_fits_the_session_riskiest_first(capsys: pytest.CaptureFixture[str]
     assert bench_main(["gpu", "--plan"]) == 0
     text = capsys.readouterr().out
     assert all(c["command"] in text for c in calls) and f"{plan['total_s']} s" in text
+    doc = (gpu_plan.REPO / "benchmarks" / "gpu" / "README.md").read_text()  # says what --plan says
+    assert f"total: {plan['total_s']} s" in doc and all(f"| {c['estimate_s']} s |" in doc for c in calls)
 
 
 def test_pytest_estimate_counts_workers() -> None:
