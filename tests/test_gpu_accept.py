@@ -1,22 +1,86 @@
-"""The GPU acceptance command's plumbing, on the CPU: every stage in --smoke mode writes the
-schema the GPU stages will, and the build-nanogpt harness patches, runs and parses a
-stand-in script written here in the shape of the real one."""
+"""The GPU acceptance command's plumbing, on the CPU: the session plan (--plan) fits its
+budget with the riskiest cells first; every stage in --smoke mode writes the schema the GPU
+stages will; a cell's timeout kills its whole process group; trainer cells write no
+checkpoint and record the memory planner's prediction beside the measured peak; and the
+build-nanogpt harness patches, runs and parses a stand-in script written here in the shape of
+the real one, whose figures make the ours / baseline column, or fails the stage when missing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 import textwrap
+import time
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from gpt.bench import gpu, nanogpt
+from gpt.bench import gpu, gpu_plan, gpu_results, nanogpt
 from gpt.bench.cli import main as bench_main
+from gpt.shards import write_shard
+from gpt.tokenizer import ASSETS
 
-CELL_KEYS = {"name", "kind", "params", "status"}
+CELL_KEYS = {"name", "kind", "params", "status", "estimate_s"}
 FIGURES = {"step_ms", "tokens_per_s_median", "mfu_median", "compile_s_estimate", "final_loss",
            "losses", "tokens_per_step", "warmup_steps_excluded"}
+SMOKE = gpu_plan.Sizes.make(smoke=True)
+
+
+# ---------------------------------------------------------------------------------------
+# the plan
+
+
+def test_plan_fits_the_session_riskiest_first(capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--plan ran a cell")
+
+    monkeypatch.setattr(gpu, "run_group", refuse)
+    monkeypatch.setattr(gpu, "run_stage", refuse)
+    assert bench_main(["gpu", "--plan", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    calls, required = plan["calls"], [c for c in plan["calls"] if not c["optional"]]
+    assert plan["budget_s"] == 1500 and "not measured" in plan["estimates"]
+    assert plan["total_s"] == plan["machine_start_s"] + sum(c["estimate_s"] for c in required)
+    assert plan["total_s"] <= plan["budget_s"]
+    names = [[cell["name"] for cell in c["cells"]] for c in calls]
+    assert names[0][:2] == ["pytest-cuda", "ours-b64-default"]  # the riskiest first
+    assert names[1] == ["gpt2-xl-fsdp-ac-1gpu"]
+    for b in (16, 32, 64):  # the grid, each micro-batch beside its baseline, in the acceptance
+        assert any({f"ours-b{b}-default", f"build-nanogpt-b{b}"} <= set(n) for n, c in zip(names, calls)
+                   if not c["optional"])
+    autotune = [c for c in calls if any("max-autotune" in cell["name"] for cell in c["cells"])]
+    assert len(autotune) == 1 and autotune[0]["optional"] and len(autotune[0]["cells"]) == 1
+    for c in calls:
+        assert [c["call"], c["stage"]] == [calls.index(c) + 1] * 2
+        assert all(cell["estimate_s"] > 0 for cell in c["cells"])
+        assert c["cells_s"] <= plan["stage_budget_s"] and c["estimate_s"] < c["timeout_s"] == 600
+        assert f"python3 -m gpt.bench gpu --stage {c['stage']} --out $OUT --commit " in c["command"]
+        assert "PYTHONPATH=." in c["command"] and c["carry"] == [".carry"]
+        assert len(c["command"]) <= 2000  # the device tool's limit
+        assert names[calls.index(c)] == [cell.name for cell in gpu_plan.stage_cells(
+            c["stage"], gpu_plan.Sizes.make(False), Path("d"), Path("w"), Path("t"), 4)]
+    assert bench_main(["gpu", "--plan"]) == 0
+    text = capsys.readouterr().out
+    assert all(c["command"] in text for c in calls) and f"{plan['total_s']} s" in text
+    doc = (gpu_plan.REPO / "benchmarks" / "gpu" / "README.md").read_text()  # says what --plan says
+    assert f"total: {plan['total_s']} s" in doc and all(f"| {c['estimate_s']} s |" in doc for c in calls)
+
+
+def test_pytest_estimate_counts_workers() -> None:
+    serial, parallel = gpu_plan.pytest_estimate(1), gpu_plan.pytest_estimate(4)
+    assert parallel < serial
+    cell = gpu_plan.pytest_cell(Path("/t"), 4, smoke=False)
+    assert cell.cmd[-3:] == ["-n", "4", str(gpu_plan.REPO / "tests")] and cell.estimate_s == parallel
+    assert "-n" not in gpu_plan.pytest_cell(Path("/t"), 0, smoke=False).cmd
+
+
+# ---------------------------------------------------------------------------------------
+# the stages in --smoke mode
 
 
 def run_stage(stage: int, out: Path) -> dict:
@@ -27,40 +91,160 @@ def run_stage(stage: int, out: Path) -> dict:
     assert report["command"] == f"python -m gpt.bench gpu --stage {stage} --smoke --out {out}"
     assert (out / f"gpu_stage{stage}.md").read_text().startswith(f"# GPU acceptance, stage {stage}")
     assert (out / f"gpu_stage{stage}.log").stat().st_size > 0
+    assert report["comparison"] == []  # build-nanogpt does not run in --smoke
     for cell in report["cells"]:
         assert CELL_KEYS <= cell.keys()
         assert cell["status"] in ("ok", "skipped"), cell
+        if cell["kind"] == "trainer":
+            assert "--no-save-checkpoints" in cell["command"]
+            assert cell["memory"]["measured_peak_bytes"] > 0 and cell["memory"]["planner"]
     return {c["name"]: c for c in report["cells"]}
 
 
 @pytest.mark.slow
 def test_stage1_smoke(tmp_path: Path) -> None:
     cells = run_stage(1, tmp_path)
+    assert list(cells) == ["pytest-cuda", "ours-b8-default", "build-nanogpt-b8"]
     tests = cells["pytest-cuda"]["result"]
     assert tests["tests"] >= 10 and tests["skipped"] == tests["tests"]  # no GPU here
-    train = cells["train-tiny-6-steps"]["result"]
-    assert FIGURES <= train.keys() and train["step_ms"]["n"] == 6 - gpu.WARMUP
+    train = cells["ours-b8-default"]["result"]
+    assert FIGURES <= train.keys() and train["step_ms"]["n"] == SMOKE.steps - gpu_plan.WARMUP
     assert train["peak_mem_gb"] > 0 and train["peak_mem_source"] == "peak RSS"
+    assert cells["build-nanogpt-b8"]["status"] == "skipped"
+    assert "--smoke" in cells["build-nanogpt-b8"]["reason"]
 
 
 @pytest.mark.slow
 def test_stage2_smoke(tmp_path: Path) -> None:
-    cells = run_stage(2, tmp_path)
-    assert [n for n in cells if n.startswith("ours-")] == ["ours-b2-default", "ours-b4-default"]
-    assert all(FIGURES <= cells[n]["result"].keys() for n in cells if n.startswith("ours-"))
-    assert cells["build-nanogpt-b2"]["status"] == "skipped"
-    assert "--smoke" in cells["build-nanogpt-b2"]["reason"]
+    xl = run_stage(2, tmp_path)["tiny-fsdp-ac-1gpu"]
+    assert xl["command"].split()[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert FIGURES <= xl["result"].keys()
 
 
 @pytest.mark.slow
 def test_stage3_smoke(tmp_path: Path) -> None:
     cells = run_stage(3, tmp_path)
-    rungs = cells["ladder-tiny"]["result"]["results"]
-    assert rungs[0]["status"] == "ok" and rungs[-1]["title"] == "trainer full default"
-    xl = cells["tiny-fsdp-ac-1gpu"]
-    assert xl["command"].split()[1:4] == ["-m", "torch.distributed.run", "--standalone"]
-    assert FIGURES <= xl["result"].keys()
+    assert list(cells) == ["ours-b2-default", "build-nanogpt-b2", "ours-b4-default", "build-nanogpt-b4"]
+    assert all(FIGURES <= cells[n]["result"].keys() for n in cells if n.startswith("ours-"))
 
+
+@pytest.mark.slow
+def test_stage4_and_5_smoke(tmp_path: Path) -> None:
+    cells = run_stage(4, tmp_path / "4")
+    assert list(cells) == ["ours-b8-max-autotune"]
+    assert FIGURES <= cells["ours-b8-max-autotune"]["result"].keys()
+    rungs = run_stage(5, tmp_path / "5")["ladder-tiny"]["result"]["results"]
+    assert rungs[0]["status"] == "ok" and rungs[-1]["title"] == "trainer full default"
+
+
+# ---------------------------------------------------------------------------------------
+# a cell's process group, its checkpoints and its memory
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"  # a zombie is dead, waiting for its (new) parent to reap it
+
+
+# The cell's first process starts a grandchild that ignores SIGTERM, then sleeps (timeout) or
+# exits at once (leaving the grandchild behind, its pipes closed).
+LEADER = textwrap.dedent('''
+    import subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                              "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    open(sys.argv[1], "w").write(str(child.pid))
+    time.sleep(float(sys.argv[2]))
+''')
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to see the grandchild")
+@pytest.mark.parametrize("leader_s,status", [(120, "timeout"), (0, "failed")])
+def test_a_cell_leaves_no_process_behind(leader_s: float, status: str, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu, "KILL_GRACE_S", 1.0)
+    pid_file = tmp_path / "pid"
+    cell = gpu_plan.Cell("group", "pytest", 1, [sys.executable, "-c", LEADER, str(pid_file), str(leader_s)])
+    (tmp_path / "group").mkdir()
+    with open(tmp_path / "log", "w") as log:
+        record = gpu.run_cell(cell, 5, SMOKE, gpu.make_tokens(10, 10), tmp_path, tmp_path, log)
+    assert record["status"] == status, record
+    grandchild = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(grandchild)
+    if status == "timeout":
+        assert "process group was killed" in record["reason"] and record["seconds"] < 30
+
+
+def fake_planner(calls: list) -> types.ModuleType:
+    module = types.ModuleType("gpt.memory")
+
+    def plan(cfg, world_size: int = 1, device_type: str = "cuda") -> types.SimpleNamespace:
+        calls.append((cfg, world_size, device_type))
+        return types.SimpleNamespace(peak_bytes=2**30 * cfg.model.n_layer,
+                                     components={"params": 2**10, "activations": 2**19})
+
+    module.plan = plan
+    return module
+
+
+@pytest.mark.slow
+def test_a_trainer_cell_writes_no_checkpoint_and_records_predicted_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list = []
+    monkeypatch.setitem(sys.modules, "gpt.memory", fake_planner(calls))
+    tokens = gpu.make_tokens(50_000, 5_000)
+    data = tmp_path / "data"
+    data.mkdir()
+    write_shard(data / "train_000000.bin", tokens[0])
+    write_shard(data / "val_000000.bin", tokens[1])
+    cell = gpu_plan.ours_cell(SMOKE, data, tmp_path / "runs", 8)
+    with open(tmp_path / "log", "w") as log:
+        record = gpu.run_cell(cell, 300, SMOKE, tokens, tmp_path, tmp_path, log)
+    assert record["status"] == "ok", record
+    out = Path(cell.params["out"])
+    assert (out / "metrics.jsonl").is_file() and not list(out.glob("ckpt_*"))
+    [(cfg, world_size, device_type)] = calls
+    assert (cfg.model.n_layer, cfg.data.batch_size, world_size, device_type) == (2, 8, 1, "cpu")
+    assert not cfg.checkpoint.save_checkpoints
+    mem = record["memory"]
+    assert mem["planner"] == "gpt.memory.plan" and mem["predicted_peak_bytes"] == 2 * 2**30
+    assert mem["components"] == {"params": 2**10, "activations": 2**19}
+    assert mem["measured_peak_bytes"] == round(record["result"]["peak_mem_gb"] * 2**30)
+    assert mem["measured_over_predicted"] == pytest.approx(mem["measured_peak_bytes"] / 2**31)
+    report = {"stage": 1, "smoke": True, "seconds": 1, "budget_s": 1, "command": "c", "cells": [record],
+              "env": {"device": "cpu", "torch": "t", "cuda": None, "commit": "x"}}
+    [row] = [line for line in gpu_results.summary(report).splitlines() if line.startswith("| ours-b8")]
+    assert f"({2.0:.2f}, {mem['measured_over_predicted']:.2f})" in row
+
+
+def test_without_the_planner_the_reason_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    cell = gpu_plan.ours_cell(SMOKE, Path("/d"), Path("/w"), 8)
+    monkeypatch.setitem(sys.modules, "gpt.memory", None)  # import gpt.memory raises ImportError
+    mem = gpu_results.predicted_memory(cell)
+    assert mem["predicted_peak_bytes"] is None and mem["planner"].startswith("planner unavailable: ")
+    report = {"stage": 1, "smoke": True, "seconds": 1, "budget_s": 1, "command": "c",
+              "cells": [{"name": "ours-b8-default", "kind": "trainer", "params": {}, "status": "failed",
+                         "memory": mem, "reason": "exit 1"}],
+              "env": {"device": "cpu", "torch": "t", "cuda": None, "commit": "x"}}
+    assert f"No prediction: {mem['planner']}" in gpu_results.summary(report)
+    broken = types.ModuleType("gpt.memory")
+    broken.plan = lambda cfg, world_size=1, device_type="cuda": 1 / 0
+    monkeypatch.setitem(sys.modules, "gpt.memory", broken)
+    mem = gpu_results.predicted_memory(cell)
+    assert mem["predicted_peak_bytes"] is None
+    assert mem["planner"].startswith("planner failed: ZeroDivisionError")
+    assert gpu_results.with_measured(mem, {"peak_mem_gb": 1.0, "peak_mem_source": "peak RSS"}) == {
+        **mem, "measured_peak_bytes": 2**30, "measured_source": "peak RSS", "measured_over_predicted": None}
+
+
+# ---------------------------------------------------------------------------------------
+# build-nanogpt
 
 # A stand-in with the lines the harness substitutes, which fails if a substitution did not
 # happen and prints its per-step line in build-nanogpt's format.
@@ -81,33 +265,94 @@ STAND_IN = textwrap.dedent('''
         loss = 10.0 - step / 10 + tokens[step] / 1e9
         print(f"step {step:5d} | loss: {loss:.6f} | lr 6.0000e-04 | norm: 1.0000 | dt: {100.0 + step:.2f}ms | tok/sec: {total_batch_size / 0.1:.2f}")
 ''')
+SIZES = gpu_plan.Sizes(smoke=False, model="gpt2", seq_len=1024, batches=(4,), steps=gpu_plan.WARMUP + 5,
+                       tokens_per_step=1024, xl_model="gpt2-xl", xl_batch=1)
 
 
-def test_build_nanogpt_harness_patches_runs_and_parses(tmp_path: Path) -> None:
+def test_build_nanogpt_harness_runs_and_parses_and_makes_the_ratio(tmp_path: Path) -> None:
     script_dir = tmp_path / "bng"
     script_dir.mkdir()
     (script_dir / "train_gpt2.py").write_text(STAND_IN)
-    plan = gpu.Plan(smoke=False, model="gpt2", seq_len=1024, batches=(4,), modes=("default",),
-                    steps=gpu.WARMUP + 5, tokens_per_step=1024)
-    cell = gpu.Cell("build-nanogpt-b4", "nanogpt", 10, params={"batch_size": 4, "steps": plan.steps})
+    cell = gpu_plan.nanogpt_cell(SIZES, 4)
     tokens = gpu.make_tokens(10_000, 1_000)
     with open(tmp_path / "log", "w") as log:
-        record = gpu.run_cell(cell, 60, plan, tokens, script_dir, tmp_path, log)
+        record = gpu.run_cell(cell, 60, SIZES, tokens, script_dir, tmp_path, log)
     assert record["status"] == "ok", record
     r = record["result"]
-    assert r["steps_logged"] == plan.steps and r["step_ms"]["median"] == 105.0
+    assert r["steps_logged"] == SIZES.steps and r["step_ms"]["median"] == 105.0
     assert r["losses"][0] == pytest.approx(10.0 + tokens[0][0] / 1e9)
     saved = np.load(tmp_path / "build-nanogpt-b4" / nanogpt.DATA_FOLDER / "edufineweb_val_000000.npy")
     assert np.array_equal(saved, tokens[1])  # the same tokens the trainer reads
+    # ours at the same micro-batch, 50 ms a step on the same tokens per step: 2.1x its speed
+    steps = [{"ms": 50.0, "loss": 5.0}] * SIZES.steps
+    ours = {"name": "ours-b4-default", "kind": "trainer", "status": "ok", "seconds": 9, "estimate_s": 9,
+            "params": {"batch_size": 4, "model": "gpt2"},
+            "result": gpu_results.step_figures(steps, 1024, "gpt2", 1024, "cpu")}
+    other = {**ours, "name": "ours-b8-default", "params": {"batch_size": 8, "model": "gpt2"}}
+    [c] = gpu_results.comparisons([ours, other, record])
+    assert (c["cell"], c["baseline"], c["batch_size"]) == ("ours-b4-default", "build-nanogpt-b4", 4)
+    assert c["ours_over_baseline"] == pytest.approx(105.0 / 50.0)
+    report = {"stage": 3, "smoke": False, "seconds": 1, "budget_s": 1, "command": "c",
+              "cells": [ours, other, record], "comparison": [c],
+              "env": {"device": "cpu", "torch": "t", "cuda": None, "commit": "x"}}
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in gpu_results.summary(report).splitlines()
+            if line.startswith("| ours") or line.startswith("| build")}
+    assert rows["ours-b4-default"][5] == "2.100x"
+    assert rows["ours-b8-default"][5] == "-" and rows["build-nanogpt-b4"][5] == "-"
 
 
-def test_build_nanogpt_missing_or_changed_is_a_skip_with_the_reason(tmp_path: Path) -> None:
-    plan = gpu.Plan(smoke=False, model="gpt2", seq_len=1024, batches=(4,), modes=("default",),
-                    steps=5, tokens_per_step=1024)
-    cell = gpu.Cell("build-nanogpt-b4", "nanogpt", 10, params={"batch_size": 4, "steps": 5})
+def test_build_nanogpt_missing_or_changed_fails_the_cell(tmp_path: Path) -> None:
+    cell = gpu_plan.nanogpt_cell(SIZES, 4)
     tokens = gpu.make_tokens(1_000, 100)
-    record = gpu.run_cell(cell, 60, plan, tokens, tmp_path / "absent", tmp_path, None)
-    assert record["status"] == "skipped" and "fetch tool" in record["reason"]
+    record = gpu.run_cell(cell, 60, SIZES, tokens, tmp_path / "absent", tmp_path, None)
+    assert record["status"] == "failed" and "fetch tool" in record["reason"]
     (tmp_path / "train_gpt2.py").write_text(STAND_IN.replace("B = 64 # micro batch size", "B = 8"))
-    record = gpu.run_cell(cell, 60, plan, tokens, tmp_path, tmp_path, None)
-    assert record["status"] == "skipped" and "B = 64 # micro batch size" in record["reason"]
+    record = gpu.run_cell(cell, 60, SIZES, tokens, tmp_path, tmp_path, None)
+    assert record["status"] == "failed" and "B = 64 # micro batch size" in record["reason"]
+
+
+def tiktoken_cache(folder: Path) -> Path:
+    """A tiktoken cache holding GPT-2's two BPE files (named by the sha1 of their URL)."""
+    folder.mkdir()
+    url = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
+    for name in ("vocab.bpe", "encoder.json"):
+        (folder / hashlib.sha1((url + name).encode()).hexdigest()).write_bytes(
+            (ASSETS / "gpt2" / name).read_bytes())
+    return folder
+
+
+def test_a_stage_without_its_baseline_fails_before_running_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    out, script_dir = tmp_path / "out", tmp_path / "bng"
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tiktoken_cache(tmp_path / "cache")))
+    stage = ["gpu", "--stage", "3", "--out", str(out), "--nanogpt", str(script_dir)]
+    for stage_n in ("1", "3"):
+        stage[2] = stage_n
+        assert bench_main(stage) == 1
+        err = capsys.readouterr().err
+        assert "fetch tool" in err and ".carry/build-nanogpt" in err and "nothing was run" in err
+    script_dir.mkdir()
+    (script_dir / "train_gpt2.py").write_text(STAND_IN.replace("use_compile = False", "use_compile = 0"))
+    assert bench_main(stage) == 1 and "use_compile = False" in capsys.readouterr().err
+    (script_dir / "train_gpt2.py").write_text(STAND_IN)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))  # no BPE files there
+    assert bench_main(stage) == 1 and "tiktoken_cache" in capsys.readouterr().err
+    assert not out.exists()
+    if not torch.cuda.is_available():  # past the check, a stage needs its GPU
+        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
+        assert bench_main(stage) == 2 and "no CUDA device" in capsys.readouterr().err
+        monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+        assert bench_main([*stage, "--only", "ours-b16-default"]) == 2  # no baseline cell: no check
+
+
+def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, says in ((["--stage", "1"], "--stage 1 needs --out"),
+                       (["--stage", "1", "--plan"], "not allowed with"),
+                       (["--stage", "1", "--out", "o", "--json"], "--json goes with --plan"),
+                       (["--stage", "2", "--out", "o", "--only", "nope"],
+                        "--only nope: not a cell of stage 2")):
+        with pytest.raises(SystemExit) as exc:
+            bench_main(["gpu", *argv])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 2, err  # the error, then the hint

@@ -1,12 +1,13 @@
 """karpathy/build-nanogpt's train_gpt2.py as a baseline, run side by side with the trainer.
 
 Its code is never part of this repository: a session brings it with the `fetch` tool and
-copies `train_gpt2.py` (and `hellaswag.py`) into the git-ignored `.carry/build-nanogpt/`
-(benchmarks/gpu/README.md says how). At run time the script is copied into a scratch
-folder and a short list of text substitutions (SUBSTITUTIONS, each required to match
-exactly once) points it at the same tokens the trainer reads, sets its micro-batch and
-step count, turns torch.compile on and its evaluation, HellaSwag and sampling off. Its
-per-step log line is parsed into step times, tokens/s and losses.
+copies `train_gpt2.py` into the git-ignored `.carry/build-nanogpt/` (benchmarks/gpu/README.md
+says how); a stage with its cells fails at once, running nothing, when it is missing (check).
+At run time the script is copied into a scratch folder and a short list of text
+substitutions (SUBSTITUTIONS, each required to match exactly once) points it at the same
+tokens the trainer reads, sets its micro-batch and step count, turns torch.compile on and
+its evaluation, HellaSwag and sampling off. Its per-step log line is parsed into step times,
+tokens/s and losses.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+
+# tiktoken's cache rules, as the trainer's tokenizer reads them: whether the files are there
+from gpt.tokenizer import _in_tiktoken_cache
 
 DEFAULT_DIR = Path(".carry") / "build-nanogpt"
 
@@ -37,7 +41,8 @@ DATA_FOLDER = "edu_fineweb10B"  # the folder its DataLoaderLite reads, relative 
 
 
 class MissingBaseline(Exception):
-    """build-nanogpt's script is not where it should be (the cell is skipped, saying how)."""
+    """build-nanogpt cannot run here: its script is not where it should be, or tiktoken's
+    cache lacks what it loads (the stage fails, saying how to bring it)."""
 
 
 def patch(source: str, **values: object) -> str:
@@ -52,15 +57,34 @@ def patch(source: str, **values: object) -> str:
     return source
 
 
+def check(script_dir: Path) -> None:
+    """Raises MissingBaseline (or ValueError for a changed script) unless the baseline can
+    run here: its script is there, every substitution applies, and tiktoken's cache holds
+    GPT-2's BPE files, which the script loads at start (the device machine cannot download)."""
+    patch(_script(script_dir).read_text(encoding="utf-8"), batch_size=1, total_batch_tokens=1,
+          max_steps=1)
+    if not _in_tiktoken_cache():
+        raise MissingBaseline(
+            "tiktoken's cache lacks GPT-2's BPE files, which build-nanogpt's script loads at "
+            "start: copy ../shared/data/tiktoken_cache to .carry/ and set "
+            "TIKTOKEN_CACHE_DIR=$PWD/.carry/tiktoken_cache (benchmarks/gpu/README.md)")
+
+
+def _script(script_dir: Path) -> Path:
+    script = script_dir / "train_gpt2.py"
+    if not script.is_file():
+        raise MissingBaseline(
+            f"{script} not found: bring karpathy/build-nanogpt with the fetch tool "
+            f"(github:karpathy/build-nanogpt) and copy its train_gpt2.py to {DEFAULT_DIR}/ "
+            f"(benchmarks/gpu/README.md), or name its folder with --nanogpt")
+    return script
+
+
 def prepare(script_dir: Path, work: Path, train: np.ndarray, val: np.ndarray, *,
             batch_size: int, total_batch_tokens: int, max_steps: int) -> Path:
     """A scratch folder with the patched script and its .npy shards of the given tokens;
     returns the script to run (with `work` as its working directory)."""
-    script = script_dir / "train_gpt2.py"
-    if not script.is_file():
-        raise MissingBaseline(
-            f"{script} not found: bring karpathy/build-nanogpt with the fetch tool and copy its "
-            f"train_gpt2.py there (benchmarks/gpu/README.md)")
+    script = _script(script_dir)
     work.mkdir(parents=True, exist_ok=True)
     patched = patch(script.read_text(encoding="utf-8"), batch_size=batch_size,
                     total_batch_tokens=total_batch_tokens, max_steps=max_steps)

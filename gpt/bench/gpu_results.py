@@ -1,0 +1,208 @@
+"""The GPU acceptance run's figures: each cell's output read into numbers, the memory
+planner's prediction beside the measured peak, ours against build-nanogpt at each
+micro-batch, and the markdown summary of a stage."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import statistics
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt.bench import nanogpt
+from gpt.bench.gpu_plan import WARMUP, Cell, Sizes
+from gpt.cli import parse_args
+from gpt.config import model_preset
+from gpt.dist import device_name
+from gpt.metrics import flops_per_token, mfu, peak_tflops
+
+BASELINE_MODEL = "gpt2"  # build-nanogpt trains GPT-2 124M (vocab 50304, T=1024), as our gpt2 preset
+
+
+def step_figures(steps: list[dict[str, float]], tokens_per_step: int, model: str,
+                 seq_len: int, device: str) -> dict[str, Any]:
+    """Median and spread of step time after the warm-up steps, tokens/s and MFU."""
+    measured = [s["ms"] for s in steps[WARMUP:]]
+    if not measured:
+        raise ValueError(f"only {len(steps)} steps logged; need more than {WARMUP}")
+    ms = statistics.median(measured)
+    tok_s = tokens_per_step / (ms / 1e3)
+    peak = peak_tflops(device)
+    util = mfu(tok_s, flops_per_token(model_preset(model), seq_len), peak)
+    return {
+        "steps_logged": len(steps), "warmup_steps_excluded": WARMUP,
+        "step_ms": {"median": ms, "min": min(measured), "max": max(measured),
+                    "mean": statistics.fmean(measured),
+                    "std": statistics.stdev(measured) if len(measured) > 1 else 0.0,
+                    "n": len(measured)},
+        "tokens_per_step": tokens_per_step, "tokens_per_s_median": tok_s,
+        "mfu_median": util, "peak_tflops": peak,
+        "compile_s_estimate": max(0.0, (steps[0]["ms"] - ms) / 1e3),
+        "losses": [s["loss"] for s in steps], "final_loss": steps[-1]["loss"],
+    }
+
+
+def trainer_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, tmp: Path) -> dict[str, Any]:
+    lines = (Path(cell.params["out"]) / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    header = next(r for r in records if r["type"] == "run")
+    steps = [r for r in records if r["type"] == "train"]
+    cfg = header["config"]
+    out = step_figures(steps, cfg["data"]["total_batch_tokens"], cfg["preset"],
+                       cfg["data"]["seq_len"], header["device_name"])
+    out.update(peak_mem_gb=max(r["peak_mem_gb"] for r in steps), peak_mem_source=header["peak_mem_source"],
+               compile=header["compile"], fused_adamw=header["fused_adamw"], dtype=header["dtype"],
+               params=header["params"], trainer_mfu=[r["mfu"] for r in steps])
+    return out
+
+
+def nanogpt_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, tmp: Path) -> dict[str, Any]:
+    steps = nanogpt.parse_steps(proc.stdout)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return step_figures(steps, sizes.tokens_per_step, BASELINE_MODEL, 1024, device_name(device))
+
+
+def pytest_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, tmp: Path) -> dict[str, Any]:
+    suite = ET.parse(tmp / "junit.xml").getroot()
+    suite = suite if suite.tag == "testsuite" else suite[0]
+    cases = suite.findall("testcase")
+    failures = []
+    for case in cases:
+        for bad in case.findall("failure") + case.findall("error"):
+            failures.append({"test": f"{case.get('classname')}::{case.get('name')}",
+                             "message": (bad.get("message") or "")[:500],
+                             "detail": (bad.text or "")[-3000:]})
+    skipped = sum(1 for c in cases if c.find("skipped") is not None)
+    return {"tests": len(cases), "failed": len(failures), "skipped": skipped,
+            "passed": len(cases) - len(failures) - skipped, "failures": failures,
+            "seconds": float(suite.get("time", 0)),
+            "summary": proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""}
+
+
+def ladder_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, tmp: Path) -> dict[str, Any]:
+    return json.loads((tmp / "ladder" / "ladder.json").read_text())
+
+
+RESULTS = {"trainer": trainer_result, "nanogpt": nanogpt_result, "pytest": pytest_result,
+           "ladder": ladder_result}
+
+
+# ---------------------------------------------------------------------------------------
+# memory: the planner's prediction beside what the run measured
+
+
+def predicted_memory(cell: Cell) -> dict[str, Any]:
+    """gpt.memory's prediction of a trainer cell's peak, made before the cell runs (so an
+    out-of-memory cell still has it beside it). The planner is imported here, lazily: a
+    checkout without it still runs every cell, and says why there is no prediction."""
+    try:
+        memory = importlib.import_module("gpt.memory")
+    except ImportError as e:
+        return {"predicted_peak_bytes": None, "planner": f"planner unavailable: {e}"}
+    try:
+        cfg = parse_args(cell.params["trainer_argv"])
+        plan = memory.plan(cfg, world_size=cell.params["world_size"],
+                           device_type=cell.params["device_type"])
+        return {"predicted_peak_bytes": int(plan.peak_bytes), "planner": "gpt.memory.plan",
+                "components": {k: int(v) for k, v in plan.components.items()}}
+    except SystemExit as e:  # the trainer's parser refused the cell's flags (it printed why)
+        return {"predicted_peak_bytes": None,
+                "planner": f"planner failed: the trainer's parser refused the flags (exit {e.code})"}
+    except Exception as e:  # noqa: BLE001 -- a planner bug must not stop the acceptance run
+        return {"predicted_peak_bytes": None, "planner": f"planner failed: {type(e).__name__}: {e}"}
+
+
+def with_measured(memory: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The prediction with the run's measured peak (the trainer's peak_mem_gb, GiB: CUDA's
+    max_memory_allocated on a GPU, peak RSS on CPU) and measured / predicted."""
+    if "peak_mem_gb" not in result:
+        return memory
+    measured = round(result["peak_mem_gb"] * 2**30)
+    predicted = memory.get("predicted_peak_bytes")
+    return {**memory, "measured_peak_bytes": measured, "measured_source": result["peak_mem_source"],
+            "measured_over_predicted": measured / predicted if predicted else None}
+
+
+# ---------------------------------------------------------------------------------------
+# ours against build-nanogpt, and the summary
+
+
+def comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each 124M trainer cell against build-nanogpt at its micro-batch, where both ran."""
+    base = {c["params"]["batch_size"]: c for c in cells
+            if c["kind"] == "nanogpt" and c["status"] == "ok"}
+    out = []
+    for c in cells:
+        b = base.get(c["params"].get("batch_size"))
+        if c["kind"] != "trainer" or c["status"] != "ok" or b is None \
+                or c["params"].get("model") != BASELINE_MODEL:
+            continue
+        ours, theirs = c["result"]["tokens_per_s_median"], b["result"]["tokens_per_s_median"]
+        out.append({"cell": c["name"], "baseline": b["name"], "batch_size": c["params"]["batch_size"],
+                    "ours_tokens_per_s": ours, "baseline_tokens_per_s": theirs,
+                    "ours_over_baseline": ours / theirs})
+    return out
+
+
+def summary(report: dict[str, Any]) -> str:
+    env = report["env"]
+    ratio = {c["cell"]: c["ours_over_baseline"] for c in report.get("comparison", [])}
+    lines = [f"# GPU acceptance, stage {report['stage']}{' (smoke, CPU)' if report['smoke'] else ''}", "",
+             f"{env['device']} | torch {env['torch']} | CUDA {env['cuda']} | commit {env['commit']} | "
+             f"{report['seconds']} s of a {report['budget_s']:.0f} s budget", "",
+             f"`{report['command']}`", "",
+             "| cell | status | s (est.) | step ms (median, min-max) | tokens/s | ours / build-nanogpt "
+             "| MFU | peak GiB (predicted, ratio) | compile s | final loss |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    blank = " | | | | | | |"
+    for c in report["cells"]:
+        r = c.get("result") or {}
+        secs = f"{c['seconds']:.0f}" if "seconds" in c else ""
+        secs += f" ({c['estimate_s']})" if c.get("estimate_s") else ""
+        head = f"| {c['name']} | {c['status']} | {secs}"
+        if "step_ms" in r:
+            s = r["step_ms"]
+            mfu_s = f"{r['mfu_median'] * 100:.1f}%" if r.get("mfu_median") is not None else "-"
+            vs = f"{ratio[c['name']]:.3f}x" if c["name"] in ratio else "-"
+            lines.append(f"{head} | {s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f}) | "
+                         f"{r['tokens_per_s_median']:,.0f} | {vs} | {mfu_s} | {memory_text(c)} | "
+                         f"{r['compile_s_estimate']:.1f} | {r['final_loss']:.4f} |")
+        elif "results" in r:  # the ladder: one rung per row
+            lines.append(f"{head} | see the rungs below{blank}")
+            for rung in r["results"]:
+                if rung.get("status") != "ok":
+                    lines.append(f"| - {rung['title']} | {rung.get('status')} | | "
+                                 f"{rung.get('reason', '')}{blank}")
+                    continue
+                mfu_s = f"{rung['mfu'] * 100:.1f}%" if rung.get("mfu") is not None else "-"
+                mem = rung.get("peak_mem_bytes")
+                lines.append(f"| - {rung['title']} | ok | | {rung['ms_per_step']:.1f} | "
+                             f"{rung['tokens_per_s']:,.0f} | | {mfu_s} | "
+                             f"{mem / 2**30 if mem else float('nan'):.2f} | | |")
+        elif "tests" in r:
+            lines.append(f"{head} | {r['passed']} passed, {r['failed']} failed, "
+                         f"{r['skipped']} skipped{blank}")
+        else:
+            mem = f" | | | | {memory_text(c)} | | |" if "memory" in c else blank
+            lines.append(f"{head} | {c.get('reason', '')}{mem}")
+    notes = sorted({c["memory"]["planner"] for c in report["cells"]
+                    if "memory" in c and c["memory"].get("predicted_peak_bytes") is None})
+    lines += ["", "s (est.): seconds the cell took (the plan's estimate); peak GiB: measured "
+                  "(gpt.memory.plan's prediction, measured / predicted)"]
+    lines += [f"No prediction: {note}" for note in notes]
+    return "\n".join(lines) + "\n"
+
+
+def memory_text(cell: dict[str, Any]) -> str:
+    """'measured (predicted, measured/predicted)' in GiB; '-' where a figure is missing."""
+    m = cell.get("memory") or {}
+    measured, predicted = m.get("measured_peak_bytes"), m.get("predicted_peak_bytes")
+    text = f"{measured / 2**30:.2f}" if measured is not None else "-"
+    text += f" ({predicted / 2**30:.2f}" if predicted is not None else " (-"
+    ratio = m.get("measured_over_predicted")
+    return text + (f", {ratio:.2f})" if ratio is not None else ")")
