@@ -121,10 +121,11 @@ class SkippedSteps:
         """The three counts as a device tensor, to read with other values in one go."""
         return self._counts if self._counts is not None else torch.zeros(3, device=device)
 
-    def reset(self, streak: int) -> None:
+    def reset(self) -> None:
         """After a read: the since-the-last-read counts start again; the streak goes on."""
         if self._counts is not None:
-            self._counts = torch.tensor([0.0, streak, streak], device=self._counts.device)
+            streak = self._counts[1]
+            self._counts = torch.stack([torch.zeros_like(streak), streak, streak])
 
 
 def nonfinite_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:

@@ -332,7 +332,7 @@ def account_skips(run: Run, step: int, counts: list[float]) -> None:
     since, streak, longest = (int(c) for c in counts)
     s = run.state
     s.bad_in_row = streak
-    run.skips.reset(streak)
+    run.skips.reset()
     if since == 0:
         return
     s.skipped += since

@@ -261,7 +261,7 @@ def test_skipped_steps_are_counted_on_the_device() -> None:
     for bad in (0, 1, 1, 0, 1, 1, 1):
         skips.add(torch.tensor(float(bad)))
     assert skips.counts(torch.device("cpu")).tolist() == [5, 3, 3]  # since read, streak, longest
-    skips.reset(streak=3)
+    skips.reset()
     skips.add(torch.tensor(1.0))
     skips.add(torch.tensor(0.0))
     assert skips.counts(torch.device("cpu")).tolist() == [1, 0, 4]
