@@ -427,3 +427,12 @@ def test_module_entry_point(monkeypatch: pytest.MonkeyPatch,
     out = capsys.readouterr().out
     for sub in ("model", "components", "attention", "ladder", "compile"):
         assert sub in out
+
+
+def test_prepare_bench_writes_to_the_scratch_folder_unless_told() -> None:
+    """The recorded results in benchmarks/ are tracked in git: a plain run must not
+    overwrite them."""
+    from gpt.bench.prepare_bench import default_out
+
+    assert default_out(None, 2) == Path("runs") / "bench" / "prepare_cpu2.json"
+    assert default_out("benchmarks/prepare_cpu2.json", 2) == Path("benchmarks/prepare_cpu2.json")

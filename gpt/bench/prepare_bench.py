@@ -1,8 +1,9 @@
 """`prepare`: shard-preparation throughput, gpt.prepare against the obvious
 multiprocessing baseline.
 
-    python -m gpt.bench prepare                       # writes benchmarks/prepare_cpu<N>.json
+    python -m gpt.bench prepare                       # writes runs/bench/prepare_cpu<N>.json
     python -m gpt.bench prepare --mb 8 --repeats 1    # a quick look
+    python -m gpt.bench prepare --out benchmarks/prepare_cpu2.json   # to record a result
 
 Both methods read the same jsonl file, in one run, with the same number of worker
 processes, and must produce the same token stream (checked by hash):
@@ -251,7 +252,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", type=float, default=3.0,
                    help="memory check: one more run of each method on the first input made this "
                         "many times larger (default 3; 0 skips it)")
-    p.add_argument("--out", default=None, help="result JSON (default benchmarks/prepare_cpu<workers>.json)")
+    p.add_argument("--out", default=None,
+                   help="result JSON (default runs/bench/prepare_cpu<workers>.json, a scratch "
+                        "folder like every benchmark's; the recorded results in benchmarks/ "
+                        "are only written when named here)")
+
+
+def default_out(out: str | None, workers: int) -> Path:
+    """Where the result goes: --out, else the scratch folder every benchmark writes to."""
+    return Path(out) if out else Path("runs") / "bench" / f"prepare_cpu{workers}.json"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -266,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
     if not SHAKESPEARE.is_file():
         raise SystemExit(f"{SHAKESPEARE} not found: the benchmark input is built from it")
 
-    out_path = Path(args.out) if args.out else REPO / "benchmarks" / f"prepare_cpu{args.workers}.json"
+    out_path = default_out(args.out, args.workers)
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         **environment(),
@@ -329,6 +338,7 @@ def run(args: argparse.Namespace) -> int:
                       f"PSS {res['peak_pss_mb']} MB", file=sys.stderr)
             report["memory_scaling"] = scaled
     report["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(report, indent=2) + "\n")
 
     print(f"\n{args.workers} workers, {report['machine']['cpu']} ({report['machine']['usable_cpus']} usable CPUs), "
