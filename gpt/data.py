@@ -72,6 +72,17 @@ def check_loader_state(state: object) -> None:
         raise ValueError("loader state's shards must be a list of [file name, token count]")
 
 
+def windows_passed(state: dict) -> int:
+    """At most how many windows (batches of batch_size x seq_len tokens) all ranks together
+    can have drawn to reach a saved position (a state check_loader_state accepts): every
+    earlier pass holds at most (N - 1) // (B*T) windows, whatever the world size was then,
+    and the current one step x world_size. Each optimizer step draws at least one window,
+    so a run's step count can never exceed this."""
+    tokens = sum(int(count) for _, count in state["shards"])
+    per_pass = max(0, tokens - 1) // (state["batch_size"] * state["seq_len"])
+    return state["epoch"] * per_pass + state["step"] * state["world_size"]
+
+
 class ShardLoader:
     """Serves (x, y) int64 batches of shape (B, T) from a split's shards.
 

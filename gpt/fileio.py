@@ -14,6 +14,7 @@ import datetime
 import errno
 import os
 import re
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -46,6 +47,14 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def free_space(folder: Path) -> str:
+    """How much room is left in `folder`, for the message of a write that failed."""
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**30:.1f} GiB free there"
+    except OSError:
+        return "free space unknown"
 
 
 def temp_path(path: Path) -> Path:

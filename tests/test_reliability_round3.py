@@ -1,0 +1,122 @@
+"""Reliability, round three: files named like checkpoints are untrusted in every reader,
+a checkpoint whose contents contradict themselves never wins --resume auto, token ids out
+of range either way, launch environments without torchrun, torn metrics logs, data still
+being written, exports, and errors that name the right culprit."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import QUIET, TINY, run_cli
+from gpt import checkpoint
+from gpt.checkpoint import CheckpointError
+from gpt.pretrained import PretrainedError, read_checkpoint
+
+ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+
+
+@pytest.fixture()
+def data_dir(four_step_data: Path) -> Path:
+    return four_step_data  # the data of four_step_run, which run_copy is a copy of
+
+
+def one_line_error(proc: subprocess.CompletedProcess, code: int = 1) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+def spoil(path: Path, how, to: Path | None = None) -> None:
+    ckpt = torch.load(path, weights_only=True)
+    how(ckpt)
+    torch.save(ckpt, to or path)
+
+
+# ---------------------------------------------------------------------------------------
+# 1. a file named like a checkpoint is untrusted input, in every reader
+
+
+FOREIGN = {
+    "dict without the keys": {"weights": torch.zeros(2)},
+    "list": [1, 2, 3],
+    "tensor": torch.zeros(3),
+}
+
+
+@pytest.mark.parametrize("kind", list(FOREIGN))
+def test_a_foreign_file_named_like_a_checkpoint_is_skipped_or_refused(kind: str,
+                                                                      run_copy: Path) -> None:
+    foreign = run_copy / "ckpt_000009.pt"
+    torch.save(FOREIGN[kind], foreign)
+    path, ckpt, notes = checkpoint.find_latest(run_copy)  # --resume auto and last_good
+    assert path == run_copy / "ckpt_000004.pt" and ckpt["step"] == 4
+    assert any("ckpt_000009.pt" in note for note in notes)
+    with pytest.raises(CheckpointError, match="ckpt_000009.pt: "):  # --resume PATH
+        checkpoint.usable(foreign)
+    with pytest.raises(PretrainedError, match="ckpt_000009.pt: incomplete checkpoint"):
+        read_checkpoint(foreign)  # generate, evaluate and export
+    checkpoint.rotate(run_copy, 1, set())  # a running job's rotation
+    assert foreign.exists() and not (run_copy / "ckpt_000002.pt").exists()
+
+
+def test_an_entry_check_contents_does_not_foresee_is_still_one_line(run_copy: Path) -> None:
+    """Optimizer state keyed by a number beside the names: sorting the keys raised a
+    TypeError out of the check."""
+    spoil(run_copy / "ckpt_000004.pt", lambda c: c["optimizer"]["state"].update({0: {}}))
+    with pytest.raises(CheckpointError, match="ckpt_000004.pt: not a checkpoint of this trainer"):
+        checkpoint.usable(run_copy / "ckpt_000004.pt")
+    path, _, notes = checkpoint.find_latest(run_copy)
+    assert path == run_copy / "ckpt_000002.pt" and "TypeError" in notes[0]
+
+
+def test_resume_auto_and_rotation_step_over_a_foreign_file(run_copy: Path, data_dir: Path) -> None:
+    torch.save({"weights": torch.zeros(2)}, run_copy / "ckpt_000009.pt")
+    proc = run_cli(*ARGS, "--max-steps", "6", "--checkpoint-every", "1", "--keep-checkpoints", "1",
+                   "--data-dir", str(data_dir), "--out-dir", str(run_copy), "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert "ckpt_000004.pt at step 4" in proc.stdout and "ckpt_000009.pt" in proc.stderr
+    names = sorted(p.name for _, p in checkpoint.list_checkpoints(run_copy))
+    assert names == ["ckpt_000006.pt", "ckpt_000009.pt"]  # rotated; the foreign file is kept
+
+
+# ---------------------------------------------------------------------------------------
+# 2. contents that contradict themselves never win --resume auto
+
+
+def test_a_step_beyond_its_data_position_is_refused(run_copy: Path, data_dir: Path) -> None:
+    spoil(run_copy / "ckpt_000002.pt", lambda c: c.update(step=1_000_000),
+          to=run_copy / "ckpt_1000000.pt")  # name and step agree; the loader does not
+    with pytest.raises(CheckpointError, match=r"ckpt_1000000.pt: holds step 1000000, but its "
+                                              r"data position .* allows at most 8"):
+        checkpoint.usable(run_copy / "ckpt_1000000.pt")
+    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir",
+                   str(run_copy), "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing to do" not in proc.stdout and "ckpt_000004.pt at step 4" in proc.stdout
+    assert "contradict themselves" in proc.stderr
+
+
+def test_a_step_that_is_not_its_names_is_not_chosen_automatically(run_copy: Path,
+                                                                   data_dir: Path) -> None:
+    spoil(run_copy / "ckpt_000004.pt", lambda c: c.update(step=3),
+          to=run_copy / "ckpt_000002.pt")  # within the loader's bound, not its name's step
+    shutil.copy(run_copy / "ckpt_000004.pt", run_copy / "ckpt_000001.pt")
+    path, _, notes = checkpoint.find_latest(run_copy)
+    assert path == run_copy / "ckpt_000004.pt"
+    assert sorted(n.split(": ")[1] for n in notes) == [str(run_copy / "ckpt_000001.pt"),
+                                                       str(run_copy / "ckpt_000002.pt")]
+    assert "holds step 4, not the 1 of its name" in " ".join(notes)
+    (run_copy / "ckpt_000004.pt").unlink()
+    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir",
+                   str(run_copy), "--resume", "auto")  # nothing else is usable
+    assert "no checkpoint in" in one_line_error(proc) and "of its name" in proc.stderr
+    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir",
+                   str(run_copy), "--resume", str(run_copy / "ckpt_000002.pt"))
+    assert proc.returncode == 0 and "at step 3" in proc.stdout, proc.stderr  # asked for by name
