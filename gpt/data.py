@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt.shards import (DataError, Shard, bad_token_error, check_split, find_shards, read_shard,
+from gpt.shards import (DataError, Shard, check_split, check_token_range, find_shards, read_shard,
                         shard_num_tokens)
 
 STATE_VERSION = 1
@@ -113,8 +113,9 @@ class ShardLoader:
         self._seed = _check_int("seed", seed, 0)  # SeedSequence needs seed >= 0
         if vocab_size is not None:
             _check_int("vocab_size", vocab_size, 1)
-        # Cheap per-batch check (B*T tokens, on the host) that catches an out-of-vocabulary
-        # id with a clear message instead of an index error deep inside the embedding.
+        # Cheap per-batch check (B*T tokens, on the host) that catches an id out of the
+        # vocabulary (negative ones always, those above max_token if given) with a clear
+        # message instead of an index error deep inside the embedding.
         self._max_token = None if max_token is None else _check_int("max_token", max_token, 0)
         self._device = self._parse_device(device)
         self._split = split
@@ -220,15 +221,11 @@ class ShardLoader:
             # Only this slice of the shard is read, then widened to int64.
             shard = int(self._order[i])
             piece = self._read(shard, pos - base, stop - base)
-            if self._max_token is not None and piece.size and int(piece.max()) > self._max_token:
-                self._bad_token(shard, piece, pos - base)
+            check_token_range(self._paths[shard], piece, pos - base,
+                              None if self._max_token is None else self._max_token + 1)
             out[pos - start : stop - start] = piece
             pos = stop
             i += 1
-
-    def _bad_token(self, shard: int, piece: np.ndarray, offset: int) -> None:
-        raise bad_token_error(self._paths[shard], piece, piece > self._max_token, offset,
-                               f"beyond the model's vocabulary (largest id {self._max_token})")
 
     # ---- batches
 

@@ -220,13 +220,24 @@ def bad_token_error(path: Path, tokens: np.ndarray, bad: np.ndarray, offset: int
     )
 
 
+def check_token_range(path: Path, tokens: np.ndarray, offset: int, vocab_size: int | None) -> None:
+    """Raise on the first id in `tokens` (index `offset` of the shard on) outside
+    0..vocab_size-1, the rows of the embedding (only below 0 if vocab_size is None):
+    above, or negative, which a signed .npy shard can hold (torch would fail on either deep
+    inside the embedding)."""
+    if not tokens.size:
+        return
+    if tokens.dtype.kind == "i" and int(tokens.min()) < 0:
+        raise bad_token_error(path, tokens, tokens < 0, offset, "negative (ids start at 0)")
+    if vocab_size is not None and int(tokens.max()) >= vocab_size:
+        raise bad_token_error(path, tokens, tokens >= vocab_size, offset,
+                              f">= vocab_size {vocab_size}, beyond the model's vocabulary")
+
+
 def _check_vocab(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
-    """Raise on the first token id >= vocab_size, scanning in chunks."""
+    """check_token_range over a whole shard, in chunks (bounded memory)."""
     for start in range(0, tokens.size, _SCAN_CHUNK):
-        chunk = np.asarray(tokens[start : start + _SCAN_CHUNK])
-        if int(chunk.max()) < vocab_size:
-            continue
-        raise bad_token_error(path, chunk, chunk >= vocab_size, start, f">= vocab_size {vocab_size}")
+        check_token_range(path, np.asarray(tokens[start : start + _SCAN_CHUNK]), start, vocab_size)
 
 
 class Shard:

@@ -9,13 +9,16 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from helpers import QUIET, TINY, run_cli
+from helpers import QUIET, TINY, run_cli, write_checkpoint, write_random_shards
 from gpt import checkpoint
 from gpt.checkpoint import CheckpointError
+from gpt.data import ShardLoader
 from gpt.pretrained import PretrainedError, read_checkpoint
+from gpt.shards import ShardError, read_shard, write_shard
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
@@ -120,3 +123,57 @@ def test_a_step_that_is_not_its_names_is_not_chosen_automatically(run_copy: Path
     proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir",
                    str(run_copy), "--resume", str(run_copy / "ckpt_000002.pt"))
     assert proc.returncode == 0 and "at step 3" in proc.stdout, proc.stderr  # asked for by name
+
+
+# ---------------------------------------------------------------------------------------
+# 3. token ids out of range either way, in every shard format
+
+
+def npy_shards(folder: Path, bad_at: int, bad_id: int, dtype: str = "int32") -> Path:
+    """build-nanogpt style .npy shards of signed ids with one bad id in the train shard."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    train = rng.integers(0, 30_000, 6_000).astype(dtype)  # fits int16
+    train[bad_at] = bad_id
+    np.save(folder / "edu_train_000000.npy", train)
+    np.save(folder / "edu_val_000000.npy", rng.integers(0, 30_000, 3_000).astype(dtype))
+    return folder
+
+
+@pytest.mark.parametrize("bad_id,words", [(-1, "token id -1 at index 40 is negative"),
+                                          (60_000, "token id 60000 at index 40 is >= vocab_size")])
+def test_an_id_out_of_range_is_named_by_every_loader(bad_id: int, words: str,
+                                                     tmp_path: Path) -> None:
+    data = npy_shards(tmp_path, bad_at=40, bad_id=bad_id)
+    loader = ShardLoader(data, "train", 2, 32, max_token=50303)
+    with pytest.raises(ShardError, match=f"edu_train_000000.npy: {words}"):
+        loader.next_batch()
+    with pytest.raises(ShardError, match=f"edu_train_000000.npy: {words}"):  # --check-tokens
+        ShardLoader(data, "train", 2, 32, vocab_size=50304)
+    if bad_id < 0:  # without a vocabulary to check against, a negative id is still wrong
+        with pytest.raises(ShardError, match=words):
+            ShardLoader(data, "train", 2, 32).next_batch()
+
+
+@pytest.mark.parametrize("check", [[], ["--check-tokens"]])
+def test_a_negative_id_stops_training_in_one_line(check: list[str], tmp_path: Path) -> None:
+    data = npy_shards(tmp_path / "d", bad_at=300, bad_id=-5, dtype="int16")
+    proc = run_cli(*ARGS, *check, "--max-steps", "2", "--data-dir", str(data), "--out-dir",
+                   str(tmp_path / "run"))
+    assert "edu_train_000000.npy: token id -5 at index 300 is negative" in one_line_error(proc)
+
+
+def test_evaluate_names_an_id_beyond_the_vocabulary(tmp_path: Path, capsys) -> None:
+    from gpt.evaluate import main as evaluate
+
+    (tmp_path / "d").mkdir()
+    data = write_random_shards(tmp_path / "d", seed=0, train=(1000,), val=(3000,))
+    tokens = read_shard(data / "val_000000.bin").copy()
+    tokens[40] = 60_000  # beyond the padded 50304
+    write_shard(data / "val_000000.bin", tokens)
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt", block_size=32)
+    code = evaluate(["--checkpoint", str(ckpt), "--data-dir", str(data), "--val-steps", "2",
+                     "--batch-size", "2", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert "val_000000.bin: token id 60000 at index 40 is >= vocab_size 50304" in err
