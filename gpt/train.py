@@ -25,7 +25,7 @@ from gpt.cli import parse_args, to_toml
 from gpt.config import Config, ConfigError, describe, grad_accum_steps, to_dict
 from gpt.data import ShardLoader
 from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, device_name,
-                      init_runtime, is_oom, resolve_dtype, reuse_freed_memory,
+                      init_runtime, is_oom, peer_lost, resolve_dtype, reuse_freed_memory,
                       set_matmul_precision, shutdown)
 from gpt.errors import UserError
 from gpt.evaluate import val_loss
@@ -487,7 +487,10 @@ def train(cfg: Config) -> dict[str, Any]:
         return result
     except (RuntimeError, MemoryError) as e:
         if not is_oom(e):
-            raise
+            lost = peer_lost(e, runtime)  # one line: the rank that stopped says why
+            if lost is None:
+                raise
+            raise lost from None
         d = cfg.data
         raise OutOfMemory(
             f"out of memory on {runtime.device} at --batch-size {d.batch_size} x --seq-len "

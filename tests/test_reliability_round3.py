@@ -5,8 +5,11 @@ being written, exports, and errors that name the right culprit."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,9 @@ import torch
 from helpers import QUIET, TINY, run_cli, write_checkpoint, write_random_shards
 from gpt import checkpoint
 from gpt.checkpoint import CheckpointError
+from gpt.config import ConfigError
 from gpt.data import ShardLoader
+from gpt.dist import WORKER_VARS, launch_environment
 from gpt.pretrained import PretrainedError, read_checkpoint
 from gpt.shards import ShardError, read_shard, write_shard
 
@@ -177,3 +182,68 @@ def test_evaluate_names_an_id_beyond_the_vocabulary(tmp_path: Path, capsys) -> N
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
     assert "val_000000.bin: token id 60000 at index 40 is >= vocab_size 50304" in err
+
+
+# ---------------------------------------------------------------------------------------
+# 4. launch environments
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"RANK": "0", "WORLD_SIZE": "2"}, "RANK=0, WORLD_SIZE=2 set without MASTER_ADDR, MASTER_PORT"),
+    ({"RANK": "0", "WORLD_SIZE": "1"}, "RANK=0, WORLD_SIZE=1 set without MASTER_ADDR, MASTER_PORT"),
+    ({"LOCAL_RANK": "0"}, "LOCAL_RANK=0 set without RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"),
+    ({"RANK": "one", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+     "RANK='one' in the environment is not a number"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+     "LOCAL_RANK='-1' in the environment is not a number >= 0"),
+    ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+     "RANK=2 with WORLD_SIZE=2: ranks go from 0 to WORLD_SIZE - 1"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "70000"},
+     "MASTER_PORT=70000 is not a TCP port"),
+])
+def test_a_launch_environment_without_torchrun_says_what_is_missing(env: dict, words: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        launch_environment(env)
+    assert words in str(caught.value)
+    assert "torchrun" in str(caught.value) and "unset RANK, WORLD_SIZE and LOCAL_RANK" in str(caught.value)
+
+
+def test_torchruns_own_environment_and_none_at_all_are_accepted() -> None:
+    assert launch_environment({"PATH": "/bin"}) is None
+    launch = launch_environment({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+                                 "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    assert (launch.rank, launch.local_rank, launch.world_size, launch.master) == (1, 1, 2, "10.0.0.1:29500")
+
+
+def launch_env(**values: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in (*WORKER_VARS, "MASTER_ADDR", "MASTER_PORT")}
+    return {**env, **values}
+
+
+def test_worker_variables_without_torchrun_stop_the_trainer_in_one_line(tmp_path: Path) -> None:
+    proc = run_cli(*ARGS, "--max-steps", "1", "--data-dir", str(tmp_path), "--out-dir",
+                   str(tmp_path / "run"), env=launch_env(RANK="0", WORLD_SIZE="1"))
+    line = one_line_error(proc, 2)
+    assert "set without MASTER_ADDR, MASTER_PORT" in line and "torchrun" in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_a_peer_that_never_comes_is_waited_for_no_longer_than_dist_timeout(rank: str,
+                                                                          tmp_path: Path) -> None:
+    port = free_port()
+    started = time.monotonic()
+    proc = run_cli(*ARGS, "--max-steps", "1", "--dist-timeout", "1", "--data-dir", str(tmp_path),
+                   "--out-dir", str(tmp_path / "run"),
+                   env=launch_env(RANK=rank, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                  MASTER_PORT=str(port)))
+    assert time.monotonic() - started < 60
+    line = one_line_error(proc)
+    assert f"127.0.0.1:{port}" in line and "1 s (--dist-timeout" in line and "torchrun" in line
+    assert "frame #" not in proc.stderr  # no C++ stack traces from torch's retries either
