@@ -5,10 +5,12 @@ being written, exports, and errors that name the right culprit."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,12 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import QUIET, TINY, run_cli, write_checkpoint, write_random_shards
+from helpers import REPO, QUIET, TINY, run_cli, write_checkpoint, write_random_shards
 from gpt import checkpoint
 from gpt.checkpoint import CheckpointError
 from gpt.config import ConfigError
 from gpt.data import ShardLoader
 from gpt.dist import WORKER_VARS, launch_environment
+from gpt.metrics import MetricsLog
 from gpt.pretrained import PretrainedError, read_checkpoint
 from gpt.shards import ShardError, read_shard, write_shard
 
@@ -247,3 +250,49 @@ def test_a_peer_that_never_comes_is_waited_for_no_longer_than_dist_timeout(rank:
     line = one_line_error(proc)
     assert f"127.0.0.1:{port}" in line and "1 s (--dist-timeout" in line and "torchrun" in line
     assert "frame #" not in proc.stderr  # no C++ stack traces from torch's retries either
+
+
+# ---------------------------------------------------------------------------------------
+# 5. every line of the metrics log parses, after any failure and resume
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]  # each line parses
+
+
+@pytest.mark.parametrize("tail,words", [
+    (b'{"type": "train", "step": 2, "lo', "dropped the torn end of its last record (32 bytes"),
+    (b"\0" * 100, "dropped the torn end of its last record (100 bytes"),
+    (b'{"type": "train", "step": 2}', "its last record had no line end"),
+], ids=["torn record", "zeros", "no line end"])
+def test_a_torn_end_of_the_metrics_log_is_repaired_on_open(tail: bytes, words: str,
+                                                           tmp_path: Path, capsys) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"type": "run"}\n{"type": "train", "step": 1}\n' + tail)
+    with MetricsLog(path) as log:
+        log.write({"type": "run", "resumed": True})
+    assert f"note: {path}: {words}" in capsys.readouterr().err
+    got = records(path)
+    assert got[0] == {"type": "run"} and got[-1] == {"type": "run", "resumed": True}
+    assert len(got) == (4 if tail.startswith(b"{") and tail.endswith(b"}") else 3)
+    with MetricsLog(path):  # a whole file: nothing to say
+        pass
+    assert capsys.readouterr().err == ""
+
+
+def test_a_write_that_fails_part_way_leaves_no_torn_record(tmp_path: Path) -> None:
+    """A file-size limit, as a full disk: the record cut short is taken back at once."""
+    path = tmp_path / "metrics.jsonl"
+    script = (f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))\n"
+              f"from gpt.metrics import MetricsLog, MetricsError\n"
+              f"log = MetricsLog({str(path)!r})\n"
+              f"try:\n"
+              f"    for step in range(100):\n"
+              f"        log.write({{'type': 'train', 'step': step, 'note': 'x' * 200}})\n"
+              f"except MetricsError as e:\n"
+              f"    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert "cannot write the metrics log" in proc.stdout, proc.stderr
+    assert [r["step"] for r in records(path)] == list(range(len(records(path))))
+    assert path.stat().st_size < 3000 and path.read_bytes().endswith(b"\n")
