@@ -135,6 +135,29 @@ def remove_dead_temp_files(folder: Path) -> list[Path]:
     return removed
 
 
+def lock_holder(folder: Path) -> str | None:
+    """Who holds `folder`'s FolderLock now (what its holder wrote: pid, host, start time,
+    command), or None when no live process does. Only reads: a folder without a lock file
+    gets none. (Probing takes a shared lock for an instant.)"""
+    if fcntl is None:  # pragma: no cover - no flock (Windows)
+        return None
+    try:
+        fd = os.open(folder / LOCK_NAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return None
+            return os.read(fd, 1000).decode("utf-8", errors="replace").strip() or "another process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
 class FolderLock:
     """One process per folder: an exclusive flock on `<folder>/.lock` held for the life of
     the process (the OS drops it when the process dies, so a kill -9 leaves no stale lock).

@@ -38,7 +38,7 @@ from gpt.optim import lr_at
 from gpt.profiling import Profiler
 from gpt.signals import StopSignal
 from gpt.rng import seed_everything
-from gpt.shards import DataError, find_shards
+from gpt.shards import DataError, check_not_being_written, find_shards
 from gpt.step import (SkippedSteps, TrainingDiverged, forward_backward, nonfinite_tensors,
                       optimizer_step)
 from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
@@ -93,6 +93,9 @@ class Run:
 def build_loaders(cfg: Config, runtime: Runtime) -> tuple[ShardLoader, ShardLoader | None]:
     """The train loader, and the val loader if validation is on and val_* shards exist."""
     d = cfg.data
+    note = check_not_being_written(d.data_dir, d.allow_incomplete_data)
+    if note and runtime.is_master:
+        print(f"warning: {note}", file=sys.stderr)
 
     def loader(split: str, shuffle: bool = False) -> ShardLoader:
         return ShardLoader(d.data_dir, split, batch_size=d.batch_size, seq_len=d.seq_len,

@@ -24,9 +24,10 @@ from gpt.checkpoint import CheckpointError
 from gpt.config import ConfigError
 from gpt.data import ShardLoader
 from gpt.dist import WORKER_VARS, launch_environment
+from gpt.fileio import FolderLock
 from gpt.metrics import MetricsLog
 from gpt.pretrained import PretrainedError, read_checkpoint
-from gpt.shards import ShardError, read_shard, write_shard
+from gpt.shards import ShardError, check_not_being_written, read_shard, write_shard
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
@@ -296,3 +297,49 @@ def test_a_write_that_fails_part_way_leaves_no_torn_record(tmp_path: Path) -> No
     assert "cannot write the metrics log" in proc.stdout, proc.stderr
     assert [r["step"] for r in records(path)] == list(range(len(records(path))))
     assert path.stat().st_size < 3000 and path.read_bytes().endswith(b"\n")
+
+
+# ---------------------------------------------------------------------------------------
+# 6. data that is still being written
+
+
+def half_written(folder: Path) -> Path:
+    """A shard folder as fineweb.py leaves it part-way: shards, and metadata.json saying
+    it is not complete."""
+    (folder / "d").mkdir()
+    data = write_random_shards(folder / "d", seed=4, train=(9_000,), val=(3_000,))
+    meta = {"complete": False, "shards": [{"name": "val_000000.bin"}, {"name": "train_000000.bin"}]}
+    (data / "metadata.json").write_text(json.dumps(meta))
+    return data
+
+
+def test_training_on_a_folder_fineweb_is_writing_is_refused(tmp_path: Path) -> None:
+    data = half_written(tmp_path)
+    lock = FolderLock(data, "fineweb.py run").acquire()  # this test process is the writer
+    try:
+        proc = run_cli(*ARGS, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+                       str(tmp_path / "run"))
+        line = one_line_error(proc)
+        assert f"--data-dir {data} is still being written, by pid {os.getpid()}" in line
+        assert "(metadata.json: 2 shards so far)" in line and "--allow-incomplete-data" in line
+        assert not (tmp_path / "run").exists()
+        note = check_not_being_written(data, allow=True)
+        assert note and "still being written" in note and "training on the shards there now" in note
+    finally:
+        lock.release()
+    note = check_not_being_written(data, allow=False)  # stopped, nobody writes: a warning
+    assert "metadata.json says fineweb.py stopped before it finished (2 shards)" in note
+    (data / "metadata.json").write_text(json.dumps({"complete": True, "shards": []}))
+    assert check_not_being_written(data, allow=False) is None
+
+
+def test_allow_incomplete_data_trains_with_a_warning(tmp_path: Path) -> None:
+    data = half_written(tmp_path)
+    lock = FolderLock(data, "fineweb.py run").acquire()
+    try:
+        proc = run_cli(*ARGS, "--max-steps", "1", "--allow-incomplete-data", "--data-dir",
+                       str(data), "--out-dir", str(tmp_path / "run"))
+    finally:
+        lock.release()
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: --data-dir" in proc.stderr and "still being written" in proc.stderr
