@@ -18,7 +18,7 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterator, Sequence
 
 from gpt.errors import UserError
 
@@ -97,6 +97,33 @@ def atomic_path(path: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_files(folder: Path, names: Sequence[str]) -> Iterator[dict[str, Path]]:
+    """Like atomic_path for several files of one folder that must agree (a model's
+    weights, config and tokenizer): the block writes a temporary file for each name, and
+    only once all are written and fsynced are they renamed over their final names. A
+    failure part-way (a full disk) leaves every earlier file as it was and no temporary
+    file; only a kill during the renames themselves could leave a mix."""
+    temps = {name: temp_path(folder / name) for name in names}
+    try:
+        for tmp in temps.values():
+            _create_exclusively(tmp)
+        yield temps
+        for tmp in temps.values():
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for name, tmp in temps.items():
+            os.replace(tmp, folder / name)
+    except BaseException:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(folder)
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:

@@ -21,12 +21,14 @@ import torch
 from helpers import REPO, QUIET, TINY, run_cli, write_checkpoint, write_random_shards
 from gpt import checkpoint
 from gpt.checkpoint import CheckpointError
-from gpt.config import ConfigError
+from gpt.config import ConfigError, model_preset
 from gpt.data import ShardLoader
 from gpt.dist import WORKER_VARS, launch_environment
 from gpt.fileio import FolderLock
 from gpt.metrics import MetricsLog
-from gpt.pretrained import PretrainedError, read_checkpoint
+from gpt.model import GPT
+from gpt.pretrained import (PretrainedError, export_hf, load_checkpoint_model, load_pretrained,
+                            read_checkpoint, read_safetensors, write_safetensors)
 from gpt.shards import ShardError, check_not_being_written, read_shard, write_shard
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
@@ -343,3 +345,76 @@ def test_allow_incomplete_data_trains_with_a_warning(tmp_path: Path) -> None:
         lock.release()
     assert proc.returncode == 0, proc.stderr
     assert "warning: --data-dir" in proc.stderr and "still being written" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# 7. exports
+
+
+def tiny_model(vocab_size: int = 50304, block_size: int = 32) -> GPT:
+    torch.manual_seed(0)
+    return GPT(model_preset("tiny", block_size=block_size, vocab_size=vocab_size))
+
+
+def test_an_export_onto_a_full_disk_is_one_line_and_keeps_the_model_there(tmp_path: Path) -> None:
+    ckpt = write_checkpoint(tmp_path / "ckpt_000001.pt", tiny_model())
+    out = export_hf(ckpt, tmp_path / "hf")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))\n"
+              "from gpt.pretrained import main\n"
+              f"sys.exit(main(['export', '--checkpoint', {str(ckpt)!r}, '--out', {str(out)!r}]))\n")
+    for folder in (out, tmp_path / "new"):
+        proc = subprocess.run([sys.executable, "-c", script.replace(str(out), str(folder))],
+                              capture_output=True, text=True, timeout=120, cwd=REPO)
+        line = one_line_error(proc)
+        assert f"--out {folder}: could not write model.safetensors" in line and "GiB free" in line
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temporary files either
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_export_that_no_gpt2_tokenizer_fits_is_refused_or_said(tmp_path: Path, capsys) -> None:
+    with pytest.raises(PretrainedError, match="--vocab-size 10 would cut GPT-2's token ids 10..50256"):
+        export_hf(tiny_model(), tmp_path / "hf", vocab_size=10)
+    assert not (tmp_path / "hf").exists()
+    out = export_hf(tiny_model(), tmp_path / "hf")  # GPT-2's vocabulary: with its tokenizer
+    assert (out / "vocab.json").exists() and capsys.readouterr().err == ""
+    export_hf(tiny_model(vocab_size=100), out)  # over it, a model no GPT-2 tokenizer fits
+    err = capsys.readouterr().err
+    assert f"note: --out {out}: replaced the model that was there (config.json, model.safetensors, " \
+           f"vocab.json, merges.txt, tokenizer_config.json)" in err
+    assert "vocabulary 100 is not GPT-2's 50257: no tokenizer files were written" in err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]  # no stale tokenizer
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 100
+
+
+# ---------------------------------------------------------------------------------------
+# 8. errors that name the right culprit
+
+
+def test_non_finite_weights_given_by_init_from_are_named_when_loaded(tmp_path: Path) -> None:
+    out = export_hf(tiny_model(), tmp_path / "hf")
+    weights = read_safetensors(out / "model.safetensors")
+    weights["transformer.h.1.mlp.c_fc.weight"][3, 5] = float("nan")
+    write_safetensors(weights, out / "model.safetensors")
+    (tmp_path / "d").mkdir()
+    data = write_random_shards(tmp_path / "d", seed=6, train=(5_000,))
+    proc = run_cli(*ARGS, "--max-steps", "2", "--init-from", str(out), "--data-dir", str(data),
+                   "--out-dir", str(tmp_path / "run"))
+    line = one_line_error(proc)
+    assert f"{out / 'model.safetensors'}: transformer.h.1.mlp.c_fc.weight holds NaN" in line
+    assert "--max-lr" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_reader_of_a_single_file_names_non_finite_weights(tmp_path: Path) -> None:
+    model = tiny_model()
+    with torch.no_grad():
+        model.transformer.wpe.weight[0, 0] = float("inf")
+    ckpt = write_checkpoint(tmp_path / "ckpt_000001.pt", model)
+    with pytest.raises(PretrainedError, match="ckpt_000001.pt: transformer.wpe.weight holds NaN, inf"):
+        load_checkpoint_model(ckpt)  # generate and evaluate
+    with pytest.raises(PretrainedError, match="ckpt_000001.pt: transformer.wpe.weight holds NaN, inf"):
+        export_hf(ckpt, tmp_path / "hf")
+    with pytest.raises(PretrainedError, match="a file, not a Hugging Face GPT-2 folder; a trainer "
+                                              "checkpoint continues with --resume"):
+        load_pretrained(ckpt)  # --init-from
