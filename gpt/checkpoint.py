@@ -154,15 +154,16 @@ def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
 
 def by_stored_step(out_dir: Path) -> tuple[list[tuple[int, Path]], list[str]]:
     """The checkpoints newest first by the step stored inside each (read without loading
-    the tensors), and a warning for each file whose step cannot be read, or contradicts its
-    name or its data position (a file copied in or edited: no automatic choice trusts it)."""
+    the tensors), and a warning for each file whose step cannot be read, or is beyond its
+    name's or its data position's (a file copied in or edited, which would otherwise win:
+    no automatic choice trusts it). A file renamed to a later step ranks by its contents."""
     found, notes = [], []
     for named, path in list_checkpoints(out_dir):
         try:
             step = stored_step(_unpickle(path))
-            if step != named:
-                raise BadContents(f"holds step {step}, not the {named} of its name (renamed, or "
-                                  f"copied in from another run); --resume {path} takes it "
+            if step > named:
+                raise BadContents(f"holds step {step}, beyond the {named} of its name (renamed, "
+                                  f"or copied in from another run); --resume {path} takes it "
                                   f"all the same")
         except BadContents as e:
             notes.append(f"skipping damaged checkpoint: {path}: {e}")

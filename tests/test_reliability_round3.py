@@ -117,17 +117,19 @@ def test_a_step_beyond_its_data_position_is_refused(run_copy: Path, data_dir: Pa
     assert "contradict themselves" in proc.stderr
 
 
-def test_a_step_that_is_not_its_names_is_not_chosen_automatically(run_copy: Path,
-                                                                   data_dir: Path) -> None:
+def test_a_step_beyond_its_names_is_not_chosen_automatically(run_copy: Path,
+                                                             data_dir: Path) -> None:
     spoil(run_copy / "ckpt_000004.pt", lambda c: c.update(step=3),
-          to=run_copy / "ckpt_000002.pt")  # within the loader's bound, not its name's step
+          to=run_copy / "ckpt_000002.pt")  # within the loader's bound, beyond its name's step
     shutil.copy(run_copy / "ckpt_000004.pt", run_copy / "ckpt_000001.pt")
-    path, _, notes = checkpoint.find_latest(run_copy)
-    assert path == run_copy / "ckpt_000004.pt"
+    shutil.copy(run_copy / "ckpt_000004.pt", run_copy / "ckpt_000009.pt")  # renamed later:
+    path, _, notes = checkpoint.find_latest(run_copy)                    # ranks as step 4
+    assert path in (run_copy / "ckpt_000004.pt", run_copy / "ckpt_000009.pt")
     assert sorted(n.split(": ")[1] for n in notes) == [str(run_copy / "ckpt_000001.pt"),
                                                        str(run_copy / "ckpt_000002.pt")]
-    assert "holds step 4, not the 1 of its name" in " ".join(notes)
-    (run_copy / "ckpt_000004.pt").unlink()
+    assert "holds step 4, beyond the 1 of its name" in " ".join(notes)
+    for name in ("ckpt_000004.pt", "ckpt_000009.pt"):
+        (run_copy / name).unlink()
     proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir",
                    str(run_copy), "--resume", "auto")  # nothing else is usable
     assert "no checkpoint in" in one_line_error(proc) and "of its name" in proc.stderr
