@@ -227,7 +227,10 @@ class PeerLost(UserError):
     rank's own error says why, so this one says only that much."""
 
 
-_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "gloo")
+# What gloo's TCP transport says when a peer's process is gone or stuck (plain RuntimeErrors);
+# NCCL's failures are DistErrors.
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe",
+              "socket closed", "read error", "timed out waiting")
 
 
 def peer_lost(exc: BaseException, runtime: Runtime) -> PeerLost | None:
