@@ -15,8 +15,9 @@ objects), so loading it never runs code:
     best_checkpoint file name of the checkpoint with best_val_loss, or None
     skipped_steps   steps skipped so far for a non-finite loss or gradient
 Checkpointer.save writes this dict; Checkpointer.restore reads it back, check_contents
-vets it first, and model_weights reads the config and weights alone (for evaluating,
-sampling and exporting). Nothing outside this file reads or writes its keys.
+(gpt/checkpoint_contents.py) vets it first, and model_weights reads the config and weights
+alone (for evaluating, sampling and exporting). Nothing outside these two files reads or
+writes its keys.
 The file is torch.save's zip archive, whose CRC-32 of every record is checked on load
 (torch.load does not check them), and its weights and optimizer state are always finite:
 save() refuses to write others, and the resume choice skips them.
@@ -27,7 +28,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -40,13 +40,13 @@ import torch.nn as nn
 from gpt import parallel
 from gpt.config import (CheckpointConfig, Config, ConfigError, ModelConfig, from_dict, to_dict,
                         upgrade_dict)
-from gpt.data import ShardLoader, check_loader_state
+from gpt.checkpoint_contents import BadContents, check_contents, stored_step
+from gpt.data import ShardLoader
 from gpt.dist import Runtime, all_reduce_mean, broadcast_object, gather_objects
 from gpt.errors import UserError
-from gpt.fileio import FolderLock, atomic_write, remove_dead_temp_files, temp_path
-from gpt.model import GPT
-from gpt.rng import check_rng_state, rng_state, set_rng_state
-from gpt.step import TrainingDiverged, count_nonfinite, nonfinite_tensors
+from gpt.fileio import FolderLock, atomic_write, free_space, remove_dead_temp_files, temp_path
+from gpt.rng import rng_state, set_rng_state
+from gpt.step import TrainingDiverged, nonfinite_tensors
 
 CKPT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
 REQUIRED_KEYS = ("model", "optimizer", "config", "step", "loader")
@@ -76,7 +76,7 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
         # RuntimeError from its zip writer, so both kinds land here.
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip()
         raise CheckpointError(
-            f"{path}: could not write the checkpoint ({reason}; {_free_space(path.parent)}); "
+            f"{path}: could not write the checkpoint ({reason}; {free_space(path.parent)}); "
             f"earlier checkpoints in {path.parent} are untouched"
         ) from None
     try:
@@ -85,13 +85,6 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
         path.unlink(missing_ok=True)
         raise CheckpointError(f"{e}; it was removed, earlier checkpoints are untouched") from None
     return path
-
-
-def _free_space(folder: Path) -> str:
-    try:
-        return f"{shutil.disk_usage(folder).free / 2**30:.1f} GiB free there"
-    except OSError:
-        return "free space unknown"
 
 
 def verify(path: Path) -> None:
@@ -161,14 +154,20 @@ def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
 
 def by_stored_step(out_dir: Path) -> tuple[list[tuple[int, Path]], list[str]]:
     """The checkpoints newest first by the step stored inside each (read without loading
-    the tensors), and a warning for each file whose step cannot be read."""
+    the tensors), and a warning for each file whose step cannot be read, or is beyond its
+    name's or its data position's (a file copied in or edited, which would otherwise win:
+    no automatic choice trusts it). A file renamed to a later step ranks by its contents."""
     found, notes = [], []
-    for _, path in list_checkpoints(out_dir):
+    for named, path in list_checkpoints(out_dir):
         try:
-            ckpt = _unpickle(path)
-            step = ckpt["step"] if isinstance(ckpt, dict) else None
-            if isinstance(step, bool) or not isinstance(step, int):
-                raise CheckpointError(f"{path}: no step count in it")
+            step = stored_step(_unpickle(path))
+            if step > named:
+                raise BadContents(f"holds step {step}, beyond the {named} of its name (renamed, "
+                                  f"or copied in from another run); --resume {path} takes it "
+                                  f"all the same")
+        except BadContents as e:
+            notes.append(f"skipping damaged checkpoint: {path}: {e}")
+            continue
         except CheckpointError as e:
             notes.append(f"skipping damaged checkpoint: {e}")
             continue
@@ -176,63 +175,19 @@ def by_stored_step(out_dir: Path) -> tuple[list[tuple[int, Path]], list[str]]:
     return sorted(found, key=lambda sp: (sp[0], sp[1].name), reverse=True), notes
 
 
-def check_contents(ckpt: dict[str, Any], path: Path, model_cfg: ModelConfig) -> None:
-    """Types and shapes of everything a resume reads, and finite weights and optimizer
-    state, so a wrong file is a one-line error (and --resume auto moves on to an older one)."""
-    def fail(what: str) -> None:
-        raise CheckpointError(f"{path}: {what}")
-
-    model, optim = ckpt.get("model"), ckpt.get("optimizer")
-    if not isinstance(model, dict) or not all(torch.is_tensor(v) for v in model.values()):
-        fail("'model' is not a dict of tensors")
-    with torch.device("meta"):
-        meta = GPT(model_cfg)
-    expected = {k: tuple(v.shape) for k, v in meta.state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in model.items()}
-    if got != expected:
-        diff = sorted(set(got.items()) ^ set(expected.items()))[:3]
-        fail(f"its weights do not fit the model of its own config (e.g. {diff})")
-    try:
-        parallel.check_optimizer_state(optim, {n: tuple(p.shape) for n, p in meta.named_parameters()})
-    except ValueError as e:
-        fail(f"'optimizer': {e}")
-    step = ckpt.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        fail(f"'step' is {step!r}, not a step count")
-    for key in ("val_loss", "best_val_loss"):
-        value = ckpt.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not math.isfinite(value)):
-            fail(f"'{key}' is {value!r}, not a loss or None")
-    skipped = ckpt.get("skipped_steps", 0)
-    if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
-        fail(f"'skipped_steps' is {skipped!r}, not a count")
-    if not isinstance(ckpt.get("best_checkpoint") or "", str):
-        fail(f"'best_checkpoint' is {ckpt['best_checkpoint']!r}, not a file name")
-    scaler = ckpt.get("scaler") or {}
-    if not isinstance(scaler, dict) or not all(isinstance(v, (int, float)) for v in scaler.values()):
-        fail("'scaler' is not a GradScaler state")
-    loaders, rngs = ckpt.get("loader"), ckpt.get("rng") or []
-    if not isinstance(loaders, list) or not loaders or not isinstance(rngs, list):
-        fail("'loader' is not a list of loader states, or 'rng' not a list of RNG states")
-    try:
-        for state in loaders:
-            check_loader_state(state)
-        for state in rngs:
-            check_rng_state(state)
-    except ValueError as e:
-        fail(str(e))
-    tensors = [t for t in model.values() if t.is_floating_point()]
-    tensors += [v for s in optim["state"].values() for v in s.values()
-                if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
-    if tensors and count_nonfinite(tensors).item() > 0:
-        fail("holds non-finite weights or optimizer state (NaN, inf or beyond 1e19)")
-
-
 def usable(path: Path) -> dict[str, Any]:
     """A checkpoint that verifies and whose contents a resume can use, or an error."""
     ckpt = load(path)
-    check_contents(ckpt, path, model_weights(ckpt, path)[0])
+    model_cfg = model_weights(ckpt, path)[0]
+    try:
+        check_contents(ckpt, model_cfg)
+    except BadContents as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as e:
+        # Any file can be named ckpt_*.pt: check_contents names what it foresees, and this
+        # is the net for the rest, so that no reader stops on a traceback.
+        raise CheckpointError(f"{path}: not a checkpoint of this trainer ({type(e).__name__}: "
+                              f"{str(e)[:200]})") from None
     return ckpt
 
 

@@ -80,7 +80,10 @@ class DataConfig:
     )
     shuffle: bool = _opt(False, "shuffle the order of training shards each pass")
     check_tokens: bool = _opt(
-        False, "scan every shard at start-up for token ids >= --vocab-size (slow on big data)"
+        False, "scan every shard at start-up for token ids outside the vocabulary (slow on big data)"
+    )
+    allow_incomplete_data: bool = _opt(
+        False, "train on a data folder that fineweb.py is still writing (a warning, not an error)"
     )
 
 

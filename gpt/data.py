@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt.shards import (DataError, Shard, bad_token_error, check_split, find_shards, read_shard,
+from gpt.shards import (DataError, Shard, check_split, check_token_range, find_shards, read_shard,
                         shard_num_tokens)
 
 STATE_VERSION = 1
@@ -72,6 +72,17 @@ def check_loader_state(state: object) -> None:
         raise ValueError("loader state's shards must be a list of [file name, token count]")
 
 
+def windows_passed(state: dict) -> int:
+    """At most how many windows (batches of batch_size x seq_len tokens) all ranks together
+    can have drawn to reach a saved position (a state check_loader_state accepts): every
+    earlier pass holds at most (N - 1) // (B*T) windows, whatever the world size was then,
+    and the current one step x world_size. Each optimizer step draws at least one window,
+    so a run's step count can never exceed this."""
+    tokens = sum(int(count) for _, count in state["shards"])
+    per_pass = max(0, tokens - 1) // (state["batch_size"] * state["seq_len"])
+    return state["epoch"] * per_pass + state["step"] * state["world_size"]
+
+
 class ShardLoader:
     """Serves (x, y) int64 batches of shape (B, T) from a split's shards.
 
@@ -102,8 +113,9 @@ class ShardLoader:
         self._seed = _check_int("seed", seed, 0)  # SeedSequence needs seed >= 0
         if vocab_size is not None:
             _check_int("vocab_size", vocab_size, 1)
-        # Cheap per-batch check (B*T tokens, on the host) that catches an out-of-vocabulary
-        # id with a clear message instead of an index error deep inside the embedding.
+        # Cheap per-batch check (B*T tokens, on the host) that catches an id out of the
+        # vocabulary (negative ones always, those above max_token if given) with a clear
+        # message instead of an index error deep inside the embedding.
         self._max_token = None if max_token is None else _check_int("max_token", max_token, 0)
         self._device = self._parse_device(device)
         self._split = split
@@ -209,15 +221,11 @@ class ShardLoader:
             # Only this slice of the shard is read, then widened to int64.
             shard = int(self._order[i])
             piece = self._read(shard, pos - base, stop - base)
-            if self._max_token is not None and piece.size and int(piece.max()) > self._max_token:
-                self._bad_token(shard, piece, pos - base)
+            check_token_range(self._paths[shard], piece, pos - base,
+                              None if self._max_token is None else self._max_token + 1)
             out[pos - start : stop - start] = piece
             pos = stop
             i += 1
-
-    def _bad_token(self, shard: int, piece: np.ndarray, offset: int) -> None:
-        raise bad_token_error(self._paths[shard], piece, piece > self._max_token, offset,
-                               f"beyond the model's vocabulary (largest id {self._max_token})")
 
     # ---- batches
 

@@ -10,8 +10,11 @@ import ctypes
 import gc
 import os
 import platform
+import re
+import socket
 import subprocess
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from gpt.config import ConfigError
+from gpt.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,77 @@ def pick_device(requested: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device(requested)
 
 
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+WORKER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")  # what torchrun sets for each worker
+_HOW_TO_LAUNCH = ("start every rank with torchrun (torchrun --standalone --nproc_per_node=N "
+                  "...), or unset RANK, WORLD_SIZE and LOCAL_RANK to run in one process")
+
+
+class RendezvousError(UserError):
+    """The ranks of a job could not meet; the message says where and how to launch."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A torchrun worker's place in the job, from its environment."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str  # MASTER_ADDR and MASTER_PORT: where rank 0 hosts the store the ranks meet in
+    port: int
+
+    @property
+    def master(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def launch_environment(env: Mapping[str, str]) -> Launch | None:
+    """This process's place in a torchrun job, or None for a single process (none of RANK,
+    WORLD_SIZE, LOCAL_RANK set). Those variables without the rest of what torchrun sets
+    (a shell or job script that exports them, a copied environment) are a ConfigError
+    saying what is missing and how to launch, before torch.distributed fails on them."""
+    present = [k for k in WORKER_VARS if k in env]
+    if not present:
+        return None
+    given = ", ".join(f"{k}={env[k]}" for k in present)
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if not env.get(k)]
+    if missing:
+        raise ConfigError(f"{given} set without {', '.join(missing)}: not a torchrun worker's "
+                          f"environment; {_HOW_TO_LAUNCH}")
+    numbers = {}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        value = env.get(key, "0")
+        if not re.fullmatch(r"\s*\d+\s*", value):
+            raise ConfigError(f"{key}={value!r} in the environment is not a number >= 0; "
+                              f"{_HOW_TO_LAUNCH}")
+        numbers[key] = int(value)
+    rank, world_size, port = numbers["RANK"], numbers["WORLD_SIZE"], numbers["MASTER_PORT"]
+    if not rank < world_size:
+        raise ConfigError(f"RANK={rank} with WORLD_SIZE={world_size}: ranks go from 0 to "
+                          f"WORLD_SIZE - 1; {_HOW_TO_LAUNCH}")
+    if not 0 < port < 65536:
+        raise ConfigError(f"MASTER_PORT={port} is not a TCP port (1..65535); {_HOW_TO_LAUNCH}")
+    return Launch(rank, numbers["LOCAL_RANK"], world_size, env["MASTER_ADDR"].strip(), port)
+
+
+def wait_for_master(launch: Launch, timeout_s: float) -> None:
+    """Wait, up to timeout_s, until something listens at MASTER_ADDR:MASTER_PORT, else a
+    RendezvousError. torch's own client retries there too, but logs a C++ stack trace to
+    stderr at every retry; a plain connect that is closed at once says nothing, and the
+    store does not count it as a rank."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((launch.host, launch.port),
+                                          timeout=max(0.1, min(5.0, deadline - time.monotonic()))):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise RendezvousError(
+                    f"rank {launch.rank} of {launch.world_size}: nothing listens at "
+                    f"{launch.master} after {timeout_s:g} s (--dist-timeout; "
+                    f"{e.strerror or e}), where rank 0 should be; {_HOW_TO_LAUNCH}") from None
+            time.sleep(0.2)
 
 
 def restart_store_prefix(env: Mapping[str, str]) -> str | None:
@@ -110,11 +183,10 @@ def init_runtime(requested_device: str = "auto", timeout_s: float = 600.0) -> Ru
     gloo. The collective timeout is bounded, so a dead or stuck peer ends the job with an
     error instead of hanging it forever.
     """
-    if not under_torchrun():
+    launch = launch_environment(os.environ)
+    if launch is None:
         return Runtime(device=pick_device(requested_device))
-    rank = int(os.environ["RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world_size, local_rank = launch.rank, launch.world_size, launch.local_rank
     device = pick_device(requested_device, local_rank)
     if device.type == "mps":
         raise ConfigError("--device mps: multi-process training needs CUDA (nccl) or CPU (gloo)")
@@ -126,18 +198,60 @@ def init_runtime(requested_device: str = "auto", timeout_s: float = 600.0) -> Ru
     warning = restart_store_warning(os.environ)
     if warning and rank == 0:
         print(warning, file=sys.stderr)
-    if prefix is None:
-        dist.init_process_group(backend=backend, timeout=timeout)
-    else:
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                              world_size, is_master=False, timeout=timeout)
-        dist.init_process_group(backend=backend, store=dist.PrefixStore(prefix, store),
-                                rank=rank, world_size=world_size, timeout=timeout)
+    if rank == 0 and world_size > 1 and "TORCHELASTIC_RUN_ID" not in os.environ:
+        print(f"note: not started by torchrun: waiting up to {timeout_s:g} s (--dist-timeout) "
+              f"for the {world_size} ranks to meet at {launch.master}", file=sys.stderr)
+    if rank != 0:
+        wait_for_master(launch, timeout_s)
+    try:
+        if prefix is None:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        else:
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                  world_size, is_master=False, timeout=timeout)
+            dist.init_process_group(backend=backend, store=dist.PrefixStore(prefix, store),
+                                    rank=rank, world_size=world_size, timeout=timeout)
+    except (RuntimeError, ValueError) as e:  # torch's DistStoreError, DistNetworkError, ...
+        raise RendezvousError(
+            f"rank {rank} of {world_size} could not meet the others at {launch.master} within "
+            f"{timeout_s:g} s (--dist-timeout): {torch_message(e)}; {_HOW_TO_LAUNCH}") from None
     # Its own group even where training runs on gloo too: its votes then never queue
     # behind, or beside, the training collectives.
     control = dist.new_group(backend="gloo", timeout=timeout)
     return Runtime(device=device, rank=rank, local_rank=local_rank, world_size=world_size,
                    distributed=True, control_group=control)
+
+
+class PeerLost(UserError):
+    """A collective failed because another rank of the job stopped (or stalls); that
+    rank's own error says why, so this one says only that much."""
+
+
+# What gloo's TCP transport says when a peer's process is gone or stuck (plain RuntimeErrors);
+# NCCL's failures are DistErrors.
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe",
+              "socket closed", "read error", "timed out waiting")
+
+
+def peer_lost(exc: BaseException, runtime: Runtime) -> PeerLost | None:
+    """The one-line error for a collective that failed with another rank gone (gloo's
+    "Connection closed by peer", NCCL's DistBackendError, a timeout), or None if `exc` is
+    not that. torchrun stops the job when a rank exits; without this, each of the others
+    would print torch's traceback beside the one line that says what went wrong."""
+    if not runtime.distributed:
+        return None
+    if not isinstance(exc, dist.DistError) and not any(m in str(exc).lower() for m in _PEER_GONE):
+        return None
+    gist = torch_message(exc).split(". ")[0]  # gloo goes on with advice on reading logs
+    return PeerLost(f"a collective failed ({gist}): another rank stopped or stalls, and its "
+                    f"own error says why")
+
+
+def torch_message(e: BaseException) -> str:
+    """The gist of an error torch.distributed raised: its first line, without the C++
+    source location gloo and c10d put in front."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return re.sub(r"^\[[^\]]*\]\s*", "", first)[:200].rstrip(". ")
 
 
 def set_matmul_precision(runtime: Runtime, tf32: bool) -> None:

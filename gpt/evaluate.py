@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                   f"{model.config.block_size}")
             loader = ShardLoader(args.data_dir, "val", args.batch_size, seq_len,
                                  rank=runtime.rank, world_size=runtime.world_size,
-                                 device=runtime.device)
+                                 device=runtime.device, max_token=model.config.vocab_size - 1)
             steps = min(args.val_steps, loader.steps_per_pass)
             loss = all_reduce_mean(val_loss(scored, loader, steps, runtime.device_type, dtype),
                                    runtime)

@@ -14,10 +14,11 @@ import datetime
 import errno
 import os
 import re
+import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterator, Sequence
 
 from gpt.errors import UserError
 
@@ -46,6 +47,14 @@ def fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def free_space(folder: Path) -> str:
+    """How much room is left in `folder`, for the message of a write that failed."""
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**30:.1f} GiB free there"
+    except OSError:
+        return "free space unknown"
 
 
 def temp_path(path: Path) -> Path:
@@ -90,6 +99,33 @@ def atomic_path(path: Path) -> Iterator[Path]:
     fsync_dir(path.parent)
 
 
+@contextlib.contextmanager
+def atomic_files(folder: Path, names: Sequence[str]) -> Iterator[dict[str, Path]]:
+    """Like atomic_path for several files of one folder that must agree (a model's
+    weights, config and tokenizer): the block writes a temporary file for each name, and
+    only once all are written and fsynced are they renamed over their final names. A
+    failure part-way (a full disk) leaves every earlier file as it was and no temporary
+    file; only a kill during the renames themselves could leave a mix."""
+    temps = {name: temp_path(folder / name) for name in names}
+    try:
+        for tmp in temps.values():
+            _create_exclusively(tmp)
+        yield temps
+        for tmp in temps.values():
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for name, tmp in temps.items():
+            os.replace(tmp, folder / name)
+    except BaseException:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(folder)
+
+
 def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Call write(fh) on a temporary file beside `path`, then rename it over `path`
     (see atomic_path)."""
@@ -124,6 +160,29 @@ def remove_dead_temp_files(folder: Path) -> list[Path]:
             entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
+
+
+def lock_holder(folder: Path) -> str | None:
+    """Who holds `folder`'s FolderLock now (what its holder wrote: pid, host, start time,
+    command), or None when no live process does. Only reads: a folder without a lock file
+    gets none. (Probing takes a shared lock for an instant.)"""
+    if fcntl is None:  # pragma: no cover - no flock (Windows)
+        return None
+    try:
+        fd = os.open(folder / LOCK_NAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return None
+            return os.read(fd, 1000).decode("utf-8", errors="replace").strip() or "another process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 class FolderLock:

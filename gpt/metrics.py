@@ -332,11 +332,47 @@ class MetricsError(UserError):
     """The metrics log cannot be opened or written; the message names the file."""
 
 
+def repair_tail(path: Path) -> str | None:
+    """Make a JSONL file end on a whole line again, if it does not: a last record that
+    parses but lacks its newline gets one, anything else after the last newline (a
+    record torn by a crash, zeros after a power loss) is cut off, so that the next record
+    starts a line of its own. Returns what was done, or None for a whole (or no) file."""
+    try:
+        fh = open(path, "r+b")
+    except FileNotFoundError:
+        return None
+    with fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size == 0 or os.pread(fh.fileno(), 1, size - 1) == b"\n":
+            return None
+        start = size  # of the last line: just after the last newline before the end
+        while start > 0:
+            chunk = os.pread(fh.fileno(), min(start, 1 << 16), max(0, start - (1 << 16)))
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                start = start - len(chunk) + cut + 1
+                break
+            start -= len(chunk)
+        try:
+            whole = isinstance(json.loads(os.pread(fh.fileno(), size - start, start)), dict)
+        except ValueError:  # not JSON, or not UTF-8
+            whole = False
+        if whole:
+            fh.write(b"\n")
+            return "its last record had no line end (a write cut short); added it"
+        fh.truncate(start)
+        return (f"dropped the torn end of its last record ({size - start} bytes, left by a write "
+                f"that failed); the records before it are intact")
+
+
 class MetricsLog:
     """Append-only JSONL file: one JSON object per line (a header record, then one per event).
 
-    Each record is flushed as it is written, so a crashed run keeps everything up to
-    its last step, and a reader can tail the file while training runs. A log made with
+    Each record is written as it comes, in one unbuffered write, so a crashed run keeps
+    everything up to its last step, and a reader can tail the file while training runs.
+    Every line parses, whatever fails: a write cut short (full disk, file-size limit) is
+    taken back before the error is raised, and a torn record that a crash left at the end
+    is completed or dropped when the log is opened again (with a note). A log made with
     enabled=False (every rank but 0) opens nothing and writes nothing, so callers need
     no rank checks.
     """
@@ -348,20 +384,28 @@ class MetricsLog:
         self.trackers = list(trackers)  # every record goes to these as well (not closed here)
         if enabled:
             try:
-                self._fh = open(self.path, "a", encoding="utf-8")
+                note = repair_tail(self.path)
+                self._fh = open(self.path, "ab", buffering=0)
             except OSError as e:
                 raise MetricsError(f"{self.path}: cannot open the metrics log for appending "
                                    f"({e.strerror or e})") from None
+            if note:
+                print(f"note: {self.path}: {note}", file=sys.stderr)
 
     def write(self, record: dict[str, Any]) -> None:
         if self._fh is None:
             return
+        data = memoryview((json.dumps(record) + "\n").encode("utf-8"))
+        start = -1  # the file's size before this record
         try:
-            self._fh.write(json.dumps(record) + "\n")
-            self._fh.flush()
+            start = os.fstat(self._fh.fileno()).st_size
+            while data:
+                data = data[self._fh.write(data):]
         except OSError as e:  # a full disk, a quota, a file-size limit
             fh, self._fh = self._fh, None
-            with contextlib.suppress(OSError):  # closing would try the same write again
+            with contextlib.suppress(OSError):
+                if start >= 0:  # take back what part of the record got written (no space needed)
+                    os.ftruncate(fh.fileno(), start)
                 fh.close()
             raise MetricsError(f"{self.path}: cannot write the metrics log ({e.strerror or e}); "
                                f"the records before this one are intact") from None

@@ -17,13 +17,13 @@ Weights files are read and written with the `safetensors` package.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-import pickle
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 import safetensors
 import safetensors.torch
@@ -35,8 +35,9 @@ from gpt.checkpoint import load as load_checkpoint_file
 from gpt.cli import OneLineParser
 from gpt.config import Config, ModelConfig
 from gpt.errors import UserError
-from gpt.fileio import atomic_path, atomic_write
+from gpt.fileio import atomic_files, atomic_path, free_space
 from gpt.model import GPT, unwrap
+from gpt.step import count_nonfinite
 from gpt.tokenizer import ASSETS, GPT2_EOT, GPT2_VOCAB
 
 HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -128,6 +129,10 @@ def resolve(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None
         return path
     if is_hub_name(str(name_or_path)):
         return download(str(name_or_path), cache_dir)
+    if path.is_file():  # a trainer checkpoint, say: its own commands take it
+        raise PretrainedError(f"--init-from {path}: a file, not a Hugging Face GPT-2 folder; a "
+                              f"trainer checkpoint continues with --resume {path}, or becomes "
+                              f"such a folder with python -m gpt.pretrained export")
     raise PretrainedError(f"--init-from {name_or_path}: no such folder, and not one of {', '.join(HUB_NAMES)}")
 
 
@@ -185,10 +190,11 @@ def read_hf_weights(folder: Path) -> tuple[dict[str, torch.Tensor], Path]:
                 return read_safetensors(path), path
             try:
                 sd = torch.load(path, map_location="cpu", weights_only=True)
-            except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
-                raise PretrainedError(f"{path}: not a loadable PyTorch weights file ({e})") from None
-            if not isinstance(sd, dict):
-                raise PretrainedError(f"{path}: holds a {type(sd).__name__}, not a state dict")
+            except Exception as e:  # truncated zip, bad pickle, unsupported object, ...
+                first = (str(e).splitlines() or [type(e).__name__])[0]
+                raise PretrainedError(f"{path}: not a loadable PyTorch weights file ({first})") from None
+            if not isinstance(sd, dict) or not all(torch.is_tensor(v) for v in sd.values()):
+                raise PretrainedError(f"{path}: holds a {type(sd).__name__}, not a state dict of tensors")
             return sd, path
     raise PretrainedError(f"{folder}: no {' or '.join(WEIGHT_FILES)} (sharded checkpoints are "
                           "not supported)")
@@ -228,6 +234,18 @@ def hf_to_gpt_state_dict(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig,
     return out
 
 
+def check_finite(state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse weights that hold NaN, inf or values beyond 1e19 (the trainer's own test),
+    naming the file and the first such tensor: trained from or sampled, they give only NaN,
+    and the trainer would blame its learning rate."""
+    floats = [(k, v) for k, v in state_dict.items() if v.is_floating_point() and v.numel()]
+    if not floats or count_nonfinite([v for _, v in floats]).item() == 0:
+        return
+    bad = [k for k, v in floats if count_nonfinite([v]).item() > 0]
+    raise PretrainedError(f"{source}: {bad[0]} holds NaN, inf or values beyond 1e19 "
+                          f"({len(bad)} tensor(s) in all); these weights cannot be used")
+
+
 def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], source: str,
                 device: str | torch.device = "cpu") -> GPT:
     """A GPT holding exactly `state_dict`, allocated once on `device` (no random init)."""
@@ -246,6 +264,7 @@ def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], source: s
         if value.shape != expected[key].shape:
             raise PretrainedError(f"{source}: {key} has shape {tuple(value.shape)}, the model "
                                   f"expects {tuple(expected[key].shape)}")
+    check_finite(state_dict, source)
     model.load_state_dict(state_dict)
     return model
 
@@ -360,6 +379,13 @@ def gpt_to_hf_state_dict(state_dict: dict[str, torch.Tensor],
     return out
 
 
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")  # what an export writes
+# What a Hugging Face model folder can hold besides: left beside new weights, it would
+# disagree with them (a tokenizer of another vocabulary, other weights, other ids).
+OTHER_MODEL_FILES = ("pytorch_model.bin", "model.safetensors.index.json", "tokenizer.json",
+                     "special_tokens_map.json", "added_tokens.json", "generation_config.json")
+
+
 def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLike,
               out_dir: str | os.PathLike, vocab_size: int | None = None) -> Path:
     """Write a model (GPT, possibly compiled/DDP-wrapped), checkpoint dict or checkpoint file
@@ -368,7 +394,10 @@ def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLik
     so that AutoTokenizer and pipeline("text-generation") work on the folder as it is.
 
     vocab_size defaults to GPT-2's 50257 (the padding rows are cut), or the model's own if
-    smaller. Each file is written atomically; the weights first, config.json last.
+    smaller; cutting GPT-2's ids from a model that has them is refused. The files are
+    written together (fileio.atomic_files): a failure (a full disk) leaves the folder as it
+    was. A model already there is replaced, with a note, and its files that would
+    disagree with the new one (a tokenizer of another vocabulary, other weights) go.
     """
     source = str(model_or_checkpoint) if isinstance(model_or_checkpoint, (str, os.PathLike)) else "model"
     if isinstance(model_or_checkpoint, nn.Module):
@@ -384,31 +413,60 @@ def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLik
     vocab = min(cfg.vocab_size, GPT2_VOCAB) if vocab_size is None else vocab_size
     if not 1 <= vocab <= cfg.vocab_size:
         raise PretrainedError(f"{source}: vocab_size {vocab} must be in 1..{cfg.vocab_size}")
+    if vocab < GPT2_VOCAB <= cfg.vocab_size:
+        raise PretrainedError(f"--vocab-size {vocab} would cut GPT-2's token ids {vocab}.."
+                              f"{GPT2_VOCAB - 1} from a model that has them all, and no tokenizer "
+                              f"would fit the rest; leave it out for GPT-2's {GPT2_VOCAB}")
+    check_finite(sd, source)
+    hf_sd = gpt_to_hf_state_dict(sd, vocab)
+    config = hf_config(cfg, vocab, hf_sd["transformer.wte.weight"].dtype)
+    files: dict[str, Callable[[Path], None]] = {
+        "model.safetensors": lambda p: safetensors.torch.save_file(hf_sd, p, metadata={"format": "pt"}),
+        CONFIG_FILE: lambda p: p.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")}
+    if vocab == GPT2_VOCAB:
+        files.update(tokenizer_files(cfg.block_size))
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise PretrainedError(f"--out {out}: exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    hf_sd = gpt_to_hf_state_dict(sd, vocab)
-    write_safetensors(hf_sd, out / "model.safetensors")
-    if vocab == GPT2_VOCAB:
-        write_tokenizer(out, cfg.block_size)
-    config = hf_config(cfg, vocab, hf_sd["transformer.wte.weight"].dtype)
-    atomic_write(out / CONFIG_FILE,
-                 lambda fh: fh.write((json.dumps(config, indent=2) + "\n").encode("utf-8")))
+    there = [n for n in (CONFIG_FILE, *WEIGHT_FILES, *TOKENIZER_FILES, *OTHER_MODEL_FILES)
+             if (out / n).exists()]
+    created, writing = not out.exists(), "the folder"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with atomic_files(out, list(files)) as temps:
+            for writing, write in files.items():
+                write(temps[writing])
+        writing = "the new model; old files that disagree with it are still there"
+        for name in there:
+            if name not in files:
+                (out / name).unlink()
+    except (OSError, safetensors.SafetensorError) as e:
+        if created:
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only if empty
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise PretrainedError(f"--out {out}: could not write {writing} ({reason}; "
+                              f"{free_space(out if out.exists() else out.parent)}); "
+                              f"{'nothing was written' if created else 'the folder is as it was'}"
+                              ) from None
+    if there:
+        print(f"note: --out {out}: replaced the model that was there ({', '.join(there)})",
+              file=sys.stderr)
+    if vocab != GPT2_VOCAB:
+        print(f"note: vocabulary {vocab} is not GPT-2's {GPT2_VOCAB}: no tokenizer files were "
+              f"written, so {out} needs a tokenizer of its own", file=sys.stderr)
     return out
 
 
-def write_tokenizer(out: Path, max_length: int) -> None:
+def tokenizer_files(max_length: int) -> dict[str, Callable[[Path], None]]:
     """GPT-2's tokenizer in Hugging Face's file names: the same two BPE files the package
     ships (encoder.json is vocab.json, vocab.bpe is merges.txt) and a tokenizer config."""
-    for ours, theirs in (("encoder.json", "vocab.json"), ("vocab.bpe", "merges.txt")):
-        data = (ASSETS / "gpt2" / ours).read_bytes()
-        atomic_write(out / theirs, lambda fh, data=data: fh.write(data))
     eot = "<|endoftext|>"
     config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length,
               "bos_token": eot, "eos_token": eot, "unk_token": eot, "add_prefix_space": False}
-    atomic_write(out / "tokenizer_config.json",
-                 lambda fh: fh.write((json.dumps(config, indent=2) + "\n").encode("utf-8")))
+    return {"vocab.json": lambda p: p.write_bytes((ASSETS / "gpt2" / "encoder.json").read_bytes()),
+            "merges.txt": lambda p: p.write_bytes((ASSETS / "gpt2" / "vocab.bpe").read_bytes()),
+            "tokenizer_config.json": lambda p: p.write_text(json.dumps(config, indent=2) + "\n")}
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -430,9 +488,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    except OSError as e:  # writing the folder: permissions, a full disk
-        print(f"error: {e}", file=sys.stderr)
-        return 1
     print(f"wrote {out / CONFIG_FILE} and {out / 'model.safetensors'}")
     return 0
 

@@ -13,7 +13,10 @@ little-endian int32 slots:
 * the rest are zero.
 
 Shards of a split live in one folder as ``{split}_*`` (e.g.
-``train_000000.bin``), ``split`` being ``"train"`` or ``"val"``.
+``train_000000.bin``), ``split`` being ``"train"`` or ``"val"``. fineweb.py writes
+``metadata.json`` beside them (its settings and shards, and ``"complete": true`` once it
+has finished; gpt/prepare/writer.py) and holds the folder's lock (gpt/fileio.py) while it
+writes.
 
 Other trainers' shards, read as they are (detected from the file, validated as strictly)
 -------------------------------------------------------------------------------------
@@ -26,6 +29,7 @@ Other trainers' shards, read as they are (detected from the file, validated as s
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -35,7 +39,7 @@ from typing import BinaryIO
 import numpy as np
 
 from gpt.errors import UserError
-from gpt.fileio import atomic_write
+from gpt.fileio import atomic_write, lock_holder
 
 SHARD_MAGIC = 0x47505432
 LLMC_MAGIC = 20240520
@@ -46,6 +50,7 @@ HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 DTYPE_CODES: dict[int, np.dtype] = {1: np.dtype("<u2")}
 SPLITS = ("train", "val")
+METADATA_NAME = "metadata.json"  # fineweb.py's record of a shard folder
 
 _WRITE_CODE = 1  # dtype code used by write_shard
 _MAX_TOKEN = 65535
@@ -220,13 +225,24 @@ def bad_token_error(path: Path, tokens: np.ndarray, bad: np.ndarray, offset: int
     )
 
 
+def check_token_range(path: Path, tokens: np.ndarray, offset: int, vocab_size: int | None) -> None:
+    """Raise on the first id in `tokens` (index `offset` of the shard on) outside
+    0..vocab_size-1, the rows of the embedding (only below 0 if vocab_size is None):
+    above, or negative, which a signed .npy shard can hold (torch would fail on either deep
+    inside the embedding)."""
+    if not tokens.size:
+        return
+    if tokens.dtype.kind == "i" and int(tokens.min()) < 0:
+        raise bad_token_error(path, tokens, tokens < 0, offset, "negative (ids start at 0)")
+    if vocab_size is not None and int(tokens.max()) >= vocab_size:
+        raise bad_token_error(path, tokens, tokens >= vocab_size, offset,
+                              f">= vocab_size {vocab_size}, beyond the model's vocabulary")
+
+
 def _check_vocab(path: Path, tokens: np.ndarray, vocab_size: int) -> None:
-    """Raise on the first token id >= vocab_size, scanning in chunks."""
+    """check_token_range over a whole shard, in chunks (bounded memory)."""
     for start in range(0, tokens.size, _SCAN_CHUNK):
-        chunk = np.asarray(tokens[start : start + _SCAN_CHUNK])
-        if int(chunk.max()) < vocab_size:
-            continue
-        raise bad_token_error(path, chunk, chunk >= vocab_size, start, f">= vocab_size {vocab_size}")
+        check_token_range(path, np.asarray(tokens[start : start + _SCAN_CHUNK]), start, vocab_size)
 
 
 class Shard:
@@ -318,3 +334,30 @@ def find_shards(folder: str | os.PathLike, split: str) -> list[Path]:
             f"{folder}: no {split}_* shards ({found}); run fineweb.py to create them"
         )
     return shards
+
+
+def check_not_being_written(folder: str | os.PathLike, allow: bool) -> str | None:
+    """Refuse a data folder that another process (fineweb.py) is writing now: the shards
+    there are only part of the data, and more appear (or, with its --overwrite, go) while a
+    run reads them. With `allow`, a warning instead. A folder whose metadata.json says it is
+    incomplete but that nobody writes (fineweb.py was stopped) gets a warning too. Returns
+    the warning, or None."""
+    folder = Path(folder)
+    holder = lock_holder(folder)
+    try:
+        meta = json.loads((folder / METADATA_NAME).read_text(encoding="utf-8"))
+        done, shards = bool(meta["complete"]), len(meta["shards"])
+    except (OSError, ValueError, KeyError, TypeError):  # none, or not fineweb.py's: no opinion
+        done, shards = None, 0
+    so_far = f" ({METADATA_NAME}: {shards} shards so far)" if done is False else ""
+    if holder is not None:
+        if not allow:
+            raise DataError(f"--data-dir {folder} is still being written, by {holder}{so_far}: "
+                            f"wait for it to finish, or pass --allow-incomplete-data to train on "
+                            f"the shards there now")
+        return (f"--data-dir {folder} is still being written, by {holder}{so_far}; training on "
+                f"the shards there now (--allow-incomplete-data)")
+    if done is False:
+        return (f"--data-dir {folder}: {METADATA_NAME} says fineweb.py stopped before it finished "
+                f"({shards} shards); training on those; the same fineweb.py command completes it")
+    return None

@@ -25,7 +25,7 @@ from gpt.cli import parse_args, to_toml
 from gpt.config import Config, ConfigError, describe, grad_accum_steps, to_dict
 from gpt.data import ShardLoader
 from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, device_name,
-                      init_runtime, is_oom, resolve_dtype, reuse_freed_memory,
+                      init_runtime, is_oom, peer_lost, resolve_dtype, reuse_freed_memory,
                       set_matmul_precision, shutdown)
 from gpt.errors import UserError
 from gpt.evaluate import val_loss
@@ -38,7 +38,7 @@ from gpt.optim import lr_at
 from gpt.profiling import Profiler
 from gpt.signals import StopSignal
 from gpt.rng import seed_everything
-from gpt.shards import DataError, find_shards
+from gpt.shards import DataError, check_not_being_written, find_shards
 from gpt.step import (SkippedSteps, TrainingDiverged, forward_backward, nonfinite_tensors,
                       optimizer_step)
 from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
@@ -93,6 +93,9 @@ class Run:
 def build_loaders(cfg: Config, runtime: Runtime) -> tuple[ShardLoader, ShardLoader | None]:
     """The train loader, and the val loader if validation is on and val_* shards exist."""
     d = cfg.data
+    note = check_not_being_written(d.data_dir, d.allow_incomplete_data)
+    if note and runtime.is_master:
+        print(f"warning: {note}", file=sys.stderr)
 
     def loader(split: str, shuffle: bool = False) -> ShardLoader:
         return ShardLoader(d.data_dir, split, batch_size=d.batch_size, seq_len=d.seq_len,
@@ -487,7 +490,10 @@ def train(cfg: Config) -> dict[str, Any]:
         return result
     except (RuntimeError, MemoryError) as e:
         if not is_oom(e):
-            raise
+            lost = peer_lost(e, runtime)  # one line: the rank that stopped says why
+            if lost is None:
+                raise
+            raise lost from None
         d = cfg.data
         raise OutOfMemory(
             f"out of memory on {runtime.device} at --batch-size {d.batch_size} x --seq-len "

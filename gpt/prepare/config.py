@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpt.shards import DataError
+from gpt.shards import METADATA_NAME, DataError
 
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
 DEFAULT_SUBSET = "sample-10BT"  # the subset used when --source is DEFAULT_DATASET
@@ -20,7 +20,6 @@ DEMO_SOURCE = "demo"  # --source demo: the tiny shakespeare corpus the package s
 # with exactly 10,485,760 the loader would serve only 19 steps per pass.
 DEFAULT_VAL_TOKENS = 20 * 8 * 64 * 1024 + 1
 DEFAULT_SHARD_TOKENS = 100_000_000
-METADATA_NAME = "metadata.json"
 TOKENIZER_NAME = "gpt2"
 
 PIECE_CHARS = 1 << 18  # a document longer than this is encoded in pieces
