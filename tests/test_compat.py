@@ -16,10 +16,13 @@ from gpt.config import ConfigError
 from gpt.dist import Runtime
 
 
-def test_the_minimum_checked_is_the_one_pyproject_declares() -> None:
+def test_the_minimum_checked_is_the_one_declared_and_tested() -> None:
     declared = re.findall(r'^\s*"torch([^"]*)",', (REPO / "pyproject.toml").read_text(), re.M)
     assert declared == [">={}.{}".format(*compat.TORCH_MIN)]
     assert compat.version_tuple(torch.__version__) >= compat.TORCH_MIN  # the suite's own torch
+    # CI tests exactly that minimum (.ci/run installs it into a fresh environment).
+    [ci_min] = re.findall(r"^TORCH_MIN=(\S+)", (REPO / ".ci" / "run").read_text(), re.M)
+    assert compat.version_tuple(ci_min) == compat.TORCH_MIN and ci_min.endswith(".0")
 
 
 @pytest.mark.parametrize("version,parsed", [("2.6.0+cu124", (2, 6)), ("2.11.0", (2, 11)),
