@@ -17,7 +17,8 @@ import torch
 
 from gpt.config import ConfigError
 
-TORCH_MIN = (2, 9)  # keep in step with pyproject.toml's torch>=
+# The same as pyproject.toml's torch>= and .ci/run's TORCH_MIN (tests/test_compat.py checks).
+TORCH_MIN = (2, 9)
 
 
 def version_tuple(version: str) -> tuple[int, int]:
