@@ -38,6 +38,7 @@ from torch.distributed.tensor.experimental import implicit_replication
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
+from gpt.compat import needs_torch
 from gpt.config import ConfigError, OptimConfig, TrainConfig
 from gpt.dist import Runtime
 from gpt.model import GPT, unwrap
@@ -70,6 +71,9 @@ def check_mode(mode: str, runtime: Runtime) -> None:
             f"--parallel {mode} needs a process group: start with torchrun "
             f"(e.g. torchrun --standalone --nproc_per_node=N train_gpt2.py --parallel {mode})"
         )
+    if mode == "fsdp" and runtime.device_type == "cpu":
+        needs_torch("--parallel fsdp on CPU", (2, 9), "older gloo sums FSDP2's gradients "
+                    "where it asks for their mean (pytorch#162338)")
 
 
 def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Runtime,

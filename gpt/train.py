@@ -22,6 +22,7 @@ import torch
 from gpt import hellaswag, parallel, pretrained
 from gpt.checkpoint import Checkpointer, LoopState, Parts, model_weights
 from gpt.cli import parse_args, to_toml
+from gpt.compat import old_torch_note
 from gpt.config import Config, ConfigError, describe, grad_accum_steps, to_dict
 from gpt.data import ShardLoader
 from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, device_name,
@@ -139,6 +140,8 @@ def build_model(cfg: Config, ckpt: dict[str, Any] | None, runtime: Runtime) -> G
 
 def build_run(cfg: Config, runtime: Runtime) -> Run:
     t, e = cfg.train, cfg.eval
+    if runtime.is_master and (note := old_torch_note()):
+        print(note)
     parallel.check_mode(t.parallel, runtime)
     accum = grad_accum_steps(cfg.data.total_batch_tokens, cfg.data.batch_size, cfg.data.seq_len,
                              runtime.world_size)

@@ -26,12 +26,14 @@
 #                              torchrun otherwise reuses one store across restarts and a
 #                              restarted worker can read its dead predecessor's address
 #                              and hang connecting to it (pytorch issue #135712)
-#   PYTHON                     the interpreter (default: python3): torchrun runs as its module
+#   PYTHON                     the interpreter; default: the active virtual environment's,
+#                              else python3 (launch/find_python.sh). torchrun runs as its module
 #
 # Relative paths (--data-dir, --out-dir) are relative to where you run the script from.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-PYTHON=${PYTHON:-python3}
+source "$REPO/launch/find_python.sh"
+find_python
 
 : "${NNODES:?set NNODES to the number of machines}"
 : "${MASTER_ADDR:?set MASTER_ADDR to the address of the first node}"

@@ -25,7 +25,8 @@
 # inside naive attention "attn.scores", "attn.softmax", "attn.output".
 #
 # Output: NAME.nsys-rep (open in the Nsight Systems GUI, or `nsys stats NAME.nsys-rep`).
-# Environment: PYTHON (default python), NSYS (default nsys), NSYS_CAPTURE_END (stop),
+# Environment: PYTHON (for the default command; default: the active virtual environment's,
+# else python3, see launch/find_python.sh), NSYS (default nsys), NSYS_CAPTURE_END (stop),
 # NSYS_EXTRA_ARGS (extra flags for `nsys profile`, word-split).
 set -euo pipefail
 
@@ -56,9 +57,10 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
-python_bin="${PYTHON:-python}"
 if [[ $# -eq 0 ]]; then
-    set -- "$python_bin" -m gpt.bench model --sizes gpt2 --seq-len 1024 --batch-size 8 \
+    source "$(dirname "$0")/find_python.sh"
+    find_python
+    set -- "$PYTHON" -m gpt.bench model --sizes gpt2 --seq-len 1024 --batch-size 8 \
         --modes step --precision bf16 --compile off --warmup 5 --steps 10 --nvtx \
         --out profiles --name "$(basename "$output")_bench"
 fi

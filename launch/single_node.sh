@@ -14,12 +14,14 @@
 #   NCCL_P2P_DISABLE=1        only if peer-to-peer between GPUs is broken on the machine
 #   CUDA_VISIBLE_DEVICES=0,1  restrict the GPUs used (set NGPUS to match)
 #   OMP_NUM_THREADS           torchrun sets 1 per process; raise it if data loading is slow
-#   PYTHON                    the interpreter (default: python3): torchrun runs as its module
+#   PYTHON                    the interpreter; default: the active virtual environment's,
+#                             else python3 (launch/find_python.sh). torchrun runs as its module
 #
 # Relative paths (--data-dir, --out-dir) are relative to where you run the script from.
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
-PYTHON=${PYTHON:-python3}
+source "$REPO/launch/find_python.sh"
+find_python
 
 if [ -z "${NGPUS:-}" ]; then
   NGPUS=$("$PYTHON" -c "import torch; print(max(1, torch.cuda.device_count()))")

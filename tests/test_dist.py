@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -136,7 +137,8 @@ def test_single_node_launcher_runs_two_cpu_ranks(data_dir: Path, tmp_path: Path)
     import subprocess
 
     out = tmp_path / "run"
-    env = dict(os.environ, NGPUS="2", OMP_NUM_THREADS="1")
+    # This interpreter, also where its environment is not active (a venv's python run by path).
+    env = dict(os.environ, NGPUS="2", OMP_NUM_THREADS="1", PYTHON=sys.executable)
     proc = subprocess.run(
         ["bash", str(LAUNCH_DIR / "single_node.sh"), *ARGS[:-1], "1",
          "--data-dir", str(data_dir), "--out-dir", str(out)],

@@ -81,3 +81,63 @@ def test_two_nodes_on_one_machine_train_like_one_process(data_dir: Path, tmp_pat
         assert diff.max() < 5e-5 and diff.mean() < 2e-6, name
     ckpt = load(two / "ckpt_000003.pt")
     assert [s["rank"] for s in ckpt["loader"]] == [0, 1]
+
+
+# ---------------------------------------------------------------------------------------
+# Which Python the launchers run: $PYTHON, else the active virtual environment's, else
+# python3 on PATH (launch/find_python.sh); one line when it cannot import torch.
+
+SCRIPTS = ["single_node.sh", "multi_node.sh", "slurm.sbatch", "profile_nsys.sh"]
+
+
+def path_without_torch(tmp_path: Path) -> str:
+    """A PATH whose python3 fails as a Python without torch does."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "python3"
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    return f"{bin_dir}:/usr/bin:/bin"
+
+
+def bare_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The launchers' environment with no PYTHON and no active virtual environment."""
+    env = {k: v for k, v in launcher_env().items() if k not in ("PYTHON", "VIRTUAL_ENV")}
+    return {**env, "PATH": path_without_torch(tmp_path), "GPT2_TRAINER": str(REPO),
+            "NNODES": "1", "MASTER_ADDR": "127.0.0.1", **extra}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_python_without_torch_is_named_in_one_line(script: str, tmp_path: Path) -> None:
+    proc = subprocess.run(["/bin/bash", str(LAUNCH / script)], cwd=tmp_path,
+                          env=bare_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1, proc.stderr  # one line, no traceback
+    assert proc.stderr.startswith(f"error: {tmp_path}/bin/python3 (python3 on PATH) cannot import torch")
+    assert "PYTHON=/path/to/python" in proc.stderr
+
+
+def test_the_python_chosen_is_said_and_exported(tmp_path: Path) -> None:
+    finder = ["/bin/bash", str(LAUNCH / "find_python.sh")]
+    proc = subprocess.run(finder, env=bare_env(tmp_path, PYTHON=sys.executable),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    import torch
+    assert proc.stderr == f"python: {sys.executable} (torch {torch.__version__}; PYTHON)\n"
+
+    proc = subprocess.run(finder, env=bare_env(tmp_path, PYTHON="/nonexistent/python"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: /nonexistent/python (PYTHON) not found")
+
+
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the suite runs outside a virtual environment")
+def test_the_active_virtual_environment_wins_over_python3_on_path(tmp_path: Path) -> None:
+    """The issue's case: the environment is active, another python3 comes first on PATH.
+    Its python runs torchrun; --help stops the trainer before any work."""
+    env = bare_env(tmp_path, VIRTUAL_ENV=sys.prefix, NGPUS="1")
+    proc = subprocess.run(["/bin/bash", str(LAUNCH / "single_node.sh"), "--help"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"python: {sys.prefix}/bin/python (torch " in proc.stderr
+    assert "the active virtual environment" in proc.stderr and "--max-steps" in proc.stdout
