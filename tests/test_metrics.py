@@ -196,6 +196,8 @@ def test_metrics_log_closes(tmp_path: Path) -> None:
 
 
 def test_peak_memory_on_cpu_is_the_process_peak_rss() -> None:
+    import mmap
+
     import torch
 
     from gpt.metrics import peak_memory, reset_peak_memory
@@ -204,10 +206,13 @@ def test_peak_memory_on_cpu_is_the_process_peak_rss() -> None:
     reset_peak_memory(cpu)
     before, source = peak_memory(cpu)
     assert source == "peak RSS" and before > 10 * 2**20
-    block = torch.ones(64 * 2**20, dtype=torch.uint8)  # touch 64 MiB
+    # 64 MiB of fresh pages: a tensor could reuse memory an earlier test freed (the
+    # trainer's malloc settings outlive an in-process run), an anonymous map cannot.
+    block = mmap.mmap(-1, 64 * 2**20)
+    block.write(b"x" * len(block))
     after, _ = peak_memory(cpu)
     assert after >= before + 60 * 2**20
-    del block
+    block.close()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux")
