@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -77,11 +78,14 @@ def check_mode(mode: str, runtime: Runtime) -> None:
 
 
 def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Runtime,
-                autocast_dtype: torch.dtype = torch.float32) -> Parallelized:
+                autocast_dtype: torch.dtype = torch.float32,
+                mesh: DeviceMesh | None = None) -> Parallelized:
     """Make `model` ready to train under train.parallel: activation checkpointing,
     compile, wrapper, weights, then the optimizer and fp16's scaler. `model` is either on
     its device with its weights loaded, or on the meta device, to be initialised here
-    (GPT.init_weights: the same weights as a CPU build from the same seed)."""
+    (GPT.init_weights: the same weights as a CPU build from the same seed). FSDP shards
+    over `mesh` (default: all ranks, one dimension); the memory planner passes one it
+    built outside its fake-tensor mode."""
     check_mode(train.parallel, runtime)
     compile_mode = train.compile_mode if train.compile_on(runtime.device_type) else None
     if train.parallel == "fsdp" and compile_mode in CUDA_GRAPH_MODES:
@@ -92,7 +96,9 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
     if train.activation_checkpointing:
         apply_activation_checkpointing(model)
     if train.parallel == "fsdp":
-        train_model = eval_model = _shard(model, train.fsdp_param_dtype, compile_mode)
+        if mesh is None:
+            mesh = init_device_mesh(runtime.device_type, (runtime.world_size,))
+        train_model = eval_model = _shard(model, mesh, train.fsdp_param_dtype, compile_mode)
         materialize(model, runtime.device)
     else:
         materialize(model, runtime.device)
@@ -149,7 +155,7 @@ def apply_activation_checkpointing(model: GPT) -> None:
             _f, *a, use_reentrant=False, preserve_rng_state=preserve_rng, **kw)
 
 
-def _shard(model: GPT, param_dtype: str, compile_mode: str | None) -> GPT:
+def _shard(model: GPT, mesh: DeviceMesh, param_dtype: str, compile_mode: str | None) -> GPT:
     """FSDP2, one unit per block and the rest (embeddings, final LayerNorm, head) in the
     root's. Compiling the whole root would not work: FSDP's hooks are not traceable, so
     the root's frame would fall back to eager. Instead each block is compiled before it
@@ -164,10 +170,10 @@ def _shard(model: GPT, param_dtype: str, compile_mode: str | None) -> GPT:
     for block in model.transformer.h:
         if compile_mode is not None:
             block.compile(**_compile_kwargs(compile_mode))  # in place: names unchanged
-        fully_shard(block, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
     if compile_mode is not None:
         model.loss = compiled(model.loss, compile_mode)  # type: ignore[method-assign]
-    fully_shard(model, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 

@@ -1,0 +1,90 @@
+"""`memory`: the memory planner (gpt.memory) from the command line. It takes the
+trainer's own flags, or a recipe, and predicts the peak device memory of a training step
+per component, without allocating anything:
+
+    python -m gpt.bench memory --model gpt2-xl --batch-size 8 --seq-len 1024 \\
+        --parallel fsdp --activation-checkpointing --json
+    python -m gpt.bench memory --config configs/gpt2-xl-fsdp.toml --world-size 8
+    python -m gpt.bench memory --config configs/gpt2-124m.toml --largest-batch
+
+--world-size is the number of devices the run will use (torchrun's nproc_per_node x
+nnodes); --device-type what they are (it decides what --dtype auto means). With
+--largest-batch it also searches the largest --batch-size that fits each of the 24, 40
+and 80 GB GPUs (RTX 4090, A100 40GB, H100). Nothing is written unless --out names a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from gpt.errors import UserError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("memory", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       allow_abbrev=False)  # --device is the trainer's, not --device-type
+    p.add_argument("--world-size", type=int, default=1,
+                   help="devices the run will use (default 1)")
+    p.add_argument("--device-type", choices=("cuda", "mps", "cpu"),
+                   help="what the devices are (default: the trainer's --device, else cuda)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--largest-batch", action="store_true",
+                   help="also find the largest --batch-size that fits 24, 40 and 80 GB")
+    p.add_argument("--out", help="also write the JSON here (a file path)")
+    p.set_defaults(standalone=run, takes_trainer_flags=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from gpt import memory
+    from gpt.bench.report import git_commit
+    from gpt.cli import parse_args
+
+    cfg = parse_args(args.trainer_argv)  # the trainer's own parser: same flags, same errors
+    device_type = args.device_type or (cfg.train.device if cfg.train.device != "auto" else "cuda")
+    started = time.perf_counter()
+    plan = memory.plan(cfg, world_size=args.world_size, device_type=device_type)
+    commit, dirty = git_commit()
+    report: dict[str, Any] = {"command": "python -m gpt.bench " + " ".join(args.argv),
+                              "torch": torch.__version__, "commit": commit,
+                              "commit_dirty": dirty, **plan.to_json()}
+    largest: dict[str, Any] = {}
+    if args.largest_batch:
+        for name, capacity in memory.CAPACITIES.items():
+            b, at = memory.largest_batch(cfg, capacity, args.world_size, device_type)
+            largest[name] = {"batch_size": b, "peak_bytes": at.peak_bytes if at else None}
+        report["largest_batch"] = largest
+    report["planner_seconds"] = round(time.perf_counter() - started, 1)
+    if args.out:
+        _write(Path(args.out), report)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(plan.table())
+    for name, row in largest.items():
+        b = row["batch_size"]
+        print(f"  largest --batch-size on {name}: {b}" if b else
+              f"  {name}: not even --batch-size 1 fits; add --activation-checkpointing, "
+              "--parallel fsdp or more devices")
+    if not plan.fits(max(memory.CAPACITIES.values())):
+        print("  to fit: lower --batch-size (gradient accumulation keeps --total-batch-tokens), "
+              "add --activation-checkpointing, or shard with --parallel fsdp over more devices")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _write(path: Path, report: dict[str, Any]) -> None:
+    if path.is_dir():
+        raise UserError(f"--out {path}: is a folder; name a file, e.g. {path}/memory.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    os.replace(tmp, path)

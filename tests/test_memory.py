@@ -1,0 +1,165 @@
+"""The memory planner (gpt.memory, python -m gpt.bench memory): its fake-tensor prediction
+against a real CPU step's peak, as the CPU allocator counts it, and its command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from gpt import memory, parallel
+from gpt.bench.cli import main as bench_main
+from gpt.cli import parse_args
+from gpt.dist import Runtime
+from gpt.model import GPT
+from gpt.step import forward_backward, optimizer_step
+
+SMALL = ["--model", "tiny", "--n-layer", "2", "--n-head", "2", "--n-embd", "64",
+         "--vocab-size", "512", "--block-size", "64", "--batch-size", "4", "--seq-len", "64"]
+
+
+class _Batches:
+    def __init__(self, cfg) -> None:
+        self.shape, self.vocab = (cfg.data.batch_size, cfg.data.seq_len), cfg.model.vocab_size
+
+    def next_batch(self):
+        return torch.randint(0, self.vocab, self.shape), torch.randint(0, self.vocab, self.shape)
+
+
+def real_peak(cfg, dtype: torch.dtype, micro_steps: int) -> int:
+    """Peak bytes the CPU allocator holds over a real training step (after one step that
+    created the optimizer state), from the profiler's allocation events: what is live
+    when it starts (weights, AdamW state; the old gradients are freed first) plus the
+    highest the allocator's count rises above that."""
+    from torch._C._profiler import _EventType
+
+    torch.manual_seed(0)
+    model = GPT(cfg.model)
+    train = dataclasses.replace(cfg.train, compile=False, device="cpu")
+    par = parallel.parallelize(model, train, cfg.optim, Runtime(device=torch.device("cpu")), dtype)
+    batches = _Batches(cfg)
+
+    def step(micro: int) -> torch.Tensor:
+        return forward_backward(par.train_model, par.scaler, par.optimizer, batches, micro,
+                                1.0, "cpu", dtype)[1]
+
+    optimizer_step(par.optimizer, par.scaler, 1e-3, step(1))
+    state = [v for s in par.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    live = sum(t.numel() * t.element_size() for t in [*model.parameters(), *state])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        step(micro_steps)
+    sizes: list[tuple[int, int]] = []
+
+    def walk(event) -> None:
+        if event.tag == _EventType.Allocation:  # frees have negative sizes
+            sizes.append((event.start_time_ns, event.extra_fields.alloc_size))
+        for child in event.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    current = highest = 0
+    for _, size in sorted(sizes):
+        current += size
+        highest = max(highest, current)
+    assert sizes, "the profiler recorded no allocations"
+    return live + highest
+
+
+@pytest.mark.parametrize("extra, dtype, micro", [
+    ([], torch.float32, 2),
+    (["--dtype", "bf16", "--activation-checkpointing"], torch.bfloat16, 2),
+    (["--n-layer", "4", "--batch-size", "8"], torch.float32, 1),
+])
+def test_the_plan_matches_a_real_cpu_steps_peak(extra, dtype, micro) -> None:
+    cfg = parse_args([*SMALL, *extra])
+    tokens = cfg.data.batch_size * cfg.data.seq_len * micro
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, total_batch_tokens=tokens))
+    plan = memory.plan(cfg, device_type="cpu")
+    assert plan.setup["measured_micro_steps"] == micro
+    assert plan.peak_bytes == sum(plan.components.values())
+    measured = real_peak(cfg, dtype, micro)
+    assert measured / plan.peak_bytes == pytest.approx(1.0, abs=0.03), (measured, plan.to_json())
+
+
+def test_components_follow_the_parallel_mode() -> None:
+    base = parse_args([*SMALL, "--total-batch-tokens", "2048"])
+    ddp = memory.plan(base, world_size=1, device_type="cpu").components
+    zero1 = memory.plan(parse_args([*SMALL, "--parallel", "zero1"]), 4, "cpu").components
+    fsdp = memory.plan(parse_args([*SMALL, "--parallel", "fsdp"]), 4, "cpu").components
+    param_bytes = sum(p.numel() * 4 for p in GPT(base.model).parameters())
+    assert ddp["parameters"] == param_bytes and ddp["gradients"] == param_bytes
+    # ZeRO-1: the whole model and its gradients; a quarter of AdamW's state, give or take
+    # the largest tensor (the embedding, which one rank holds whole)
+    assert zero1["parameters"] == param_bytes and zero1["gradients"] == param_bytes
+    assert ddp["optimizer state"] / 4 <= zero1["optimizer state"] < ddp["optimizer state"]
+    # FSDP: each rank holds a quarter of the parameters and their AdamW state
+    assert fsdp["parameters"] == pytest.approx(param_bytes / 4, rel=0.05)
+    assert fsdp["optimizer state"] == pytest.approx(ddp["optimizer state"] / 4, rel=0.05)
+    assert not dist.is_initialized()  # the planner's fake process group is gone
+
+
+def test_activation_checkpointing_lowers_the_planned_activations() -> None:
+    args = [*SMALL, "--n-layer", "6"]
+    plain = memory.plan(parse_args(args), device_type="cpu")
+    ac = memory.plan(parse_args([*args, "--activation-checkpointing"]), device_type="cpu")
+    assert ac.components["activations"] < plain.components["activations"] / 2
+    assert 0 < ac.logits_and_loss_bytes <= ac.components["activations"] + ac.components["temporary buffers"]
+
+
+def test_the_planner_refuses_to_run_inside_a_process_group(tmp_path) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        with pytest.raises(memory.ConfigError, match="outside torchrun"):
+            memory.plan(parse_args([*SMALL, "--parallel", "fsdp"]), 2, "cpu")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_largest_batch_is_the_last_that_fits() -> None:
+    cfg = parse_args(SMALL)
+    capacity = memory.RESERVE + int(memory.plan(
+        dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=6,
+                                                          total_batch_tokens=6 * 64)),
+        device_type="cpu").peak_bytes * memory.MARGIN) + 1
+    b, plan = memory.largest_batch(cfg, capacity, device_type="cpu")
+    assert b == 6 and plan is not None and plan.fits(capacity)
+    assert memory.largest_batch(cfg, memory.RESERVE, device_type="cpu") == (0, None)
+
+
+def test_the_command_line_takes_the_trainers_flags(capsys, tmp_path) -> None:
+    out = tmp_path / "plan.json"
+    assert bench_main(["memory", *SMALL, "--device", "cpu", "--json", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text()) == printed
+    assert printed["peak_bytes"] == sum(printed["components"].values())
+    assert printed["setup"]["device_type"] == "cpu" and printed["setup"]["dtype"] == "float32"
+    assert bench_main(["memory", *SMALL, "--world-size", "2", "--parallel", "fsdp",
+                       "--largest-batch"]) == 0
+    text = capsys.readouterr().out
+    assert "peak per device" in text and "largest --batch-size on 80GB" in text
+    assert "--parallel fsdp on 2 device(s)" in text
+
+
+def test_a_bad_trainer_flag_is_named(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["memory", *SMALL, "--batch-sise", "4"])
+    assert exc.value.code == 2 and "--batch-sise" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gpt2_xl_with_fsdp_and_checkpointing_fits_80gb_at_the_acceptance_batch() -> None:
+    from pathlib import Path
+
+    from gpt.bench.gpu_plan import Sizes, xl_cell  # the acceptance run's own XL cell
+
+    cell = xl_cell(Sizes.make(smoke=False), Path("data"), Path("work"))
+    cfg = parse_args(cell.params["trainer_argv"])
+    assert cfg.train.parallel == "fsdp" and cfg.train.activation_checkpointing
+    plan = memory.plan(cfg, world_size=cell.params["world_size"])
+    assert plan.fits(memory.CAPACITIES["80GB"]), plan.table()
+    assert not plan.fits(memory.CAPACITIES["24GB"])  # the optimizer state alone is 11.6 GiB
