@@ -203,6 +203,27 @@ def find_latest(out_dir: Path) -> tuple[Path | None, dict[str, Any] | None, list
     return None, None, notes
 
 
+def choose(out_dir: Path, resume: str) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
+    """(path, contents, warnings) of the checkpoint `--resume` asks for in out_dir, or
+    (None, None, []) for a fresh start; a clear error if it cannot be honoured. Reads
+    only: Checkpointer.open calls it under the folder's lock, a dry run without."""
+    if resume == "none":
+        existing = list_checkpoints(out_dir)
+        if existing:
+            raise ConfigError(
+                f"--out-dir {out_dir} already holds checkpoints ({existing[-1][1].name} "
+                f"is the newest); continue it with --resume auto, or pick a new --out-dir"
+            )
+        return None, None, []
+    if resume == "auto":
+        path, ckpt, notes = find_latest(out_dir)
+        if path is None and notes:
+            raise CheckpointError(f"--resume auto: no checkpoint in {out_dir} could be "
+                                  f"used: " + "; ".join(notes))
+        return path, ckpt, notes
+    return Path(resume), usable(Path(resume)), []  # a clear error if unusable
+
+
 def rotate(out_dir: Path, keep: int, protect: set[str]) -> list[Path]:
     """Delete all but the newest `keep` checkpoints by the step stored in each, never those
     named in `protect`. A file that cannot be read is neither counted nor deleted (resume
@@ -304,7 +325,7 @@ class Checkpointer:
         if self.runtime.is_master:
             try:
                 self._take_folder()
-                path, ckpt, notes = self._choose(config)
+                path, ckpt, notes = choose(self.out_dir, self.cfg.resume)
                 for note in notes:
                     print(f"warning: {note}", file=sys.stderr)
                 if ckpt is not None:
@@ -337,25 +358,6 @@ class Checkpointer:
         except OSError as e:
             raise ConfigError(f"--out-dir {self.out_dir}: cannot write there "
                               f"({e.strerror or e})") from None
-
-    def _choose(self, config: Config) -> tuple[Path | None, dict[str, Any] | None, list[str]]:
-        """(path, contents, warnings) of the checkpoint --resume asks for (rank 0 only)."""
-        resume = self.cfg.resume
-        if resume == "none":
-            existing = list_checkpoints(self.out_dir)
-            if existing:
-                raise ConfigError(
-                    f"--out-dir {self.out_dir} already holds checkpoints ({existing[-1][1].name} "
-                    f"is the newest); continue it with --resume auto, or pick a new --out-dir"
-                )
-            return None, None, []
-        if resume == "auto":
-            path, ckpt, notes = find_latest(self.out_dir)
-            if path is None and notes:
-                raise CheckpointError(f"--resume auto: no checkpoint in {self.out_dir} could be "
-                                      f"used: " + "; ".join(notes))
-            return path, ckpt, notes
-        return Path(resume), usable(Path(resume)), []  # a clear error if unusable
 
     def last_good(self) -> str:
         """Which checkpoint to go back to, for an error message: the newest that verifies

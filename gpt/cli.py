@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,  # so we can tell which flags were given
     )
     parser.add_argument("--config", metavar="FILE", help="TOML file of settings (see README)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the command and say what it would do (data, resume, "
+                        "tokens per step, predicted peak memory per device), then exit; "
+                        "nothing is built on the device or written")
     parser.add_argument(
         "--model",
         "--preset",
@@ -132,8 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> Config:
     """CLI -> Config. A bad flag or value exits with status 2 and a message naming it."""
+    return parse_command(argv)[0]
+
+
+def parse_command(argv: list[str] | None = None) -> tuple[Config, bool]:
+    """CLI -> (Config, whether --dry-run was given)."""
     parser = build_parser()
     cli = vars(parser.parse_args(argv))
+    dry_run = bool(cli.pop("dry_run", False))
     try:
         values: dict[str, Any] = {}
         config_file = cli.pop("config", None)
@@ -142,7 +152,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
             for name, value in _flatten_toml(_load_toml(path), path).items():
                 values[name] = _coerce(name, value, f"--config {path}")
         values.update(cli)
-        return resolve(values)
+        return resolve(values), dry_run
     except ConfigError as e:
         parser.error(str(e))
     raise AssertionError("unreachable")  # parser.error exits

@@ -1,4 +1,4 @@
-"""Validation loss over a fixed slice of the validation split, and the evaluation CLI.
+"""`python -m gpt.evaluate`: HellaSwag accuracy and validation loss of a checkpoint or GPT-2.
 
     python -m gpt.evaluate --checkpoint runs/x/ckpt_019073.pt --hellaswag hellaswag_val.jsonl
     python -m gpt.evaluate --init-from gpt2 --hellaswag val              # downloads the set
@@ -6,7 +6,8 @@
     torchrun --standalone --nproc_per_node=8 -m gpt.evaluate --checkpoint ckpt.pt --hellaswag val
 
 Under torchrun each rank scores its share (HellaSwag examples i % world_size, disjoint
-validation windows) and the results are combined; rank 0 prints them.
+validation windows) and the results are combined; rank 0 prints them. The scoring is
+gpt/hellaswag.py's and gpt/validation.py's; the flags are parsed before torch is imported.
 """
 
 from __future__ import annotations
@@ -16,51 +17,8 @@ import json
 import sys
 from typing import Any
 
-import torch
-
-from gpt import hellaswag
 from gpt.cli import OneLineParser, check_at_least_one
-from gpt.config import ConfigError
-from gpt.data import ShardLoader
-from gpt.dist import all_reduce_mean, autocast, init_runtime, resolve_dtype, shutdown
 from gpt.errors import UserError
-from gpt.pretrained import load_model
-from gpt.tokenizer import GPT2_VOCAB
-
-
-@torch.no_grad()
-def val_loss(
-    model: torch.nn.Module,
-    loader: ShardLoader,
-    steps: int,
-    device_type: str,
-    autocast_dtype: torch.dtype,
-) -> torch.Tensor:
-    """Mean loss over the first `steps` batches of the loader.
-
-    The loader is reset first, so every call scores the same tokens and the numbers are
-    comparable across a run. A split smaller than `steps` batches is scored once, not
-    wrapped around. Returns a 0-dim device tensor, so the caller chooses when to sync
-    (and can all-reduce it across ranks first).
-    """
-    was_training = model.training
-    model.eval()
-    loader.reset()
-    steps = min(steps, loader.steps_per_pass)
-    total: torch.Tensor | None = None
-    for _ in range(steps):
-        x, y = loader.next_batch()
-        with autocast(device_type, autocast_dtype):
-            _, loss = model(x, y)
-        # Summed into a tensor of our own at once: a model compiled with CUDA graphs
-        # (--compile-mode reduce-overhead) overwrites its outputs at the next call.
-        total = loss.float().clone() if total is None else total + loss.float()
-    model.train(was_training)
-    assert total is not None  # a loader has at least one batch a pass
-    return total / steps
-
-
-# ---------------------------------------------------------------------------- CLI
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +61,16 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as the arguments say (one process or one torchrun rank); results dict."""
+    import torch  # only once the flags are good: --help answers at once
+
+    from gpt import hellaswag
+    from gpt.config import ConfigError
+    from gpt.data import ShardLoader
+    from gpt.dist import all_reduce_mean, init_runtime, resolve_dtype, shutdown
+    from gpt.tokenizer import GPT2_VOCAB
+    from gpt.validation import val_loss
+    from gpt.weights import load_model
+
     runtime = init_runtime(args.device)
     try:
         dtype = resolve_dtype(args.dtype, runtime.device)

@@ -19,9 +19,9 @@ from typing import Any, Iterator
 
 import torch
 
-from gpt import hellaswag, parallel, pretrained
+from gpt import hellaswag, parallel, weights
 from gpt.checkpoint import Checkpointer, LoopState, Parts, model_weights
-from gpt.cli import parse_args, to_toml
+from gpt.cli import parse_command, to_toml
 from gpt.compat import old_torch_note
 from gpt.config import Config, ConfigError, describe, grad_accum_steps, to_dict
 from gpt.data import ShardLoader
@@ -29,9 +29,9 @@ from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, device_name,
                       init_runtime, is_oom, peer_lost, resolve_dtype, reuse_freed_memory,
                       set_matmul_precision, shutdown)
 from gpt.errors import UserError
-from gpt.evaluate import val_loss
+from gpt.validation import val_loss
 from gpt.fileio import atomic_write
-from gpt.generate import sample
+from gpt.sampling import sample
 from gpt.metrics import (MetricsLog, Progress, StepTimer, check_tracking, close_trackers,
                          flops_per_token, mfu, open_trackers, peak_memory, peak_tflops)
 from gpt.model import GPT
@@ -124,9 +124,9 @@ def build_model(cfg: Config, ckpt: dict[str, Any] | None, runtime: Runtime) -> G
     with torch.device("meta"):
         model = GPT(cfg.model)
     if ckpt is not None:
-        weights = model_weights(ckpt, "checkpoint")[1]
+        state = model_weights(ckpt, "checkpoint")[1]
     elif cfg.train.init_from:
-        weights = pretrained.load_pretrained(
+        state = weights.load_pretrained(
             cfg.train.init_from, vocab_size=cfg.model.vocab_size, block_size=cfg.model.block_size,
             dropout=cfg.model.dropout).state_dict()
         if runtime.is_master:
@@ -134,7 +134,7 @@ def build_model(cfg: Config, ckpt: dict[str, Any] | None, runtime: Runtime) -> G
     else:
         return model
     model.to_empty(device=runtime.device)
-    model.load_state_dict(weights)
+    model.load_state_dict(state)
     return model
 
 
@@ -482,7 +482,7 @@ def banner(run: Run) -> dict[str, Any]:
 def train(cfg: Config) -> dict[str, Any]:
     """Run training as configured (one process, or one rank under torchrun)."""
     check_tracking(cfg.train.tensorboard, cfg.train.wandb_project)
-    cfg = pretrained.with_pretrained_shape(cfg)
+    cfg = weights.with_pretrained_shape(cfg)
     runtime = init_runtime(cfg.train.device, cfg.train.dist_timeout)
     if runtime.device_type == "cpu" and cfg.train.cpu_malloc_reuse:
         reuse_freed_memory()
@@ -501,7 +501,9 @@ def train(cfg: Config) -> dict[str, Any]:
         raise OutOfMemory(
             f"out of memory on {runtime.device} at --batch-size {d.batch_size} x --seq-len "
             f"{d.seq_len}: lower --batch-size (gradient accumulation keeps each step at "
-            f"--total-batch-tokens {d.total_batch_tokens}), or add --activation-checkpointing"
+            f"--total-batch-tokens {d.total_batch_tokens}), or add --activation-checkpointing;"
+            f" `python -m gpt.bench memory <these flags> --world-size {runtime.world_size} "
+            f"--largest-batch` predicts the peak and the largest batch that fits"
             f" ({' '.join(str(e).split())[:200]})") from None
     finally:
         shutdown(runtime, clean)
@@ -519,8 +521,13 @@ def build_and_run(cfg: Config, runtime: Runtime) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse the flags (a bad one exits with status 2 and a message naming it), then run."""
-    return main_with(parse_args(argv))
+    """Parse the flags (a bad one exits with status 2 and a message naming it), then run
+    (or, with --dry-run, say what the run would do)."""
+    cfg, dry_run = parse_command(argv)
+    if dry_run:
+        from gpt.dry_run import main as dry_main
+        return dry_main(cfg)
+    return main_with(cfg)
 
 
 def main_with(cfg: Config) -> int:

@@ -15,7 +15,7 @@ import torch
 from helpers import QUIET, TINY, run_cli
 from gpt import checkpoint
 from gpt.checkpoint import CheckpointError
-from gpt.pretrained import PretrainedError, read_checkpoint
+from gpt.weights import PretrainedError, read_checkpoint
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 

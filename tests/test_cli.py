@@ -43,13 +43,24 @@ def test_an_unknown_or_abbreviated_flag_is_one_line_with_a_suggestion(name: str,
     assert rest == ["(run with --help to list every flag)"]  # not the whole usage block
 
 
+def imports_of(*args: str) -> set[str]:
+    proc = cli("-X", "importtime", *args)
+    return {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "import time:" in line}
+
+
 def test_train_help_and_flag_errors_do_not_import_torch() -> None:
     for args in (["--help"], ["--max-stpes", "3"], ["--max-lr", "inf"]):
-        proc = cli("-X", "importtime", str(REPO / "train_gpt2.py"), *args)
-        imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "import time:" in line}
-        assert "torch" not in imported, args
+        assert "torch" not in imports_of(str(REPO / "train_gpt2.py"), *args), args
     proc = cli(str(REPO / "train_gpt2.py"), "--help")
     assert proc.returncode == 0 and "--max-steps" in proc.stdout
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_commands_help_answers_before_torch_loads(name: str) -> None:
+    command = COMMANDS[name][:2] if name.startswith("gpt.") else COMMANDS[name][:1]
+    assert "torch" not in imports_of(*command, "--help")  # gpt.bench: the list of subcommands
+    proc = cli(*COMMANDS[name], "--help")
+    assert proc.returncode == 0 and "usage:" in proc.stdout
 
 
 def test_help_states_each_default_once() -> None:

@@ -27,7 +27,7 @@ from gpt.cli import parse_args
 from gpt.config import OptimConfig, model_preset
 from gpt.data import ShardLoader
 from gpt.dist import init_runtime
-from gpt.generate import sample
+from gpt.sampling import sample
 from gpt.metrics import peak_tflops
 from gpt.model import GPT
 from gpt.optim import build_optimizer

@@ -12,9 +12,10 @@ import torch
 from gpt import hellaswag
 from gpt.config import model_preset
 from gpt.data import ShardLoader
-from gpt.evaluate import main, val_loss
+from gpt.evaluate import main
+from gpt.validation import val_loss
 from gpt.model import GPT
-from gpt.pretrained import load_checkpoint_model
+from gpt.weights import load_checkpoint_model
 
 from helpers import run_torchrun, write_checkpoint
 

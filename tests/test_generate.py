@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from gpt.config import model_preset
-from gpt.generate import main, sample, until_eot
+from gpt.generate import main
+from gpt.sampling import sample, until_eot
 from gpt.model import GPT
 from gpt.parallel import apply_activation_checkpointing
 

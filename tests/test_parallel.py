@@ -200,7 +200,7 @@ def test_trainer_graphs_training_never_breaks_and_eval_compiles_apart(
     compile their own two graphs (no-grad at the validation shape; HellaSwag's padded
     shape) on evaluation's callable, and the training step after them compiles nothing."""
     from gpt.dist import init_runtime
-    from gpt.evaluate import val_loss
+    from gpt.validation import val_loss
     from gpt.train import build_run
 
     data = write_random_shards(tmp_path, seed=0, train=(20_000,), val=(5_000,))

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt import pretrained
+from gpt import pretrained, weights
 from gpt.config import model_preset
 from gpt.model import GPT
-from gpt.pretrained import PretrainedError, export_hf, load_pretrained, read_safetensors
+from gpt.weights import PretrainedError, export_hf, load_pretrained, read_safetensors
 
 from helpers import write_checkpoint
 
@@ -62,7 +62,7 @@ def make_hf_folder(folder: Path, fmt: str = "safetensors", prefix: str = "transf
     (folder / "config.json").write_text(json.dumps(config or hf_config()))
     sd = tensors if tensors is not None else hf_tensors(prefix=prefix)
     if fmt == "safetensors":
-        pretrained.write_safetensors({k: v for k, v in sd.items() if k != "lm_head.weight"},
+        weights.write_safetensors({k: v for k, v in sd.items() if k != "lm_head.weight"},
                                      folder / "model.safetensors")
     else:
         torch.save(sd, folder / "pytorch_model.bin")
@@ -132,7 +132,7 @@ def test_safetensors_round_trip_and_layout(tmp_path: Path) -> None:
     tensors = {"w": torch.randn(3, 4), "h": torch.randn(5).half(), "i": torch.arange(7),
                "m": torch.ones(2, 2, dtype=torch.bool), "e": torch.zeros(0, 3),
                "bf": torch.randn(2, 2).bfloat16(), "t": torch.randn(4, 3).t()}
-    path = pretrained.write_safetensors(tensors, tmp_path / "x.safetensors")
+    path = weights.write_safetensors(tensors, tmp_path / "x.safetensors")
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8 : 8 + n])
@@ -147,7 +147,7 @@ def test_safetensors_round_trip_and_layout(tmp_path: Path) -> None:
 
 
 def test_corrupt_safetensors_are_named(tmp_path: Path) -> None:
-    path = pretrained.write_safetensors({"w": torch.randn(64)}, tmp_path / "w.safetensors")
+    path = weights.write_safetensors({"w": torch.randn(64)}, tmp_path / "w.safetensors")
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(PretrainedError, match=r"w\.safetensors: not a safetensors file, or a damaged one"):
         read_safetensors(path)
@@ -321,7 +321,7 @@ def test_the_export_works_in_a_text_generation_pipeline(tmp_path: Path) -> None:
     it is, and greedy generation there gives the text our own sampling gives."""
     transformers = pytest.importorskip(
         "transformers", reason="transformers is not installed (optional; not a dependency)")
-    from gpt.generate import sample
+    from gpt.sampling import sample
     from gpt.tokenizer import gpt2_tokenizer
 
     model = tiny_gpt(vocab_size=50304)  # GPT-2's padded vocabulary, as trained

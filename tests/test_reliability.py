@@ -443,6 +443,7 @@ def test_out_of_memory_names_the_flag(monkeypatch, data_dir: Path, tmp_path: Pat
                            "--out-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == 1 and "out of memory" in err and "lower --batch-size" in err
+    assert "python -m gpt.bench memory" in err  # the planner says what fits
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 

@@ -29,7 +29,7 @@ from gpt.dist import (WORKER_VARS, RendezvousError, Runtime, init_runtime,
 from gpt.fileio import FolderLock
 from gpt.metrics import MetricsLog
 from gpt.model import GPT
-from gpt.pretrained import (PretrainedError, export_hf, load_checkpoint_model, load_pretrained,
+from gpt.weights import (PretrainedError, export_hf, load_checkpoint_model, load_pretrained,
                             read_checkpoint, read_safetensors, write_safetensors)
 from gpt.shards import ShardError, check_not_being_written, read_shard, write_shard
 from gpt.train import build_loaders

@@ -175,7 +175,7 @@ def test_fine_tune_from_hf_folder_with_hellaswag(random_data_dir: Path, tmp_path
     """--init-from a local HF GPT-2 folder (shape and weights from it), HellaSwag during training."""
     import json
 
-    from gpt.pretrained import export_hf
+    from gpt.weights import export_hf
 
     torch.manual_seed(3)
     source = GPT(model_preset("tiny", n_layer=3, block_size=32))

@@ -54,8 +54,7 @@ class Unsupported(Exception):
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("attention", help="naive vs SDPA backends vs compiled naive over "
-                                         "head dim x sequence length (forward, backward, memory)")
+    p = sub.add_parser("attention")
     p.add_argument("--impls", nargs="+", choices=[*IMPLS, *EXTRA_IMPLS], default=None,
                    help="implementations (default: all on CUDA; on CPU all but naive-compiled)")
     p.add_argument("--head-dims", nargs="+", type=int, default=None, metavar="D",

@@ -2,49 +2,77 @@
 
 Timing subcommands (model, components, attention, ladder, compile) share the common
 flags and a Context, and their results go through one writer. Standalone subcommands
-(comm, prepare, gpu, cpu-malloc) own their flags and run themselves: their parser sets
-`standalone`. A UserError from any of them is one line and its exit code.
+(comm, prepare, gpu, cpu-malloc, memory) own their flags and run themselves: their
+parser sets `standalone`. `memory` also takes the trainer's own flags. A UserError from any of them is one line and its exit code.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from typing import Any, Callable
 
-from gpt.bench import (attention, comm, compile_bench, gpu, ladder, malloc_bench, model_bench,
-                       prepare_bench, report)
-from gpt.bench.common import Context
 from gpt.cli import OneLineParser
 from gpt.errors import UserError
 
-Runner = Callable[[Context], tuple[list[dict[str, Any]], list[report.Section]]]
-
-RUNNERS: dict[str, Runner] = {
-    "model": model_bench.run_model,
-    "components": model_bench.run_components,
-    "attention": attention.run,
-    "ladder": ladder.run,
-    "compile": compile_bench.run,
+# Each subcommand: the module that defines its flags and runs it (imported only once the
+# subcommand is named, so --help answers before torch loads), and its line in --help.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "model": ("model_bench", "time forward / forward+backward / train step per model size, "
+              "precision and compile setting"),
+    "components": ("model_bench", "time embeddings, the blocks and head+loss separately "
+                   "(forward and forward+backward)"),
+    "attention": ("attention", "naive vs SDPA backends vs compiled naive over head dim x "
+                  "sequence length (forward, backward, memory)"),
+    "ladder": ("ladder", "the GPT-2 speed ladder: fp32 -> tf32 -> bf16 -> compile -> flash -> "
+               "vocab 50304 -> fused AdamW -> trainer default"),
+    "compile": ("compile_bench", "eager vs torch.compile for attention and the whole model, "
+                "compile time reported apart"),
+    "comm": ("comm", "all-reduce bandwidth and DDP compute vs communication (under torchrun)"),
+    "prepare": ("prepare_bench", "shard preparation throughput and memory vs a Pool baseline"),
+    "gpu": ("gpu", "GPU acceptance: CUDA tests, 124M vs build-nanogpt, XL, max-autotune, "
+            "ladder (one stage per device call; --plan lists them)"),
+    "cpu-malloc": ("malloc_bench", "CPU step time and peak memory with and without "
+                   "--cpu-malloc-reuse"),
+    "memory": ("memory_bench", "predict a training run's peak memory per device (takes the "
+               "trainer's flags or --config)"),
 }
+# The timing subcommands: a runner each, given the shared Context
+RUNNERS = {"model": ("model_bench", "run_model"), "components": ("model_bench", "run_components"),
+           "attention": ("attention", "run"), "ladder": ("ladder", "run"),
+           "compile": ("compile_bench", "run")}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser, with the full flags of the subcommand named in argv (if any); every
+    other subcommand is listed by name and summary only."""
     parser = OneLineParser(
         prog="python -m gpt.bench",
         description="GPT-2 benchmark suite: warm-up, synchronised timing, OOM-safe sweeps, "
                     "JSON + markdown results. See benchmarks/README.md.",
     )
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", required=True)
-    for module in (model_bench, attention, ladder, compile_bench, comm, prepare_bench, gpu,
-                   malloc_bench):
+    named = next((a for a in argv or () if a in SUBCOMMANDS), None)
+    module = _module(named) if named else None
+    if module is not None:
         module.add_parser(sub)
+    for name, (_, summary) in SUBCOMMANDS.items():
+        if name not in sub.choices:  # a placeholder: its flags are only read when named
+            sub.add_parser(name, help=summary)
     return parser
+
+
+def _module(name: str):
+    return importlib.import_module(f"gpt.bench.{SUBCOMMANDS[name][0]}")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser(argv)
+    if argv[:1] == ["memory"]:  # the planner takes the trainer's flags beside its own
+        args, args.trainer_argv = parser.parse_known_args(argv)
+    else:
+        args = parser.parse_args(argv)
     try:
         return run(args, argv)
     except UserError as e:  # a bad value, --device cuda without a GPU, ...
@@ -56,9 +84,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if getattr(args, "standalone", None) is not None:
         args.argv = argv  # for the command line its results record
         return args.standalone(args)
+    from gpt.bench import report
+    from gpt.bench.common import Context
+
     ctx = Context.create(args.command, args, argv)
+    module, runner = RUNNERS[args.command]
     try:
-        results, sections = RUNNERS[args.command](ctx)
+        results, sections = getattr(importlib.import_module(f"gpt.bench.{module}"), runner)(ctx)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the cells finished so far are in {ctx.args.out}/{ctx.name}.json "
               "and .md", file=sys.stderr)

@@ -144,8 +144,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("comm", help="all-reduce bandwidth and DDP compute vs communication "
-                       "(under torchrun)", description=__doc__,
+    p = sub.add_parser("comm", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("allreduce", "ddp"))
     p.add_argument("--sizes-mb", type=float, nargs="+", default=list(SIZES_MB),

@@ -19,8 +19,7 @@ from gpt.bench.report import Column, fmt_ms, fmt_x, status_text
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compile", help="eager vs torch.compile for attention and the whole "
-                                       "model, compile time reported apart")
+    p = sub.add_parser("compile")
     p.add_argument("--parts", nargs="+", choices=["model", "attention"],
                    default=["model", "attention"], help="what to compare")
     g = p.add_argument_group("model")

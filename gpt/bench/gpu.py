@@ -285,9 +285,7 @@ def show_plan(as_json: bool) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gpu", help="GPU acceptance: CUDA tests, 124M vs build-nanogpt, XL, "
-                       "max-autotune, ladder (one stage per device call; --plan lists them)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--stage", type=int, choices=tuple(STAGES), help="run this stage (one device call)")
     what.add_argument("--plan", action="store_true",

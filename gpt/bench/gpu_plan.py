@@ -74,6 +74,9 @@ CUDA_TESTS_IN_PROCESS_S = 50
 # the ladder (gpt/bench/ladder.py): 5 of its 8 rungs compile GPT-2 124M in one process; the 3
 # eager ones run 3 + 10 steps at B=16, T=1024, up to ~1 s each in fp32 with naive attention
 LADDER_COMPILED_RUNGS, LADDER_EAGER_RUNGS, LADDER_EAGER_RUNG_S = 5, 3, 20.0
+# gpt.memory's plan of a trainer cell, made before the cell runs (gpu_results.predicted_memory):
+# measured on a 2-core CPU (torch 2.13), 124M at micro-batch 64 and XL (FSDP + checkpointing, B=8)
+PLANNER_S = {"gpt2": 8.0, "gpt2-xl": 18.0}
 
 
 @dataclass
@@ -245,6 +248,7 @@ def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int, mod
             "--data-dir", str(data), "--out-dir", str(out), *s.device_flags(), *(extra or [])]
     if not s.smoke:
         argv += ["--compile-mode", mode]
+    estimate += 0 if s.smoke else PLANNER_S[model or s.model]
     return Cell(name, "trainer", estimate, [sys.executable, str(REPO / "train_gpt2.py"), *argv],
                 {"model": model or s.model, "batch_size": batch, "compile_mode": mode, "out": str(out),
                  "steps": steps, "trainer_argv": argv, "world_size": 1,

@@ -81,8 +81,7 @@ RUNGS: list[tuple[str, str]] = [
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ladder", help="the GPT-2 speed ladder: fp32 -> tf32 -> bf16 -> compile "
-                                      "-> flash -> vocab 50304 -> fused AdamW -> trainer default")
+    p = sub.add_parser("ladder")
     p.add_argument("--size", default=None,
                    help="model preset (default gpt2 on CUDA, tiny elsewhere)")
     p.add_argument("--seq-len", type=int, default=None, help="context (default 1024 on CUDA, 128 elsewhere)")

@@ -87,8 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("cpu-malloc", help="CPU step time and peak memory with and without "
-                       "--cpu-malloc-reuse", description=__doc__,
+    p = sub.add_parser("cpu-malloc", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=3, help="runs per variant (default 3)")
     p.add_argument("--steps", type=int, default=30, help="steps per run (default 30)")

@@ -72,12 +72,10 @@ def add_model_args(p: argparse.ArgumentParser, with_modes: bool = True) -> None:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("model", help="time forward / forward+backward / train step per model "
-                                     "size, precision and compile setting")
+    p = sub.add_parser("model")
     add_model_args(p)
     add_common_args(p)
-    p = sub.add_parser("components", help="time embeddings, the blocks and head+loss "
-                                          "separately (forward and forward+backward)")
+    p = sub.add_parser("components")
     add_model_args(p, with_modes=False)
     add_common_args(p)
 

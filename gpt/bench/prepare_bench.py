@@ -264,8 +264,7 @@ def default_out(out: str | None, workers: int) -> Path:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prepare", help="shard preparation throughput and memory vs a Pool baseline",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(standalone=run)
 

@@ -1,0 +1,103 @@
+"""`train_gpt2.py --dry-run`: checks a command and says what it would do, writes nothing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpt import dry_run
+from gpt.train import main as train_main
+
+from helpers import QUIET, TINY, run_cli, write_random_shards
+
+
+def mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
+@pytest.fixture
+def clean_launch_env(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_dry_run_reports_the_run_and_writes_nothing(tmp_path: Path) -> None:
+    data = write_random_shards(mkdir(tmp_path / "data"), seed=0, train=(10_000, 6_000), val=(3_000,))
+    before = sorted(p.name for p in data.iterdir())
+    out = tmp_path / "run"
+    proc = run_cli(*TINY, "--max-steps", "20", "--data-dir", str(data), "--out-dir", str(out),
+                   "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "params:     " in text and "tokens per micro-batch" in text
+    assert "4 x 32 tokens per micro-batch x 1 process(es) x 2 accumulation step(s) = 256" in text
+    assert "2 train shard(s), 16,000 tokens; one pass is 62 steps" in text
+    assert "1 val shard(s), 3,000 tokens" in text
+    assert f"start:      fresh, in {out}" in text
+    assert "peak per device" in text and "memory:     fits cpu" in text
+    assert text.rstrip().endswith("dry run: the run would start")
+    assert not out.exists()  # no folder, no lock, no log
+    assert sorted(p.name for p in data.iterdir()) == before
+
+
+def test_a_dry_run_names_every_problem_and_still_plans_memory(tmp_path: Path) -> None:
+    proc = run_cli(*TINY, "--data-dir", str(tmp_path / "nothing"), "--total-batch-tokens", "300",
+                   "--out-dir", str(tmp_path / "run"), "--dry-run")
+    assert proc.returncode != 0
+    assert "--total-batch-tokens 300" in proc.stderr and "data folder does not exist" in proc.stderr
+    assert "dry run: 2 problem(s) above" in proc.stderr and "peak per device" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_dry_run_says_which_checkpoint_it_would_resume(tmp_path: Path, clean_launch_env,
+                                                         capsys) -> None:
+    data = write_random_shards(mkdir(tmp_path / "data"), seed=0, train=(10_000,))
+    out = tmp_path / "run"
+    common = [*TINY, *QUIET, "--data-dir", str(data), "--out-dir", str(out)]
+    assert train_main([*common, "--max-steps", "2"]) == 0
+    capsys.readouterr()
+    ckpt = out / "ckpt_000002.pt"
+    files = sorted(p.name for p in out.iterdir())
+    stamp = ckpt.stat().st_mtime_ns
+    code = train_main([*common, "--max-steps", "4", "--resume", "auto", "--dry-run"])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert f"start:      would resume from {ckpt} at step 2" in text
+    assert sorted(p.name for p in out.iterdir()) == files  # no lock taken, nothing added
+    assert ckpt.stat().st_mtime_ns == stamp
+    # --resume none over the same folder: the error the real run would give
+    code = train_main([*common, "--max-steps", "4", "--dry-run"])
+    assert code != 0 and "already holds checkpoints" in capsys.readouterr().err
+
+
+def test_what_to_lower_when_the_plan_does_not_fit(tmp_path: Path, clean_launch_env,
+                                                  monkeypatch, capsys) -> None:
+    data = write_random_shards(mkdir(tmp_path / "data"), seed=0, train=(10_000,))
+    args = [*TINY, *QUIET, "--data-dir", str(data), "--out-dir", str(tmp_path / "run"),
+            "--batch-size", "8", "--total-batch-tokens", "512", "--dry-run"]
+    from gpt import memory
+    from gpt.cli import parse_args
+
+    cfg = parse_args([*args[:-1], "--batch-size", "2"])
+    two = memory.plan(cfg, device_type="cpu").peak_bytes  # what --batch-size 2 needs
+    monkeypatch.setattr(dry_run, "_capacity", lambda device: int(two * memory.MARGIN) +
+                        memory.RESERVE + 1)
+    assert train_main(args) == 0  # a plan that does not fit is an answer, not an error
+    text = capsys.readouterr().out
+    assert "will not fit" in text and "lower --batch-size to 2" in text
+
+
+def test_under_torchrun_rank_zero_answers_for_the_world(tmp_path: Path) -> None:
+    data = write_random_shards(mkdir(tmp_path / "data"), seed=0, train=(10_000,))
+    args = [*TINY, *QUIET, "--data-dir", str(data), "--out-dir", str(tmp_path / "run"),
+            "--total-batch-tokens", "512", "--dry-run"]
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
+    quiet = run_cli(*args, env=env)
+    assert quiet.returncode == 0 and quiet.stdout == ""
+    answer = run_cli(*args, env={**env, "RANK": "0", "LOCAL_RANK": "0"})
+    assert answer.returncode == 0, answer.stderr
+    assert "x 2 process(es) x 2 accumulation step(s) = 512" in answer.stdout
