@@ -42,6 +42,17 @@ class ModelConfig:
     n_head: int = _opt(12, "attention heads per block")
     n_embd: int = _opt(768, "model width d_model (the MLP is 4x this)")
     dropout: float = _opt(0.0, "dropout probability (0 for pre-training)")
+    # Beyond GPT-2: the parts of today's fast small-model recipes (the public 124M
+    # speedrun's). Each is off by default; with all off the model is GPT-2's, bit for bit.
+    rotary: bool = _opt(False, "rotary position embeddings in attention, in place of the "
+                        "learned position embedding")
+    rmsnorm: bool = _opt(False, "RMSNorm in place of LayerNorm")
+    qk_norm: bool = _opt(False, "RMS-normalise each head's queries and keys before attention")
+    relu2: bool = _opt(False, "ReLU^2 in the MLP in place of GELU")
+    untied_head: bool = _opt(False, "an LM head of its own instead of the token embedding")
+    zero_init_proj: bool = _opt(False, "zero-initialise each block's two output projections "
+                                "(and an untied head)")
+    logit_softcap: float = _opt(0.0, "soft-cap the logits at +-C (C * tanh(z / C)); 0: off")
 
 
 # name -> (n_layer, n_head, n_embd). GPT-2's four sizes, the benchmark sizes
@@ -98,6 +109,20 @@ class OptimConfig:
     eps: float = _opt(1e-8, "AdamW epsilon")
     grad_clip: float = _opt(1.0, "clip the global gradient norm to this (0 disables)")
     fused: bool | None = _opt(None, "fused AdamW kernel (default: where the device supports it)")
+    lr_schedule: str = _opt(
+        "cosine", "after warm-up: cosine (GPT-2) down to the min, or trapezoid: hold --max-lr, "
+        "then a straight line down to the min over the last --cooldown-frac of the steps",
+        ("cosine", "trapezoid"))
+    cooldown_frac: float = _opt(0.4, "the trapezoid schedule's final decay, as a fraction of "
+                                "--max-steps")
+    optimizer: str = _opt(
+        "adamw", "adamw, or muon: Muon for the blocks' weight matrices and AdamW (at "
+        "--max-lr) for embeddings, head, biases and gains", ("adamw", "muon"))
+    muon_lr: float = _opt(0.02, "Muon's peak learning rate (the schedule scales it as --max-lr's)")
+    muon_momentum: float = _opt(0.95, "Muon's momentum (Nesterov)")
+    muon_momentum_warmup: int = _opt(0, "steps over which Muon's momentum rises from 0.85 to "
+                                     "--muon-momentum (0: none)")
+    muon_weight_decay: float = _opt(0.0, "Muon's decoupled weight decay (x its learning rate)")
 
 
 @dataclass(frozen=True)
@@ -328,6 +353,22 @@ def validate(cfg: Config) -> None:
         m.n_embd % m.n_head == 0,
         f"--n-embd {m.n_embd} must be divisible by --n-head {m.n_head}",
     )
+    # Muon orthogonalises each matrix as a whole; under FSDP2 a rank holds row shards
+    _check(not (o.optimizer == "muon" and t.parallel == "fsdp"),
+           "--optimizer muon orthogonalises whole weight matrices, and --parallel fsdp holds "
+           "row shards of them: use --parallel ddp or zero1 with Muon")
+    _check(0 < o.cooldown_frac <= 1, f"--cooldown-frac {o.cooldown_frac}: must be in (0, 1]")
+    for name in ("muon_lr", "muon_momentum", "muon_weight_decay"):
+        _check(getattr(o, name) >= 0 and math.isfinite(getattr(o, name)),
+               f"{flag(name)} {getattr(o, name)}: must be a finite number >= 0")
+    _check(o.muon_momentum < 1, f"--muon-momentum {o.muon_momentum}: must be below 1")
+    _check(o.muon_momentum_warmup >= 0,
+           f"--muon-momentum-warmup {o.muon_momentum_warmup}: must be >= 0")
+    _check(not m.rotary or (m.n_embd // max(m.n_head, 1)) % 2 == 0,
+           f"--rotary rotates channel pairs: the head size --n-embd {m.n_embd} / --n-head "
+           f"{m.n_head} must be even")
+    _check(m.logit_softcap >= 0 and math.isfinite(m.logit_softcap),
+           f"--logit-softcap {m.logit_softcap}: must be 0 (off) or a positive cap")
     _check(0.0 <= m.dropout < 1.0, f"--dropout must be in [0, 1), got {m.dropout}")
     for name in ("batch_size", "seq_len", "total_batch_tokens"):
         _check(getattr(d, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(d, name)}")

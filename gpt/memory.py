@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from gpt.config import Config, ConfigError, OptimConfig
+from gpt.config import Config, ConfigError
 from gpt.dist import Runtime
 
 GiB = 2**30
@@ -237,7 +237,7 @@ def _measure(cfg: Config, world_size: int, dtype: torch.dtype,
     from gpt import parallel
     from gpt.model import GPT
     from gpt.optim import param_groups
-    from gpt.step import forward_backward, optimizer_step
+    from gpt.step import forward_backward
 
     fsdp = cfg.train.parallel == "fsdp"
     with torch.device("meta"):
@@ -246,21 +246,23 @@ def _measure(cfg: Config, world_size: int, dtype: torch.dtype,
     groups = [[p.numel() for p in g["params"]]
               for g in param_groups(model, cfg.optim.weight_decay)]
     # The fused AdamW runs on fake tensors (the unfused one reads its step count on the
-    # host); the unfused one's extra temporaries are added by plan().
+    # host); the unfused one's extra temporaries are added by plan(). Muon's run as they are.
     train = dataclasses.replace(cfg.train, compile=False, device="cpu",
                                 parallel="fsdp" if fsdp else "ddp")
     runtime = Runtime(device=torch.device("cpu"), world_size=world_size, distributed=fsdp)
     batches = _Batches(cfg.data.batch_size, cfg.data.seq_len, cfg.model.vocab_size)
     group = _fake_group(world_size) if fsdp else contextlib.nullcontext()
     with group as mesh, FakeTensorMode(allow_non_fake_inputs=True):
-        par = parallel.parallelize(model, train, OptimConfig(fused=True), runtime, dtype, mesh)
+        optim = dataclasses.replace(cfg.optim, fused=True)
+        par = parallel.parallelize(model, train, optim, runtime, dtype, mesh)
 
         def step(micro: int) -> torch.Tensor:
             _, norm = forward_backward(par.train_model, par.scaler, par.optimizer, batches,
                                        micro, 1.0, "cpu", dtype)
             return norm
 
-        optimizer_step(par.optimizer, par.scaler, 1e-3, step(1))  # creates the AdamW state
+        step(1)
+        par.optimizer.step()  # creates the optimizer state (no skip check: nothing to read)
         if fsdp:
             tracker: Any = FSDPMemTracker(model, par.optimizer)
         else:

@@ -3,6 +3,12 @@ a final LayerNorm and a language-model head tied to the token embedding.
 
 Module names follow OpenAI's / Hugging Face's GPT-2 checkpoints (transformer.wte,
 h.N.attn.c_attn, ...) so their weights map onto this model name for name.
+
+ModelConfig can swap in the parts of today's fast small-model recipes, each off by
+default: rotary positions (Su et al., RoFormer) in place of the learned ones, RMSNorm,
+QK-norm, a ReLU^2 MLP, an untied head, zero-initialised output projections and soft-capped
+logits. A block is composed from the chosen parts when it is built (norm(), MLP.act,
+the attention's qk_parts), so forward() reads the same either way.
 """
 
 from __future__ import annotations
@@ -54,6 +60,44 @@ class KVCache:
         return keys[:, :, :end], values[:, :, :end]
 
 
+def norm(cfg: ModelConfig, dim: int) -> nn.Module:
+    """The block's normalisation: LayerNorm (GPT-2) or RMSNorm (no mean, no bias)."""
+    return nn.RMSNorm(dim) if cfg.rmsnorm else nn.LayerNorm(dim)
+
+
+class QKNorm(nn.Module):
+    """Each head's queries and keys scaled to unit RMS (no gain), which bounds the
+    attention logits and lets a higher learning rate train stably."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding: channel i of a head's first half and channel i of its
+    second half are rotated together by the angle position * base^(-2i / head_dim), so a
+    query-key product depends on their positions' difference only. Positions start at
+    `start` (the KV cache's length), so cached keys keep the angle of their own position.
+    The angles are computed on the fly in fp32: no buffer to keep, shard or checkpoint."""
+
+    def __init__(self, base: float = 10000.0) -> None:
+        super().__init__()
+        self.base = base
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        T, D = q.size(2), q.size(3)
+        inv_freq = self.base ** (-torch.arange(0, D, 2, device=q.device, dtype=torch.float32) / D)
+        pos = torch.arange(start, start + T, device=q.device, dtype=torch.float32)
+        angles = torch.outer(pos, inv_freq)  # (T, D/2)
+        cos, sin = angles.cos(), angles.sin()
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -63,7 +107,11 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)  # q, k, v in one matmul
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
         self.c_proj.residual_scale = True  # type: ignore[attr-defined]  # see GPT._init_module
+        self.c_proj.zero_init = cfg.zero_init_proj  # type: ignore[attr-defined]
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        # What happens to queries and keys before attention, in order (none for GPT-2)
+        parts: list[nn.Module] = ([QKNorm()] if cfg.qk_norm else []) + ([Rotary()] if cfg.rotary else [])
+        self.qk_parts = nn.ModuleList(parts)
 
     def forward(
         self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0
@@ -72,6 +120,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         # (B, T, C) -> (B, heads, T, head_dim)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        for part in self.qk_parts:
+            q, k = part(q, k, 0 if kv_cache is None else kv_cache.length)
         dropout_p = self.dropout if self.training else 0.0
         if kv_cache is None:
             # SDPA picks a fused kernel (flash / memory-efficient / cuDNN) where one fits, and
@@ -105,27 +155,36 @@ class CausalSelfAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
+class ReLU2(nn.Module):
+    """relu(x)^2: as good as GELU or better for small LMs (Primer, So et al.), and cheaper."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x).square()
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
-        self.gelu = nn.GELU(approximate="tanh")  # the approximation GPT-2 was trained with
+        # GELU with the tanh approximation GPT-2 was trained with, or ReLU^2
+        self.act = ReLU2() if cfg.relu2 else nn.GELU(approximate="tanh")
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
         self.c_proj.residual_scale = True  # type: ignore[attr-defined]
+        self.c_proj.zero_init = cfg.zero_init_proj  # type: ignore[attr-defined]
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd)
+        self.ln_1 = norm(cfg, cfg.n_embd)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd)
+        self.ln_2 = norm(cfg, cfg.n_embd)
         self.mlp = MLP(cfg)
 
     def forward(
@@ -143,16 +202,20 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
-                wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
+                # learned positions (GPT-2); rotary ones live in the attention instead
+                **({} if cfg.rotary else {"wpe": nn.Embedding(cfg.block_size, cfg.n_embd)}),
                 drop=nn.Dropout(cfg.dropout),
                 h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
-                ln_f=nn.LayerNorm(cfg.n_embd),
+                ln_f=norm(cfg, cfg.n_embd),
             )
         )
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        # Weight tying: the output projection is the token embedding (saves V x d params,
-        # and is what GPT-2 did).
-        self.lm_head.weight = self.transformer.wte.weight
+        if cfg.untied_head:
+            self.lm_head.zero_init = cfg.zero_init_proj  # type: ignore[attr-defined]
+        else:
+            # Weight tying: the output projection is the token embedding (saves V x d
+            # params, and is what GPT-2 did).
+            self.lm_head.weight = self.transformer.wte.weight
         if self.lm_head.weight.device.type != "meta":  # on meta, init_weights() comes later
             with torch.no_grad():
                 for module in _post_order(self):  # the order nn.Module.apply visits them
@@ -169,6 +232,8 @@ class GPT(nn.Module):
                 # keeps the stream's variance from growing with depth.
                 std *= (2 * self.config.n_layer) ** -0.5
             _fill_normal(module.weight, std, device)
+            if getattr(module, "zero_init", False):  # drawn all the same: one RNG sequence
+                module.weight.zero_()
             if module.bias is not None:
                 module.bias.zero_()
         elif isinstance(module, nn.Embedding):
@@ -176,6 +241,8 @@ class GPT(nn.Module):
         elif isinstance(module, nn.LayerNorm):
             module.weight.fill_(1.0)
             module.bias.zero_()
+        elif isinstance(module, nn.RMSNorm):
+            module.weight.fill_(1.0)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -199,13 +266,14 @@ class GPT(nn.Module):
         """nn.Module.to_empty, with the head tied to the embedding again (moving a
         meta-device model gives each module a tensor of its own)."""
         super().to_empty(device=device, recurse=recurse)
-        self.lm_head.weight = self.transformer.wte.weight
+        if not self.config.untied_head:
+            self.lm_head.weight = self.transformer.wte.weight
         return self
 
     def num_params(self, exclude_position_embedding: bool = False) -> int:
         """Parameter count, tied weights counted once."""
         n = sum(p.numel() for p in self.parameters())  # parameters() yields a tied tensor once
-        if exclude_position_embedding:
+        if exclude_position_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
         return n
 
@@ -235,21 +303,30 @@ class GPT(nn.Module):
         if start + T > self.config.block_size:
             what = f"sequence length {T}" if start == 0 else f"{start} cached + {T} new positions"
             raise ValueError(f"{what} exceeds the model's block_size {self.config.block_size}")
-        pos = torch.arange(start, start + T, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x = self.transformer.wte(idx)
+        if "wpe" in self.transformer:  # learned positions; rotary ones are the attention's
+            x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
+        x = self.transformer.drop(x)
         for i, block in enumerate(self.transformer.h):
             x = block(x) if kv_cache is None else block(x, kv_cache, i)
         if kv_cache is not None:
             kv_cache.length += T
         if targets is None:
-            return self.lm_head(self.transformer.ln_f(x)), None
+            return self.logits(x), None
         return None, self.loss(x, targets)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm and the head; soft-capped if configured (in fp32: a bf16 tanh
+        near the cap would round many logits to the same value)."""
+        logits = self.lm_head(self.transformer.ln_f(x))
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(logits.float() / cap) if cap else logits
 
     def loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of the last block's output x (B, T, C) against targets: the
         final LayerNorm, the head and the loss, which can be compiled on their own (under
         FSDP the root module's own code runs eagerly; see gpt.parallel)."""
-        logits = self.lm_head(self.transformer.ln_f(x))
+        logits = self.logits(x)
         # Under autocast cross_entropy runs in fp32, so bf16 logits lose no accuracy here.
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 

@@ -1,4 +1,5 @@
-"""AdamW with weight-decay groups, and the warm-up + cosine learning-rate schedule."""
+"""The optimizer (AdamW with weight-decay groups, or Muon + AdamW: gpt/muon.py) and the
+learning-rate schedule (warm-up, then cosine or trapezoid)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,28 @@ import torch
 import torch.nn as nn
 
 from gpt.config import ConfigError, OptimConfig
+from gpt.muon import MuonAdamW, muon_param_groups
 
 
-def lr_at(step: int, max_lr: float, min_lr_ratio: float, warmup_steps: int, max_steps: int) -> float:
+def lr_at(step: int, max_lr: float, min_lr_ratio: float, warmup_steps: int, max_steps: int,
+          schedule: str = "cosine", cooldown_frac: float = 0.4) -> float:
     """Learning rate for optimizer step `step` (0-based).
 
     Linear warm-up from max_lr / warmup_steps at step 0 to max_lr at step warmup_steps - 1
-    (never 0, which would waste the first step), then a cosine from max_lr at step
-    warmup_steps down to min_lr at step max_steps, and min_lr after that.
+    (never 0, which would waste the first step). Then, cosine (GPT-2): a cosine from max_lr
+    at step warmup_steps down to min_lr at step max_steps; trapezoid (the speedrun's):
+    max_lr until the last cooldown_frac of max_steps, then a straight line down to min_lr
+    at max_steps. min_lr after that.
     """
     min_lr = max_lr * min_lr_ratio
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     if step >= max_steps:
         return min_lr
+    if schedule == "trapezoid":
+        cooldown = max(1, round(cooldown_frac * max_steps))
+        left = max_steps - step
+        return max_lr if left >= cooldown else min_lr + (max_lr - min_lr) * left / cooldown
     progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
 
@@ -55,7 +64,10 @@ def adamw_kwargs(cfg: OptimConfig) -> dict[str, Any]:
 def build_optimizer(
     model: nn.Module, cfg: OptimConfig, device: torch.device
 ) -> tuple[torch.optim.AdamW, bool]:
-    """AdamW over the model's decay groups. Returns (optimizer, whether it is fused)."""
+    """AdamW over the model's decay groups, or (--optimizer muon) Muon and AdamW.
+    Returns (optimizer, whether its AdamW is fused)."""
+    if cfg.optimizer == "muon":
+        return build_muon(model, cfg, want_fused(cfg, device))
     groups = param_groups(model, cfg.weight_decay)
     kwargs = adamw_kwargs(cfg)
     if want_fused(cfg, device):
@@ -65,3 +77,27 @@ def build_optimizer(
             if cfg.fused:  # asked for explicitly: say why it cannot be had
                 raise ConfigError(f"--fused: fused AdamW is not available on {device}: {e}") from None
     return torch.optim.AdamW(groups, **kwargs), False
+
+
+def muon_kwargs(cfg: OptimConfig, fused: bool) -> dict[str, Any]:
+    """MuonAdamW's arguments (for it, or for ZeroRedundancyOptimizer to build one per rank)."""
+    return {"adamw": dict(adamw_kwargs(cfg), fused=fused),
+            "muon": {"momentum": cfg.muon_momentum, "nesterov": True}}
+
+
+def optimizer_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
+    """The optimizer's parameter groups: AdamW's decay groups, or Muon's and AdamW's."""
+    if cfg.optimizer == "muon":
+        return muon_param_groups(model, cfg.weight_decay, cfg.muon_weight_decay,
+                                 cfg.muon_lr / cfg.max_lr if cfg.max_lr else 0.0)
+    return param_groups(model, cfg.weight_decay)
+
+
+def build_muon(model: nn.Module, cfg: OptimConfig, fused: bool) -> tuple[MuonAdamW, bool]:
+    try:
+        opt = MuonAdamW(optimizer_groups(model, cfg), **muon_kwargs(cfg, fused))
+    except (RuntimeError, TypeError) as e:  # no fused AdamW here: the unfused one
+        if cfg.fused:
+            raise ConfigError(f"--fused: fused AdamW is not available: {e}") from None
+        return MuonAdamW(optimizer_groups(model, cfg), **muon_kwargs(cfg, False)), False
+    return opt, fused

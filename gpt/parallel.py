@@ -43,7 +43,9 @@ from gpt.compat import needs_torch
 from gpt.config import ConfigError, OptimConfig, TrainConfig
 from gpt.dist import Runtime
 from gpt.model import GPT, unwrap
-from gpt.optim import adamw_kwargs, build_optimizer, param_groups, want_fused
+from gpt.muon import MuonAdamW
+from gpt.optim import (adamw_kwargs, build_optimizer, muon_kwargs, optimizer_groups,
+                       param_groups, want_fused)
 
 # torch.compile's backend. Tests that check the graphs (not the kernels) set "aot_eager":
 # the same graphs and recompiles, without inductor's code generation.
@@ -221,6 +223,9 @@ def _make_optimizer(model: GPT, mode: str, cfg: OptimConfig, runtime: Runtime,
     if mode != "zero1":
         return build_optimizer(model, cfg, runtime.device)
     fused = want_fused(cfg, runtime.device)
+    if cfg.optimizer == "muon":  # one MuonAdamW per rank, over its share of each group
+        return ZeroRedundancyOptimizer(optimizer_groups(model, cfg), optimizer_class=MuonAdamW,
+                                       **muon_kwargs(cfg, fused)), fused
     opt = ZeroRedundancyOptimizer(param_groups(model, cfg.weight_decay),
                                   optimizer_class=torch.optim.AdamW, fused=fused,
                                   **adamw_kwargs(cfg))
@@ -273,20 +278,20 @@ def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, runtime:
         optimizer.consolidate_state_dict(to=0)
         if not runtime.is_master:
             return {}
-        return _index_to_names(optimizer.state_dict(), model)
+        return _index_to_names(optimizer.state_dict(), model, optimizer)
     return get_optimizer_state_dict(model, optimizer, options=_full_options())
 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load a full, name-keyed optimizer state (every rank passes the whole state)."""
     if isinstance(optimizer, ZeroRedundancyOptimizer):
-        optimizer.load_state_dict(_names_to_index(state, model))
+        optimizer.load_state_dict(_names_to_index(state, model, optimizer))
         return
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
 def check_optimizer_state(state: Any, param_shapes: dict[str, tuple[int, ...]]) -> None:
-    """Raise ValueError unless `state` is a full, name-keyed AdamW state that
+    """Raise ValueError unless `state` is a full, name-keyed AdamW (or Muon + AdamW) state that
     load_optimizer_state can load into a model with these parameters (name -> shape):
     groups that list the parameters by name with numeric settings, and per-parameter
     state (all of it, or none yet) of the parameters' shapes."""
@@ -298,11 +303,13 @@ def check_optimizer_state(state: Any, param_shapes: dict[str, tuple[int, ...]]) 
         if not isinstance(group, dict) or not isinstance(group.get("params"), list):
             raise ValueError("a param group is not a dict with a list of params")
         grouped += group["params"]
-        for key in ("lr", "weight_decay", "eps"):
+        muon = group.get("muon") is True  # Muon's group: momentum, not betas
+        for key in ("lr", "weight_decay", "momentum" if muon else "eps"):
             if not _real(group.get(key)):
                 raise ValueError(f"a param group's {key} is {group.get(key)!r}, not a number")
         betas = group.get("betas")
-        if not isinstance(betas, (list, tuple)) or len(betas) != 2 or not all(map(_real, betas)):
+        if not muon and (not isinstance(betas, (list, tuple)) or len(betas) != 2
+                         or not all(map(_real, betas))):
             raise ValueError(f"a param group's betas are {betas!r}, not two numbers")
     if sorted(map(str, grouped)) != sorted(param_shapes):
         unknown = sorted(set(map(str, grouped)) ^ set(param_shapes))[:3]
@@ -328,19 +335,21 @@ def _real(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _param_names(model: nn.Module) -> list[str]:
-    """Parameter names in the order param_groups() lists them (decay group first)."""
+def _param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Parameter names in the order the optimizer's groups list them (its state's indices)."""
     names = {id(p): n for n, p in unwrap(model).named_parameters()}
-    return [names[id(p)] for g in param_groups(model, 0.0) for p in g["params"]]
+    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
-def _index_to_names(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
-    names = _param_names(model)
+def _index_to_names(state: dict[str, Any], model: nn.Module,
+                    optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    names = _param_names(model, optimizer)
     groups = [dict(g, params=[names[i] for i in g["params"]]) for g in state["param_groups"]]
     return {"state": {names[i]: s for i, s in state["state"].items()}, "param_groups": groups}
 
 
-def _names_to_index(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
-    index = {n: i for i, n in enumerate(_param_names(model))}
+def _names_to_index(state: dict[str, Any], model: nn.Module,
+                    optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    index = {n: i for i, n in enumerate(_param_names(model, optimizer))}
     groups = [dict(g, params=[index[n] for n in g["params"]]) for g in state["param_groups"]]
     return {"state": {index[n]: s for n, s in state["state"].items()}, "param_groups": groups}

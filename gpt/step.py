@@ -69,12 +69,16 @@ def forward_backward(
 
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, lr: float,
-                   norm: torch.Tensor, nvtx: bool = False) -> torch.Tensor | None:
-    """The update at `lr`, unless the gradient norm is not finite. Returns whether the
-    step was skipped as a 0-dim device tensor (1.0 if so), or None under fp16, whose
-    scaler skips overflowed steps itself (routinely, while it finds its scale)."""
+                   norm: torch.Tensor, nvtx: bool = False,
+                   muon_momentum: float | None = None) -> torch.Tensor | None:
+    """The update at `lr` (times a group's "lr_ratio": Muon's learning rate is its own),
+    unless the gradient norm is not finite. Returns whether the step was skipped as a
+    0-dim device tensor (1.0 if so), or None under fp16, whose scaler skips overflowed
+    steps itself (routinely, while it finds its scale)."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group["lr_ratio"] if "lr_ratio" in group else lr
+        if muon_momentum is not None and group.get("muon"):
+            group["momentum"] = muon_momentum
     with nvtx_range("optimizer", nvtx):
         if scaler.is_enabled():
             scaler.step(optimizer)

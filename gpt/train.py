@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
-from gpt import hellaswag, parallel, weights
+from gpt import hellaswag, muon, parallel, weights
 from gpt.checkpoint import Checkpointer, LoopState, Parts, model_weights
 from gpt.cli import parse_command, to_toml
 from gpt.compat import old_torch_note
@@ -197,15 +197,18 @@ def run_loop(run: Run) -> dict[str, Any]:
                 break
 
             step = s.step
-            lr = lr_at(step, cfg.optim.max_lr, cfg.optim.min_lr_ratio,
-                       cfg.optim.warmup_steps, cfg.train.max_steps)
+            o = cfg.optim
+            lr = lr_at(step, o.max_lr, o.min_lr_ratio, o.warmup_steps, cfg.train.max_steps,
+                       o.lr_schedule, o.cooldown_frac)
+            momentum = (muon.momentum_at(step, o.muon_momentum, o.muon_momentum_warmup)
+                        if o.optimizer == "muon" else None)
             with profiler.step(step), stop_at_bad_data(run):
                 loss, norm = forward_backward(run.par.train_model, run.par.scaler, run.par.optimizer,
                                               run.train_loader, run.accum, cfg.optim.grad_clip,
                                               rt.device_type, run.autocast_dtype, cfg.profile.nvtx)
                 # Skipped on the device if the gradient is not finite (counted, read later).
                 run.skips.add(optimizer_step(run.par.optimizer, run.par.scaler, lr, norm,
-                                             cfg.profile.nvtx))
+                                             cfg.profile.nvtx, momentum))
             s.step += 1
             timer.steps += 1
 

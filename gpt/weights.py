@@ -250,8 +250,7 @@ def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], source: s
     """A GPT holding exactly `state_dict`, allocated once on `device` (no random init)."""
     with torch.device("meta"):
         model = GPT(cfg)
-    model.to_empty(device=device)
-    model.lm_head.weight = model.transformer.wte.weight  # to_empty does not keep the tie
+    model.to_empty(device=device)  # GPT.to_empty ties the head again (if tied)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(expected))
@@ -313,7 +312,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, tor
 def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> GPT:
     cfg, sd = read_checkpoint(path)
     sd = dict(sd)
-    if "lm_head.weight" not in sd and "transformer.wte.weight" in sd:
+    if "lm_head.weight" not in sd and "transformer.wte.weight" in sd and not cfg.untied_head:
         sd["lm_head.weight"] = sd["transformer.wte.weight"]  # tied; a writer may list it once
     return build_model(cfg, sd, f"--checkpoint {path}", device)
 
@@ -378,6 +377,14 @@ def gpt_to_hf_state_dict(state_dict: dict[str, torch.Tensor],
     return out
 
 
+def not_gpt2_parts(cfg: ModelConfig) -> list[str]:
+    """The flags of cfg's parts that GPT-2's architecture does not have."""
+    parts = [f.name for f in dataclasses.fields(cfg) if f.type in (bool, "bool")
+             and getattr(cfg, f.name)]
+    return [f"--{p.replace('_', '-')}" for p in parts] + (
+        [f"--logit-softcap {cfg.logit_softcap}"] if cfg.logit_softcap else [])
+
+
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")  # what an export writes
 # What a Hugging Face model folder can hold besides: left beside new weights, it would
 # disagree with them (a tokenizer of another vocabulary, other weights, other ids).
@@ -409,6 +416,11 @@ def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLik
             raise PretrainedError(str(e)) from None
     else:
         cfg, sd = read_checkpoint(model_or_checkpoint)
+    beyond = not_gpt2_parts(cfg)
+    if beyond:
+        raise PretrainedError(f"{source}: Hugging Face's GPT-2 cannot hold a model with "
+                              f"{', '.join(beyond)}; only a GPT-2-shaped model exports "
+                              f"(its checkpoint works with gpt.generate and gpt.evaluate)")
     vocab = min(cfg.vocab_size, GPT2_VOCAB) if vocab_size is None else vocab_size
     if not 1 <= vocab <= cfg.vocab_size:
         raise PretrainedError(f"{source}: vocab_size {vocab} must be in 1..{cfg.vocab_size}")

@@ -52,21 +52,23 @@ def real_peak(cfg, dtype: torch.dtype, micro_steps: int) -> int:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
                                 profile_memory=True) as prof:
         step(micro_steps)
-    sizes: list[tuple[int, int]] = []
+    events: list[tuple[int, int, int, int]] = []  # (time, order seen, size, total after)
 
     def walk(event) -> None:
         if event.tag == _EventType.Allocation:  # frees have negative sizes
-            sizes.append((event.start_time_ns, event.extra_fields.alloc_size))
+            fields = event.extra_fields
+            events.append((event.start_time_ns, len(events), fields.alloc_size,
+                           fields.total_allocated))
         for child in event.children:
             walk(child)
 
     for root in prof.profiler.kineto_results.experimental_event_tree():
         walk(root)
-    current = highest = 0
-    for _, size in sorted(sizes):
-        current += size
-        highest = max(highest, current)
-    assert sizes, "the profiler recorded no allocations"
+    assert events, "the profiler recorded no allocations"
+    # The allocator's own running total after each event, so events that share a
+    # timestamp cannot be miscounted by the order they are summed in
+    _, _, size, total = min(events)
+    highest = max(e[3] for e in events) - (total - size)
     return live + highest
 
 

@@ -92,8 +92,8 @@ def poison_after(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     real = train_mod.optimizer_step
     count = {"n": 0}
 
-    def overflowing(optimizer, scaler, lr, norm, nvtx=False):
-        found_inf = real(optimizer, scaler, lr, norm, nvtx)
+    def overflowing(optimizer, scaler, lr, norm, nvtx=False, muon_momentum=None):
+        found_inf = real(optimizer, scaler, lr, norm, nvtx, muon_momentum)
         count["n"] += 1
         if count["n"] > step:
             with torch.no_grad():

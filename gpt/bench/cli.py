@@ -2,7 +2,7 @@
 
 Timing subcommands (model, components, attention, ladder, compile) share the common
 flags and a Context, and their results go through one writer. Standalone subcommands
-(comm, prepare, gpu, cpu-malloc, memory) own their flags and run themselves: their
+(comm, prepare, gpu, cpu-malloc, memory, tokens) own their flags and run themselves: their
 parser sets `standalone`. `memory` also takes the trainer's own flags. A UserError from any of them is one line and its exit code.
 """
 
@@ -36,6 +36,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                    "--cpu-malloc-reuse"),
     "memory": ("memory_bench", "predict a training run's peak memory per device (takes the "
                "trainer's flags or --config)"),
+    "tokens": ("tokens_bench", "tokens each recipe needs to reach the GPT-2 recipe's final "
+               "validation loss (GPT-2 vs the speedrun-era recipe, with an LR sweep)"),
 }
 # The timing subcommands: a runner each, given the shared Context
 RUNNERS = {"model": ("model_bench", "run_model"), "components": ("model_bench", "run_components"),

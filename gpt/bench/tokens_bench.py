@@ -1,0 +1,230 @@
+"""`tokens`: how many training tokens each recipe needs to reach the same validation loss.
+
+    python -m gpt.bench tokens --data-dir data/pydoc --out benchmarks/tokens_cpu
+
+Trains the GPT-2 recipe (learned positions, LayerNorm, GELU, tied head, AdamW, warm-up
+and cosine) and the speedrun-era recipe (rotary, RMSNorm, QK-norm, ReLU^2, an untied
+zero-initialised head, soft-capped logits, Muon + AdamW, a trapezoid schedule with
+Muon's momentum warm-up) at the same model size, on the same token stream (the same
+data folder and seed: the same batches in the same order), each through train_gpt2.py.
+
+1. A learning-rate sweep per recipe at the full budget (--steps): the GPT-2 recipe over
+   --baseline-lrs (its --max-lr), the new one over --new-lr-scales (x its --max-lr and
+   --muon-lr together). The best GPT-2 run's final validation loss is the target.
+2. The new recipe at its best learning rate, with whole schedules over fewer tokens
+   (--new-budgets, fractions of the full budget): the fewest tokens whose run ends at or
+   below the target (interpolated between the two budgets around it) are its tokens to
+   the target. A schedule that ends there is how a recipe is used; reading the crossing
+   off a longer run's curve (also reported) catches it before its learning rate decays.
+
+tokens_ratio = the GPT-2 recipe's tokens to its final validation loss / the new recipe's
+tokens to that same loss. The JSON keeps every run's validation curve, the command, the
+device, torch and the commit; a markdown summary and (with matplotlib) a plot of both
+best curves go beside it. Validation uses the same --val-steps batches of the val split
+at every evaluation. Use a corpus whose train split exceeds the full budget, so that no
+run sees a token twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The GPT-2 recipe is the trainer's defaults. The new recipe, on top of them:
+NEW_RECIPE = ["--rotary", "--rmsnorm", "--qk-norm", "--relu2", "--untied-head",
+              "--zero-init-proj", "--logit-softcap", "15", "--optimizer", "muon",
+              "--lr-schedule", "trapezoid", "--cooldown-frac", "0.4", "--warmup-steps", "0",
+              "--weight-decay", "0", "--min-lr-ratio", "0"]
+GPT2_WARMUP = 715 / 19073  # the GPT-2 recipe's warm-up, as a fraction of its steps
+MOMENTUM_WARMUP = 300 / 1750  # the speedrun's momentum warm-up, as a fraction of its steps
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tokens", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", required=True, help="token shards (train_*/val_*), fineweb.py's")
+    p.add_argument("--out", default="runs/bench/tokens", help="folder for tokens.json, .md, .png")
+    p.add_argument("--model", default="tiny", help="model preset (default tiny)")
+    p.add_argument("--n-layer", type=int, default=4)
+    p.add_argument("--n-head", type=int, default=4)
+    p.add_argument("--n-embd", type=int, default=128)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--total-batch-tokens", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=120, help="the full budget, in steps")
+    p.add_argument("--val-every", type=int, default=10)
+    p.add_argument("--val-steps", type=int, default=16)
+    p.add_argument("--baseline-lrs", type=float, nargs="+", default=[1.5e-3, 3e-3, 6e-3])
+    p.add_argument("--new-max-lr", type=float, default=6e-3,
+                   help="the new recipe's AdamW learning rate at scale 1")
+    p.add_argument("--new-muon-lr", type=float, default=0.02,
+                   help="the new recipe's Muon learning rate at scale 1")
+    p.add_argument("--new-lr-scales", type=float, nargs="+", default=[0.5, 1.0, 2.0])
+    p.add_argument("--new-budgets", type=float, nargs="+", default=[0.25, 0.375, 0.5, 0.75])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=1337)
+    p.set_defaults(standalone=run)
+
+
+def trainer_flags(args: argparse.Namespace, steps: int) -> list[str]:
+    return ["--model", args.model, "--n-layer", str(args.n_layer), "--n-head", str(args.n_head),
+            "--n-embd", str(args.n_embd), "--block-size", str(args.seq_len),
+            "--seq-len", str(args.seq_len), "--batch-size", str(args.batch_size),
+            "--total-batch-tokens", str(args.total_batch_tokens), "--max-steps", str(steps),
+            "--val-every", str(args.val_every), "--val-steps", str(args.val_steps),
+            "--sample-every", "0", "--no-save-checkpoints", "--log-every", str(args.val_every),
+            "--data-dir", args.data_dir, "--device", args.device, "--seed", str(args.seed)]
+
+
+def recipe_flags(recipe: str, steps: int, lr: float, args: argparse.Namespace) -> list[str]:
+    if recipe == "gpt2":
+        return ["--max-lr", str(lr), "--warmup-steps", str(max(1, round(GPT2_WARMUP * steps)))]
+    return [*NEW_RECIPE, "--max-lr", str(args.new_max_lr * lr),
+            "--muon-lr", str(args.new_muon_lr * lr),
+            "--muon-momentum-warmup", str(round(MOMENTUM_WARMUP * steps))]
+
+
+def train(recipe: str, steps: int, lr: float, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """One run through train_gpt2.py: its validation curve (tokens, loss)."""
+    out = work / f"{recipe}-lr{lr:g}-steps{steps}"
+    cmd = [sys.executable, str(REPO / "train_gpt2.py"), *trainer_flags(args, steps),
+           *recipe_flags(recipe, steps, lr, args), "--out-dir", str(out)]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{recipe} lr {lr} ({steps} steps) failed: {proc.stderr[-2000:]}")
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    curve = [[r["step"] * args.total_batch_tokens, r["val_loss"]] for r in records
+             if r.get("type") == "val"]
+    run = {"recipe": recipe, "lr": lr, "steps": steps, "tokens": steps * args.total_batch_tokens,
+           "curve": curve, "final_val_loss": curve[-1][1], "seconds": round(seconds, 1),
+           "flags": cmd[2:]}
+    print(f"{recipe:5s} lr x{lr:<7g} {steps:4d} steps: final val {run['final_val_loss']:.4f} "
+          f"({seconds:.0f} s)", flush=True)
+    return run
+
+
+def crossing(curve: list[list[float]], target: float) -> float | None:
+    """Tokens at which a validation curve first reaches target (linear between points)."""
+    for (t0, l0), (t1, l1) in zip(curve, curve[1:]):
+        if l1 <= target:
+            return t1 if l0 <= target or l0 == l1 else t0 + (t1 - t0) * (l0 - target) / (l0 - l1)
+    return curve[0][0] if curve and curve[0][1] <= target else None
+
+
+def tokens_to_target(runs: list[dict[str, Any]], target: float) -> tuple[float | None, str]:
+    """From complete runs at several budgets: the fewest tokens ending at or below target,
+    interpolated between the largest budget above it and the smallest one at or below."""
+    runs = sorted(runs, key=lambda r: r["tokens"])
+    for lo, hi in zip([None, *runs], runs):
+        if hi["final_val_loss"] <= target:
+            if lo is None:
+                return hi["tokens"], f"at most {hi['tokens']:,}: even the smallest budget reached it"
+            l0, l1 = lo["final_val_loss"], hi["final_val_loss"]
+            t = lo["tokens"] + (hi["tokens"] - lo["tokens"]) * (l0 - target) / (l0 - l1)
+            return t, f"between the {lo['tokens']:,}- and {hi['tokens']:,}-token runs"
+    return None, "no budget reached the target"
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpt.bench.report import git_commit
+    from gpt.dist import cpu_name, device_name, pick_device
+    from gpt.shards import find_shards, shard_num_tokens
+
+    import torch
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train_tokens = sum(shard_num_tokens(p) for p in find_shards(args.data_dir, "train"))
+    full = args.steps * args.total_batch_tokens
+    if full > train_tokens:
+        print(f"warning: --steps {args.steps} x {args.total_batch_tokens} tokens = {full:,} is "
+              f"more than the {train_tokens:,} train tokens: runs repeat data", file=sys.stderr)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="tokens_bench_") as tmp:
+        work = Path(tmp)
+        base = [train("gpt2", args.steps, lr, args, work) for lr in args.baseline_lrs]
+        new = [train("new", args.steps, s, args, work) for s in args.new_lr_scales]
+        best_base = min(base, key=lambda r: r["final_val_loss"])
+        best_new = min(new, key=lambda r: r["final_val_loss"])
+        target = best_base["final_val_loss"]
+        budgets = [max(1, round(f * args.steps)) for f in sorted(args.new_budgets)]
+        short = [train("new", b, best_new["lr"], args, work) for b in budgets if b < args.steps]
+        runs = [*base, *new, *short]
+    at_best = [r for r in runs if r["recipe"] == "new" and r["lr"] == best_new["lr"]]
+    new_tokens, how = tokens_to_target(at_best, target)
+    base_tokens = best_base["tokens"]
+    commit, dirty = git_commit()
+    device = pick_device(args.device)
+    report = {
+        "command": "python -m gpt.bench " + " ".join(args.argv), "commit": commit,
+        "commit_dirty": dirty, "torch": torch.__version__, "device": str(device),
+        "device_name": device_name(device) if device.type != "cpu" else cpu_name(),
+        "cpu_count": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "data_dir": args.data_dir, "train_tokens": train_tokens,
+        "model": {"preset": args.model, "n_layer": args.n_layer, "n_head": args.n_head,
+                  "n_embd": args.n_embd, "seq_len": args.seq_len},
+        "tokens_per_step": args.total_batch_tokens, "full_budget_tokens": full,
+        "new_recipe_flags": NEW_RECIPE,
+        "target_val_loss": target, "baseline_best_lr": best_base["lr"],
+        "baseline_tokens": base_tokens, "new_best_lr_scale": best_new["lr"],
+        "new_final_val_loss_full_budget": best_new["final_val_loss"],
+        "new_tokens_to_target": new_tokens, "new_tokens_how": how,
+        "new_tokens_to_target_on_full_curve": crossing(best_new["curve"], target),
+        "tokens_ratio": base_tokens / new_tokens if new_tokens else None,
+        "runs": runs,
+    }
+    (out / "tokens.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "tokens.md").write_text(summary(report))
+    plotted = plot(best_base, best_new, target, out / "tokens.png")
+    print(summary(report))
+    print(f"wrote {out}/tokens.json, tokens.md{', tokens.png' if plotted else ''}")
+    return 0
+
+
+def summary(r: dict[str, Any]) -> str:
+    ratio = f"{r['tokens_ratio']:.2f}" if r["tokens_ratio"] else "n/a"
+    lines = [f"# Tokens to the GPT-2 recipe's final validation loss ({r['target_val_loss']:.4f})",
+             "", f"`{r['command']}` at {r['commit']} on {r['device_name']}, torch {r['torch']}",
+             "", "| recipe | learning rate | tokens | final val loss | seconds |",
+             "|---|---|---|---|---|"]
+    for run in r["runs"]:
+        lr = f"{run['lr']:g}" if run["recipe"] == "gpt2" else f"x{run['lr']:g}"
+        lines.append(f"| {run['recipe']} | {lr} | {run['tokens']:,} | "
+                     f"{run['final_val_loss']:.4f} | {run['seconds']:.0f} |")
+    lines += ["", f"GPT-2 recipe: {r['baseline_tokens']:,} tokens (best --max-lr "
+              f"{r['baseline_best_lr']:g}). New recipe (best scale x{r['new_best_lr_scale']:g}): "
+              f"{r['new_tokens_to_target'] or 0:,.0f} tokens ({r['new_tokens_how']}). "
+              f"**tokens_ratio {ratio}**.", ""]
+    return "\n".join(lines)
+
+
+def plot(base: dict[str, Any], new: dict[str, Any], target: float, path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run, label in ((base, f"GPT-2 recipe, lr {base['lr']:g}"),
+                       (new, f"new recipe, lr x{new['lr']:g}")):
+        ax.plot([t for t, _ in run["curve"]], [v for _, v in run["curve"]], label=label)
+    ax.axhline(target, color="gray", linestyle=":", label=f"target {target:.3f}")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation loss")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

@@ -1,0 +1,179 @@
+"""The model's options beyond GPT-2 (rotary, RMSNorm, QK-norm, ReLU^2, untied head,
+zero-initialised projections, logit soft-capping): each alone and all together, in the
+model, the trainer, the distributed modes, generation and export. With all of them off the
+model is GPT-2's; tests/test_model.py's parity tests hold that."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt.config import ModelConfig, model_preset
+from gpt.model import GPT, Rotary
+from gpt.weights import PretrainedError, export_hf
+from helpers import QUIET, TINY, read_metrics, run_cli, run_torchrun, write_random_shards
+
+OPTIONS: dict[str, dict[str, object]] = {
+    "rotary": {"rotary": True}, "rmsnorm": {"rmsnorm": True}, "qk_norm": {"qk_norm": True},
+    "relu2": {"relu2": True}, "untied_head": {"untied_head": True},
+    "zero_init_proj": {"zero_init_proj": True, "untied_head": True},
+    "logit_softcap": {"logit_softcap": 5.0},
+}
+ALL = {k: v for option in OPTIONS.values() for k, v in option.items()}
+ALL_FLAGS = ["--rotary", "--rmsnorm", "--qk-norm", "--relu2", "--untied-head",
+             "--logit-softcap", "15"]  # not zero-init: an all-zero head trains its first steps slowly
+
+
+def tiny(**options: object) -> ModelConfig:
+    return model_preset("tiny", block_size=32, **options)
+
+
+@pytest.mark.parametrize("name", [*OPTIONS, "all"])
+def test_a_meta_build_initialises_like_a_cpu_build(name: str) -> None:
+    cfg = tiny(**(ALL if name == "all" else OPTIONS[name]))
+    torch.manual_seed(0)
+    ref = GPT(cfg)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    model.init_weights()
+    assert model.state_dict().keys() == ref.state_dict().keys()
+    for key, value in ref.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+    x = torch.randint(0, 50257, (2, 16))
+    _, loss = model(x, x)
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters()
+                                        if p.grad is not None)
+
+
+def test_each_option_changes_what_it_names() -> None:
+    gpt2 = GPT(tiny())
+    rotary = GPT(tiny(rotary=True))
+    assert "transformer.wpe.weight" in gpt2.state_dict()
+    assert "transformer.wpe.weight" not in rotary.state_dict()
+    assert rotary.num_params() == gpt2.num_params() - 32 * 64
+    rms = GPT(tiny(rmsnorm=True))
+    assert isinstance(rms.transformer.ln_f, torch.nn.RMSNorm) and "transformer.ln_f.bias" not in rms.state_dict()
+    untied = GPT(tiny(untied_head=True))
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    assert untied.num_params() == gpt2.num_params() + 50304 * 64
+    zero = GPT(tiny(zero_init_proj=True, untied_head=True))
+    assert not zero.lm_head.weight.any() and not zero.transformer.h[0].mlp.c_proj.weight.any()
+    assert zero.transformer.h[0].attn.c_attn.weight.any()
+    assert GPT(tiny(zero_init_proj=True)).lm_head.weight.any()  # tied: the embedding stays
+    x = torch.randint(0, 50257, (2, 16))
+    logits, _ = GPT(tiny(logit_softcap=0.5)).eval()(x)
+    assert logits.dtype == torch.float32 and logits.abs().max() <= 0.5
+    relu2 = GPT(tiny(relu2=True)).transformer.h[0].mlp.act
+    assert torch.equal(relu2(torch.tensor([-2.0, 3.0])), torch.tensor([0.0, 9.0]))
+
+
+def test_rotary_scores_depend_on_relative_positions_only() -> None:
+    q, k = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+    rotary = Rotary()
+    q0, k0 = rotary(q, k, 0)
+    q7, k7 = rotary(q, k, 7)
+    assert torch.allclose(q0 @ k0.transpose(-1, -2), q7 @ k7.transpose(-1, -2), atol=1e-5)
+    assert not torch.allclose(q0, q7)
+
+
+@pytest.mark.parametrize("name", ["rotary", "all"])
+def test_kv_cache_decoding_equals_the_full_forward(name: str) -> None:
+    options = dict(ALL, zero_init_proj=False) if name == "all" else OPTIONS[name]
+    torch.manual_seed(0)
+    model = GPT(tiny(**options)).eval()
+    x = torch.randint(0, 50257, (2, 20))
+    with torch.no_grad():
+        full, _ = model(x)
+        cache = model.new_kv_cache()
+        parts = [model(x[:, a:b], kv_cache=cache)[0] for a, b in ((0, 12), (12, 15), (15, 20))]
+    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-5)
+
+
+def test_generation_with_the_cache_equals_generation_without(tmp_path: Path) -> None:
+    from gpt.sampling import sample
+
+    torch.manual_seed(0)
+    model = GPT(tiny(**dict(ALL, zero_init_proj=False))).eval()
+    runs = [sample(model, [1, 2, 3], 40, num_samples=2, top_k=5, use_cache=cache,
+                   generator=torch.Generator().manual_seed(3)) for cache in (True, False)]
+    assert torch.equal(runs[0], runs[1])  # 43 tokens: past the block size of 32 as well
+
+
+def test_export_refuses_a_model_gpt2_cannot_hold(tmp_path: Path) -> None:
+    with pytest.raises(PretrainedError, match="--rotary, --relu2"):
+        export_hf(GPT(tiny(rotary=True, relu2=True)), tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_flags_and_recipe_keys_validate() -> None:
+    from gpt.cli import parse_args
+
+    cfg = parse_args([*TINY, *ALL_FLAGS])
+    assert cfg.model.rotary and cfg.model.qk_norm and cfg.model.logit_softcap == 15.0
+    with pytest.raises(SystemExit):
+        parse_args([*TINY, "--logit-softcap", "-1"])
+    with pytest.raises(SystemExit):
+        parse_args(["--n-embd", "63", "--n-head", "7", "--rotary"])  # head size 9: odd
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_shards(tmp_path_factory.mktemp("data"), seed=1, train=(20_000, 7_000))
+
+
+ARGS = [*TINY, *QUIET, *ALL_FLAGS, "--total-batch-tokens", "512"]
+
+
+def test_the_trainer_resumes_a_modern_model_exactly(data_dir: Path, tmp_path: Path) -> None:
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert run_cli(*ARGS, "--max-steps", "4", "--data-dir", str(data_dir),
+                   "--out-dir", str(straight)).returncode == 0
+    first = run_cli(*ARGS, "--max-steps", "4", "--stop-at-step", "2", "--data-dir", str(data_dir),
+                    "--out-dir", str(split))
+    assert first.returncode == 0, first.stderr
+    second = run_cli(*ARGS, "--max-steps", "4", "--resume", "auto", "--data-dir", str(data_dir),
+                     "--out-dir", str(split))
+    assert second.returncode == 0, second.stderr
+    assert [r["loss"] for r in read_metrics(split, "train")] == \
+        [r["loss"] for r in read_metrics(straight, "train")]
+    # what generate and evaluate load: the model as trained, its head its own
+    from gpt.checkpoint import load
+    from gpt.weights import load_checkpoint_model
+
+    model = load_checkpoint_model(split / "ckpt_000004.pt")
+    assert model.config.rotary and model.config.untied_head
+    assert model.lm_head.weight is not model.transformer.wte.weight
+    saved = load(split / "ckpt_000004.pt")["model"]
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_ranks_match_one_process_with_a_modern_model(mode: str, data_dir: Path,
+                                                         tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = [*ARGS, "--max-steps", "3", "--data-dir", str(data_dir)]
+    assert run_cli(*common, "--out-dir", str(one)).returncode == 0
+    proc = run_torchrun(*common, "--parallel", mode, "--out-dir", str(two))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["loss"] for r in read_metrics(two, "train")] == \
+        pytest.approx([r["loss"] for r in read_metrics(one, "train")], rel=1e-5)
+
+
+def test_the_memory_planner_plans_a_modern_model() -> None:
+    from gpt import memory
+    from gpt.cli import parse_args
+
+    gpt2 = memory.plan(parse_args(TINY), device_type="cpu")
+    modern = memory.plan(parse_args([*TINY, *ALL_FLAGS]), device_type="cpu")
+    # the untied head: its weight, gradient and two AdamW moments, 4 bytes each
+    extra = 50304 * 64 * 4
+    assert modern.components["parameters"] - gpt2.components["parameters"] == \
+        pytest.approx(extra, rel=0.01)
+    assert modern.components["optimizer state"] - gpt2.components["optimizer state"] == \
+        pytest.approx(2 * extra, rel=0.01)

@@ -1,0 +1,148 @@
+"""--optimizer muon (gpt/muon.py): Muon for the blocks' matrices and AdamW for the rest,
+as one optimizer; its schedule options; and the trainer with it: resume, DDP and ZeRO-1
+against one process, FSDP refused."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt.config import OptimConfig, model_preset
+from gpt.model import GPT
+from gpt.muon import MuonAdamW, hidden_matrices, momentum_at
+from gpt.optim import build_optimizer, lr_at, optimizer_groups
+from gpt.step import optimizer_step
+from helpers import QUIET, TINY, read_metrics, run_cli, run_torchrun, write_random_shards
+
+MUON = OptimConfig(optimizer="muon", max_lr=3e-3, muon_lr=0.02, fused=False)
+
+
+def model_and_grads(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(model_preset("tiny", block_size=32))
+    x = torch.randint(0, 50257, (2, 16))
+    model(x, x)[1].backward()
+    return model
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest() -> None:
+    model = model_and_grads()
+    groups = optimizer_groups(model, MUON)
+    muon, decay, no_decay = groups
+    assert muon["muon"] and muon["lr_ratio"] == pytest.approx(0.02 / 3e-3)
+    assert {id(p) for p in muon["params"]} == {id(p) for p in hidden_matrices(model)}
+    assert all(p.dim() == 2 for p in muon["params"]) and len(muon["params"]) == 4 * 2
+    assert {id(p) for p in decay["params"]} == {id(model.transformer.wte.weight),
+                                                id(model.transformer.wpe.weight)}
+    assert all(p.dim() == 1 for p in no_decay["params"])
+
+
+def test_one_step_is_torchs_muon_and_adamw_each_on_their_own() -> None:
+    model, ref = model_and_grads(), model_and_grads()  # (a deep copy drops the gradients)
+    opt, _ = build_optimizer(model, MUON, torch.device("cpu"))
+    assert isinstance(opt, MuonAdamW)
+    optimizer_step(opt, torch.amp.GradScaler("cpu", enabled=False), 3e-3, torch.tensor(1.0))
+    groups = optimizer_groups(ref, MUON)
+    torch.optim.Muon(groups[0]["params"], lr=0.02, weight_decay=0.0, momentum=0.95).step()
+    torch.optim.AdamW(groups[1:], lr=3e-3, betas=(0.9, 0.95), eps=1e-8).step()
+    for (name, got), want in zip(model.named_parameters(), ref.parameters()):
+        assert torch.equal(got, want), name
+
+
+def test_the_state_round_trips_and_the_next_step_is_the_same() -> None:
+    model, twin = model_and_grads(), model_and_grads()
+    opt, _ = build_optimizer(model, MUON, torch.device("cpu"))
+    opt.step()
+    twin.load_state_dict(model.state_dict())
+    twin_opt, _ = build_optimizer(twin, MUON, torch.device("cpu"))
+    twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    assert any("momentum_buffer" in s for s in twin_opt.state.values())
+    opt.step()
+    twin_opt.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_momentum_warms_up_and_the_trapezoid_holds_then_falls() -> None:
+    assert [momentum_at(s, 0.95, 4) for s in (0, 2, 4, 9)] == pytest.approx([0.85, 0.9, 0.95, 0.95])
+    assert momentum_at(0, 0.95, 0) == 0.95
+    lrs = [lr_at(s, 1.0, 0.0, 0, 10, "trapezoid", 0.4) for s in range(11)]
+    assert lrs[:7] == [1.0] * 7 and lrs[7:] == pytest.approx([0.75, 0.5, 0.25, 0.0])
+    assert lr_at(0, 1.0, 0.1, 2, 10, "trapezoid", 0.4) == 0.5  # warm-up first
+
+
+def test_the_step_scales_muons_learning_rate_and_sets_its_momentum() -> None:
+    model = model_and_grads()
+    opt, _ = build_optimizer(model, MUON, torch.device("cpu"))
+    optimizer_step(opt, torch.amp.GradScaler("cpu", enabled=False), 1.5e-3, torch.tensor(1.0),
+                   muon_momentum=0.9)
+    muon_group, *adamw_groups = opt.param_groups
+    assert muon_group["lr"] == pytest.approx(0.01) and muon_group["momentum"] == 0.9
+    assert all(g["lr"] == 1.5e-3 and "momentum" not in g for g in adamw_groups)
+
+
+def test_a_non_finite_gradient_skips_the_whole_step() -> None:
+    model = model_and_grads()
+    before = copy.deepcopy(model.state_dict())
+    opt, _ = build_optimizer(model, MUON, torch.device("cpu"))
+    skipped = optimizer_step(opt, torch.amp.GradScaler("cpu", enabled=False), 3e-3,
+                             torch.tensor(float("nan")))
+    assert skipped.item() == 1.0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_shards(tmp_path_factory.mktemp("data"), seed=1, train=(20_000, 7_000))
+
+
+ARGS = [*TINY, *QUIET, "--optimizer", "muon", "--muon-momentum-warmup", "3",
+        "--lr-schedule", "trapezoid", "--total-batch-tokens", "512"]
+
+
+def test_the_trainer_resumes_muon_exactly(data_dir: Path, tmp_path: Path) -> None:
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = [*ARGS, "--max-steps", "4", "--data-dir", str(data_dir)]
+    assert run_cli(*common, "--out-dir", str(straight)).returncode == 0
+    first = run_cli(*common, "--stop-at-step", "2", "--out-dir", str(split))
+    assert first.returncode == 0, first.stderr
+    second = run_cli(*common, "--resume", "auto", "--out-dir", str(split))
+    assert second.returncode == 0, second.stderr
+    assert [r["loss"] for r in read_metrics(split, "train")] == \
+        [r["loss"] for r in read_metrics(straight, "train")]
+
+
+def test_fsdp_with_muon_is_refused_in_one_line(data_dir: Path, tmp_path: Path) -> None:
+    proc = run_cli(*ARGS, "--max-steps", "1", "--parallel", "fsdp", "--data-dir",
+                   str(data_dir), "--out-dir", str(tmp_path / "r"))
+    assert proc.returncode == 2
+    assert "--optimizer muon orthogonalises whole weight matrices" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ddp", "zero1"])
+def test_two_ranks_match_one_process_under_muon(mode: str, data_dir: Path, tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = [*ARGS, "--max-steps", "3", "--data-dir", str(data_dir)]
+    assert run_cli(*common, "--out-dir", str(one)).returncode == 0
+    proc = run_torchrun(*common, "--parallel", mode, "--out-dir", str(two))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["loss"] for r in read_metrics(two, "train")] == \
+        pytest.approx([r["loss"] for r in read_metrics(one, "train")], rel=1e-5)
+    from gpt.checkpoint import load
+
+    ref, got = load(one / "ckpt_000003.pt"), load(two / "ckpt_000003.pt")
+    for name, value in ref["model"].items():
+        # Muon's Newton-Schulz runs in bf16, so the reduction order's fp32 rounding can
+        # flip a bf16 rounding; and AdamW moves an element whose gradient is tiny by up to
+        # its learning rate (3e-3) whichever way that rounding tips it. A real error (a
+        # missed all-reduce, another batch) moves most elements by about Muon's step (~2e-3
+        # each, x3 steps): bound the mean well below that.
+        diff = (got["model"][name] - value).abs()
+        assert diff.max() < 3.5e-3 and diff.mean() < 1e-4, (name, diff.max(), diff.mean())
+    assert ref["optimizer"]["state"].keys() == got["optimizer"]["state"].keys()
+    assert "momentum_buffer" in got["optimizer"]["state"]["transformer.h.0.attn.c_attn.weight"]
