@@ -14,6 +14,7 @@ from gpt.config import ModelConfig, model_preset
 from gpt.model import GPT, Rotary
 from gpt.weights import PretrainedError, export_hf
 from helpers import QUIET, TINY, read_metrics, run_cli, run_torchrun, write_random_shards
+from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
 
 OPTIONS: dict[str, dict[str, object]] = {
     "rotary": {"rotary": True}, "rmsnorm": {"rmsnorm": True}, "qk_norm": {"qk_norm": True},
@@ -177,3 +178,35 @@ def test_the_memory_planner_plans_a_modern_model() -> None:
         pytest.approx(extra, rel=0.01)
     assert modern.components["optimizer state"] - gpt2.components["optimizer state"] == \
         pytest.approx(2 * extra, rel=0.01)
+
+
+def test_the_compiled_step_of_a_modern_model_has_no_graph_break(graph_backend, tmp_path: Path) -> None:
+    """All the options and Muon under the trainer's torch.compile (aot_eager here): one
+    graph for the training step and none added by a second step; evaluation and HellaSwag
+    (rotary positions over padded examples) compile on their own callable."""
+    from gpt import hellaswag
+    from gpt.cli import parse_args
+    from gpt.dist import init_runtime
+    from gpt.step import forward_backward, optimizer_step
+    from gpt.train import build_run
+    from gpt.validation import val_loss
+
+    data = write_random_shards(tmp_path, seed=0, train=(20_000,), val=(5_000,))
+    cfg = parse_args([*TINY, *QUIET, *ALL_FLAGS, "--zero-init-proj", "--optimizer", "muon",
+                      "--compile", "--val-every", "5", "--data-dir", str(data),
+                      "--out-dir", str(tmp_path / "run")])
+    run = build_run(cfg, init_runtime("cpu"))
+    try:
+        par = run.par
+        for _ in range(2):
+            _, norm = forward_backward(par.train_model, par.scaler, par.optimizer,
+                                       run.train_loader, run.accum, 1.0, "cpu", torch.float32)
+            optimizer_step(par.optimizer, par.scaler, 1e-3, norm, muon_momentum=0.9)
+        assert graph_breaks() == 0 and graph_backend.frame_count == 1
+        assert torch.isfinite(val_loss(par.eval_model, run.val_loader, 2, "cpu", torch.float32))
+        examples = [hellaswag.Example(context=(1, 2, 3), endings=((4,), (5, 6), (7,), (8, 9)),
+                                      label=1)] * 3
+        assert hellaswag.evaluate(par.eval_model, examples, "cpu", batch_examples=2)["total"] == 3
+        assert graph_breaks() == 0
+    finally:
+        run.checkpointer.close()

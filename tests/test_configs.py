@@ -16,7 +16,8 @@ RECIPES = sorted((REPO / "configs").glob("*.toml"))
 
 def test_the_recipes_are_there() -> None:
     names = {p.stem for p in RECIPES}
-    assert {"gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-xl-fsdp", "cpu-demo", "gpu-smoke"} <= names
+    assert {"gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-xl-fsdp", "cpu-demo", "gpu-smoke",
+            "gpt2-124m-speedrun", "cpu-speedrun"} <= names
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)

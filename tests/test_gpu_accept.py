@@ -137,6 +137,23 @@ def test_stage4_and_5_smoke(tmp_path: Path) -> None:
     assert rungs[0]["status"] == "ok" and rungs[-1]["title"] == "trainer full default"
 
 
+@pytest.mark.slow
+def test_stage6_smoke(tmp_path: Path) -> None:
+    tokens = run_stage(6, tmp_path)["tokens-tiny"]
+    assert tokens["status"] == "ok", tokens
+    result = tokens["result"]
+    assert [r["recipe"] for r in result["runs"]] == ["gpt2", "new", "new"]
+    assert "--no-compile" in result["runs"][0]["flags"] and "tokens_ratio" in result
+
+
+def test_stage6_without_its_corpus_fails_before_running_anything(tmp_path: Path, monkeypatch,
+                                                                  capsys) -> None:
+    monkeypatch.setattr(gpu_plan, "TOKENS_DATA", tmp_path / "missing")
+    assert bench_main(["gpu", "--stage", "6", "--out", str(tmp_path / "out")]) == 1
+    assert "needs a real corpus" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------------------------------
 # a cell's process group, its checkpoints and its memory
 

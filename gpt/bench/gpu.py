@@ -10,6 +10,8 @@ Stage 2: GPT-2 XL on one GPU, torchrun --parallel fsdp --activation-checkpointin
 Stage 3: GPT-2 124M and build-nanogpt at micro-batch 16 and 32.
 Stage 4 (optional): GPT-2 124M, micro-batch 64, --compile-mode max-autotune.
 Stage 5 (optional): the speed ladder (`python -m gpt.bench ladder`).
+Stage 6 (optional): GPT-2 recipe vs the speedrun-era recipe at 124M (`python -m gpt.bench
+tokens`), on a real corpus carried in .carry/tokens-data.
 
 Every cell runs as a subprocess in a process group of its own, with a time limit drawn from
 the stage's --budget: a cell that runs past it has its whole group killed (torchrun's
@@ -216,6 +218,12 @@ def run(args: argparse.Namespace) -> int:
         if missing:  # no comparison, no acceptance: fail before spending the call's minutes
             print(f"error: stage {args.stage} compares with build-nanogpt, which cannot run: "
                   f"{missing}; nothing was run", file=sys.stderr)
+            return 1
+        corpus = [c.params["data_dir"] for c in cells if c.kind == "tokens" and not args.smoke]
+        if corpus and not Path(corpus[0]).is_dir():
+            print(f"error: stage {args.stage} needs a real corpus in {corpus[0]} (random tokens "
+                  f"have no loss to compare): prepare it as benchmarks/gpu/README.md says; "
+                  f"nothing was run", file=sys.stderr)
             return 1
         device = torch.device("cpu" if args.smoke else "cuda")
         if device.type == "cuda" and not torch.cuda.is_available():

@@ -130,7 +130,15 @@ STAGES: dict[int, Stage] = {
              "what max-autotune's minutes of compiling buy", optional=True),
     5: Stage("the speed ladder (python -m gpt.bench ladder)",
              "where the speed comes from, one optimisation at a time", optional=True),
+    6: Stage("GPT-2 recipe vs the speedrun-era recipe at 124M (python -m gpt.bench tokens)",
+             "how many fewer tokens the new recipe needs at GPU scale", optional=True),
 }
+# Stage 6's corpus: real English shards prepared here and carried (random tokens, which the
+# other stages use, have no loss to compare); benchmarks/gpu/README.md says how.
+TOKENS_DATA = REPO / ".carry" / "tokens-data"
+TOKENS_STEPS, TOKENS_BATCH_TOKENS = 40, 2**16  # 2.6M tokens: below the corpus's 3.3M
+TOKENS_RUNS = 3  # the GPT-2 recipe, the new one, the new one over half the tokens (1.5 runs' work)
+EAGER_SLOWDOWN = 2.0  # stage 6 runs eagerly (three compiles would cost more than its steps)
 
 
 # ---------------------------------------------------------------------------------------
@@ -187,6 +195,8 @@ def stage_cells(stage: int, s: Sizes, data: Path, work: Path, tmp: Path, workers
         return [ours_cell(s, data, work, s.batches[-1], mode="max-autotune")]
     if stage == 5:
         return [ladder_cell(s, tmp)]
+    if stage == 6:
+        return [tokens_cell(s, data, tmp)]
     raise ValueError(f"--stage must be one of {', '.join(map(str, STAGES))}, got {stage}")
 
 
@@ -223,6 +233,26 @@ def xl_cell(s: Sizes, data: Path, work: Path) -> Cell:
     cell.cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
                 *cell.cmd[1:]]
     return cell
+
+
+def tokens_cell(s: Sizes, data: Path, tmp: Path) -> Cell:
+    """python -m gpt.bench tokens at 124M, T=1024: one learning rate per recipe (the GPT-2
+    recipe's own, the CPU sweep's best scale for the new one) over a fixed budget."""
+    steps = 4 if s.smoke else TOKENS_STEPS
+    batch_tokens = s.seq_len * 2 if s.smoke else TOKENS_BATCH_TOKENS
+    cmd = [sys.executable, "-m", "gpt.bench", "tokens", "--out", str(tmp / "tokens"),
+           "--data-dir", str(data if s.smoke else TOKENS_DATA), "--model", s.model,
+           "--seq-len", str(s.seq_len), "--batch-size", str(2 if s.smoke else 16),
+           "--total-batch-tokens", str(batch_tokens), "--steps", str(steps),
+           "--val-every", str(2 if s.smoke else 5), "--val-steps", "2" if s.smoke else "8",
+           "--baseline-lrs", "6e-4", "--new-lr-scales", "1", "--new-budgets", "0.5",
+           "--device", "cpu" if s.smoke else "cuda", "--trainer-flags=--no-compile"]
+    cmd += ["--n-layer", "2", "--n-head", "2", "--n-embd", "64"] if s.smoke else \
+        ["--n-layer", "12", "--n-head", "12", "--n-embd", "768"]
+    work = 1.5 * TOKENS_STEPS * step_seconds("gpt2", TOKENS_BATCH_TOKENS, 1024) * EAGER_SLOWDOWN
+    estimate = 0.0 if s.smoke else TOKENS_RUNS * PROCESS_START_S + work
+    return Cell(f"tokens-{s.model}", "tokens", estimate, cmd,
+                {"data_dir": str(data if s.smoke else TOKENS_DATA), "steps": steps})
 
 
 def ladder_cell(s: Sizes, tmp: Path) -> Cell:

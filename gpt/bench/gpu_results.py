@@ -88,8 +88,12 @@ def ladder_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, t
     return json.loads((tmp / "ladder" / "ladder.json").read_text())
 
 
+def tokens_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, tmp: Path) -> dict[str, Any]:
+    return json.loads((tmp / "tokens" / "tokens.json").read_text())
+
+
 RESULTS = {"trainer": trainer_result, "nanogpt": nanogpt_result, "pytest": pytest_result,
-           "ladder": ladder_result}
+           "ladder": ladder_result, "tokens": tokens_result}
 
 
 # ---------------------------------------------------------------------------------------

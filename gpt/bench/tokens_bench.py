@@ -30,6 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -52,6 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tokens", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", required=True, help="token shards (train_*/val_*), fineweb.py's")
+    p.add_argument("--corpus", help="a folder of .txt files to prepare into --data-dir first "
+                   "(documents shuffled with seed 0, 250,000 val tokens), unless it holds shards")
     p.add_argument("--out", default="runs/bench/tokens", help="folder for tokens.json, .md, .png")
     p.add_argument("--model", default="tiny", help="model preset (default tiny)")
     p.add_argument("--n-layer", type=int, default=4)
@@ -72,6 +76,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--new-budgets", type=float, nargs="+", default=[0.25, 0.375, 0.5, 0.75])
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--trainer-flags", default="",
+                   help="more train_gpt2.py flags for every run, in one string (e.g. '--no-compile')")
     p.set_defaults(standalone=run)
 
 
@@ -82,7 +88,8 @@ def trainer_flags(args: argparse.Namespace, steps: int) -> list[str]:
             "--total-batch-tokens", str(args.total_batch_tokens), "--max-steps", str(steps),
             "--val-every", str(args.val_every), "--val-steps", str(args.val_steps),
             "--sample-every", "0", "--no-save-checkpoints", "--log-every", str(args.val_every),
-            "--data-dir", args.data_dir, "--device", args.device, "--seed", str(args.seed)]
+            "--data-dir", args.data_dir, "--device", args.device, "--seed", str(args.seed),
+            *shlex.split(args.trainer_flags)]
 
 
 def recipe_flags(recipe: str, steps: int, lr: float, args: argparse.Namespace) -> list[str]:
@@ -109,7 +116,8 @@ def train(recipe: str, steps: int, lr: float, args: argparse.Namespace, work: Pa
     run = {"recipe": recipe, "lr": lr, "steps": steps, "tokens": steps * args.total_batch_tokens,
            "curve": curve, "final_val_loss": curve[-1][1], "seconds": round(seconds, 1),
            "flags": cmd[2:]}
-    print(f"{recipe:5s} lr x{lr:<7g} {steps:4d} steps: final val {run['final_val_loss']:.4f} "
+    what = f"--max-lr {lr:g}" if recipe == "gpt2" else f"lr scale x{lr:g}"
+    print(f"{recipe:5s} {what:17s} {steps:4d} steps: final val {run['final_val_loss']:.4f} "
           f"({seconds:.0f} s)", flush=True)
     return run
 
@@ -145,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.corpus and not (Path(args.data_dir) / "metadata.json").exists():
+        prepare_corpus(Path(args.corpus), Path(args.data_dir))
     train_tokens = sum(shard_num_tokens(p) for p in find_shards(args.data_dir, "train"))
     full = args.steps * args.total_batch_tokens
     if full > train_tokens:
@@ -190,6 +200,22 @@ def run(args: argparse.Namespace) -> int:
     print(summary(report))
     print(f"wrote {out}/tokens.json, tokens.md{', tokens.png' if plotted else ''}")
     return 0
+
+
+def prepare_corpus(corpus: Path, data_dir: Path) -> None:
+    """Every .txt file under corpus is a document; shuffled (seed 0), so that the val split
+    (the first 250,000 tokens) is not one topic, then sharded by fineweb.py."""
+    files = sorted(corpus.rglob("*.txt"))
+    if not files:
+        raise SystemExit(f"error: --corpus {corpus}: no .txt files there")
+    docs = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    random.Random(0).shuffle(docs)
+    with tempfile.TemporaryDirectory(prefix="tokens_corpus_") as tmp:
+        jsonl = Path(tmp) / "corpus.jsonl"
+        jsonl.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+        subprocess.run([sys.executable, str(REPO / "fineweb.py"), "--source", str(jsonl),
+                        "--out", str(data_dir), "--val-tokens", "250000", "--shard-tokens",
+                        "500000", "--quiet"], check=True, cwd=REPO)
 
 
 def summary(r: dict[str, Any]) -> str:
