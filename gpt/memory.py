@@ -98,9 +98,7 @@ class MemoryPlan:
         lines = [head, f"  {'component':<30}{'GiB':>9}"]
         for name, b in rows:
             lines.append(f"  {name:<30}{b / GiB:>9.3f}")
-            if name == "temporary buffers":
-                lines.append(f"  {'  (the two above: logits, loss)':<30}"
-                             f"{self.logits_and_loss_bytes / GiB:>9.3f}")
+        lines.append(f"  {'  incl. logits and loss':<30}{self.logits_and_loss_bytes / GiB:>9.3f}")
         lines.append(f"  {'peak per device':<30}{self.peak_bytes / GiB:>9.3f}")
         fits = ", ".join(f"{name}: {'fits' if self.fits(cap) else 'does not fit'}"
                          for name, cap in CAPACITIES.items())
@@ -164,10 +162,13 @@ def largest_batch(cfg: Config, capacity_bytes: int, world_size: int = 1,
     plans at its estimate and beside it settle the exact value."""
     plans: dict[int, MemoryPlan] = {}
 
+    d = cfg.data
+    accumulates = d.total_batch_tokens > d.batch_size * d.seq_len * world_size
+
     def at(b: int) -> MemoryPlan:
-        if b not in plans:
-            data = dataclasses.replace(cfg.data, batch_size=b,
-                                       total_batch_tokens=b * cfg.data.seq_len * world_size)
+        if b not in plans:  # with accumulation if the run has it (gradients are held then)
+            tokens = b * d.seq_len * world_size * (2 if accumulates else 1)
+            data = dataclasses.replace(d, batch_size=b, total_batch_tokens=tokens)
             plans[b] = plan(dataclasses.replace(cfg, data=data), world_size, device_type)
         return plans[b]
 

@@ -117,3 +117,31 @@ def kill_tree(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait(timeout=30)
+
+
+def assert_resume_is_exact(args: Sequence[str], tmp_path: Path, steps: int = 4) -> Path:
+    """Train `steps` steps straight, and again stopped at half and resumed: the same losses.
+    Returns the resumed run's folder."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = [*args, "--max-steps", str(steps)]
+    assert run_cli(*common, "--out-dir", str(straight)).returncode == 0
+    for extra in (["--stop-at-step", str(steps // 2)], ["--resume", "auto"]):
+        proc = run_cli(*common, *extra, "--out-dir", str(split))
+        assert proc.returncode == 0, proc.stderr
+    assert [r["loss"] for r in read_metrics(split, "train")] == \
+        [r["loss"] for r in read_metrics(straight, "train")]
+    return split
+
+
+def assert_two_ranks_match_one(args: Sequence[str], mode: str, tmp_path: Path) -> tuple[Path, Path]:
+    """The same run in one process and on 2 gloo ranks under --parallel `mode`: the same
+    losses to fp32 rounding. Returns (one, two), the run folders."""
+    import pytest
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert run_cli(*args, "--out-dir", str(one)).returncode == 0
+    proc = run_torchrun(*args, "--parallel", mode, "--out-dir", str(two))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["loss"] for r in read_metrics(two, "train")] == \
+        pytest.approx([r["loss"] for r in read_metrics(one, "train")], rel=1e-5)
+    return one, two

@@ -13,7 +13,8 @@ import torch
 from gpt.config import ModelConfig, model_preset
 from gpt.model import GPT, Rotary
 from gpt.weights import PretrainedError, export_hf
-from helpers import QUIET, TINY, read_metrics, run_cli, run_torchrun, write_random_shards
+from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one,
+                     write_random_shards)
 from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
 
 OPTIONS: dict[str, dict[str, object]] = {
@@ -131,17 +132,7 @@ ARGS = [*TINY, *QUIET, *ALL_FLAGS, "--total-batch-tokens", "512"]
 
 
 def test_the_trainer_resumes_a_modern_model_exactly(data_dir: Path, tmp_path: Path) -> None:
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    assert run_cli(*ARGS, "--max-steps", "4", "--data-dir", str(data_dir),
-                   "--out-dir", str(straight)).returncode == 0
-    first = run_cli(*ARGS, "--max-steps", "4", "--stop-at-step", "2", "--data-dir", str(data_dir),
-                    "--out-dir", str(split))
-    assert first.returncode == 0, first.stderr
-    second = run_cli(*ARGS, "--max-steps", "4", "--resume", "auto", "--data-dir", str(data_dir),
-                     "--out-dir", str(split))
-    assert second.returncode == 0, second.stderr
-    assert [r["loss"] for r in read_metrics(split, "train")] == \
-        [r["loss"] for r in read_metrics(straight, "train")]
+    split = assert_resume_is_exact([*ARGS, "--data-dir", str(data_dir)], tmp_path)
     # what generate and evaluate load: the model as trained, its head its own
     from gpt.checkpoint import load
     from gpt.weights import load_checkpoint_model
@@ -157,13 +148,8 @@ def test_the_trainer_resumes_a_modern_model_exactly(data_dir: Path, tmp_path: Pa
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_ranks_match_one_process_with_a_modern_model(mode: str, data_dir: Path,
                                                          tmp_path: Path) -> None:
-    one, two = tmp_path / "one", tmp_path / "two"
-    common = [*ARGS, "--max-steps", "3", "--data-dir", str(data_dir)]
-    assert run_cli(*common, "--out-dir", str(one)).returncode == 0
-    proc = run_torchrun(*common, "--parallel", mode, "--out-dir", str(two))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [r["loss"] for r in read_metrics(two, "train")] == \
-        pytest.approx([r["loss"] for r in read_metrics(one, "train")], rel=1e-5)
+    assert_two_ranks_match_one([*ARGS, "--max-steps", "3", "--data-dir", str(data_dir)], mode,
+                               tmp_path)
 
 
 def test_the_memory_planner_plans_a_modern_model() -> None:

@@ -123,7 +123,7 @@ def test_the_planner_refuses_to_run_inside_a_process_group(tmp_path) -> None:
 
 
 def test_largest_batch_is_the_last_that_fits() -> None:
-    cfg = parse_args(SMALL)
+    cfg = parse_args([*SMALL, "--total-batch-tokens", "256"])  # one micro-batch a step
     capacity = memory.RESERVE + int(memory.plan(
         dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=6,
                                                           total_batch_tokens=6 * 64)),

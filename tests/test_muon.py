@@ -15,7 +15,8 @@ from gpt.model import GPT
 from gpt.muon import MuonAdamW, hidden_matrices, momentum_at
 from gpt.optim import build_optimizer, lr_at, optimizer_groups
 from gpt.step import optimizer_step
-from helpers import QUIET, TINY, read_metrics, run_cli, run_torchrun, write_random_shards
+from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one, run_cli,
+                     write_random_shards)
 
 MUON = OptimConfig(optimizer="muon", max_lr=3e-3, muon_lr=0.02, fused=False)
 
@@ -104,15 +105,7 @@ ARGS = [*TINY, *QUIET, "--optimizer", "muon", "--muon-momentum-warmup", "3",
 
 
 def test_the_trainer_resumes_muon_exactly(data_dir: Path, tmp_path: Path) -> None:
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    common = [*ARGS, "--max-steps", "4", "--data-dir", str(data_dir)]
-    assert run_cli(*common, "--out-dir", str(straight)).returncode == 0
-    first = run_cli(*common, "--stop-at-step", "2", "--out-dir", str(split))
-    assert first.returncode == 0, first.stderr
-    second = run_cli(*common, "--resume", "auto", "--out-dir", str(split))
-    assert second.returncode == 0, second.stderr
-    assert [r["loss"] for r in read_metrics(split, "train")] == \
-        [r["loss"] for r in read_metrics(straight, "train")]
+    assert_resume_is_exact([*ARGS, "--data-dir", str(data_dir)], tmp_path)
 
 
 def test_fsdp_with_muon_is_refused_in_one_line(data_dir: Path, tmp_path: Path) -> None:
@@ -126,13 +119,8 @@ def test_fsdp_with_muon_is_refused_in_one_line(data_dir: Path, tmp_path: Path) -
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "zero1"])
 def test_two_ranks_match_one_process_under_muon(mode: str, data_dir: Path, tmp_path: Path) -> None:
-    one, two = tmp_path / "one", tmp_path / "two"
-    common = [*ARGS, "--max-steps", "3", "--data-dir", str(data_dir)]
-    assert run_cli(*common, "--out-dir", str(one)).returncode == 0
-    proc = run_torchrun(*common, "--parallel", mode, "--out-dir", str(two))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [r["loss"] for r in read_metrics(two, "train")] == \
-        pytest.approx([r["loss"] for r in read_metrics(one, "train")], rel=1e-5)
+    one, two = assert_two_ranks_match_one([*ARGS, "--max-steps", "3", "--data-dir",
+                                           str(data_dir)], mode, tmp_path)
     from gpt.checkpoint import load
 
     ref, got = load(one / "ckpt_000003.pt"), load(two / "ckpt_000003.pt")
