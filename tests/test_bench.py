@@ -239,6 +239,13 @@ def test_model_peak_override_gives_mfu(tmp_path: Path) -> None:
     assert r["mfu"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"] / 2.5e12)
 
 
+def test_model_bench_times_the_speedrun_block_too(tmp_path: Path) -> None:
+    data = run_bench(tmp_path, "arch", "model", "--sizes", "tiny", "--seq-len", "16",
+                     "--batch-size", "1", "--modes", "fwdbwd", "step", "--warmup", "0",
+                     "--steps", "1", "--arch", "speedrun")
+    assert [(r["arch"], r["status"]) for r in data["results"]] == [("speedrun", "ok")] * 2
+
+
 def test_components_subcommand(tmp_path: Path) -> None:
     data = run_bench(tmp_path, "parts", "components", "--sizes", "tiny", "--seq-len", "16",
                      "--batch-size", "2", "--warmup", "1", "--steps", "2")

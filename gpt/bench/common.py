@@ -139,9 +139,18 @@ def expand_sizes(names: Sequence[str]) -> list[str]:
     return out
 
 
-def bench_model_config(size: str, seq_len: int, vocab_size: int = 50304) -> ModelConfig:
+# --arch: the block GPT-2 has, or the speedrun-era one (configs/gpt2-124m-speedrun.toml's)
+ARCHS: dict[str, dict[str, Any]] = {
+    "gpt2": {},
+    "speedrun": {"rotary": True, "rmsnorm": True, "qk_norm": True, "relu2": True,
+                 "untied_head": True, "zero_init_proj": True, "logit_softcap": 15.0},
+}
+
+
+def bench_model_config(size: str, seq_len: int, vocab_size: int = 50304,
+                       arch: str = "gpt2") -> ModelConfig:
     """The preset at this context length (block_size grows past 1024 when asked to)."""
-    return model_preset(size, block_size=max(1024, seq_len), vocab_size=vocab_size)
+    return model_preset(size, block_size=max(1024, seq_len), vocab_size=vocab_size, **ARCHS[arch])
 
 
 def build_model(cfg: ModelConfig, device: torch.device, attention: str = "sdpa",

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from gpt.bench import report
 from gpt.bench.common import (
+    ARCHS,
     MODES,
     PRECISION,
     PRECISIONS,
@@ -57,6 +58,10 @@ def add_model_args(p: argparse.ArgumentParser, with_modes: bool = True) -> None:
     p.add_argument("--batch-size", nargs="+", type=int, default=None, metavar="B",
                    help="micro-batch sizes (default 8 on CUDA, 4 elsewhere)")
     if with_modes:
+        p.add_argument("--arch", choices=list(ARCHS), default="gpt2",
+                       help="the model's block: GPT-2's, or the speedrun-era one (rotary, "
+                            "RMSNorm, QK-norm, ReLU^2, untied head, soft-capped logits); the "
+                            "step mode's optimizer is AdamW either way (default gpt2)")
         p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
                        help="fwd: forward with loss; fwdbwd: + backward; step: + grad clip "
                             "and fused AdamW step (the trainer's step)")
@@ -108,10 +113,11 @@ def model_cell(ctx: Context, size: str, T: int, B: int, mode: str, precision: st
                compiled: bool, attention: str = "sdpa", vocab_size: int = 50304) -> dict[str, Any]:
     """Measure one configuration; never raises (OOM / errors become the status)."""
     device = ctx.device
-    cfg = bench_model_config(size, T, vocab_size)
+    arch = getattr(ctx.args, "arch", "gpt2")  # the compile bench's cells are GPT-2's
+    cfg = bench_model_config(size, T, vocab_size, arch)
     prec = PRECISION[precision]
     result: dict[str, Any] = {
-        "size": size, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_embd": cfg.n_embd,
+        "size": size, "arch": arch, "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_embd": cfg.n_embd,
         "vocab_size": cfg.vocab_size, "seq_len": T, "batch_size": B, "tokens": B * T,
         "mode": mode, "precision": precision, "tf32": prec.tf32 and device.type == "cuda",
         "autocast": "bf16" if prec.autocast is torch.bfloat16 else None,
