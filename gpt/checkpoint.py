@@ -451,6 +451,11 @@ def check_resume_config(ckpt: dict[str, Any], cfg: Config, path: Path) -> list[s
         raise CheckpointError(
             f"{path}: the checkpoint's model differs from this config: " + "; ".join(diffs)
         )
+    was = saved["optim"].get("optimizer", "adamw")  # checkpoints before Muon: AdamW's
+    if was != cfg.optim.optimizer:
+        raise CheckpointError(
+            f"{path}: the checkpoint holds {was}'s state, and this run asks for --optimizer "
+            f"{cfg.optim.optimizer}; resume with --optimizer {was}, or start a new run")
     return [f"{key}: {saved[section].get(key)!r} -> {value!r}"
             for section in current if section not in ("preset", "model")
             for key, value in current[section].items()

@@ -65,7 +65,8 @@ class MuonAdamW(torch.optim.Optimizer):
                                       lr=lr, **muon)
         self._adamw = torch.optim.AdamW([g for g in groups if not g.get("muon")] or [{"params": []}],
                                         **adamw)
-        # One step pass: unfused (gpt.step reads the skip flag on the host for it)
+        # "fused": False tells gpt.step to skip a non-finite step by reading the flag on the
+        # host: Muon's step has no found-inf input, unlike the fused AdamW's
         super().__init__([*self._muon.param_groups, *self._adamw.param_groups],
                          {"lr": lr, "fused": False})
         self._share()
@@ -79,7 +80,6 @@ class MuonAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._share()
-
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]

@@ -108,6 +108,16 @@ def test_the_trainer_resumes_muon_exactly(data_dir: Path, tmp_path: Path) -> Non
     assert_resume_is_exact([*ARGS, "--data-dir", str(data_dir)], tmp_path)
 
 
+def test_resuming_with_the_other_optimizer_is_refused_in_one_line(data_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    adamw = [*TINY, *QUIET, "--total-batch-tokens", "512", "--data-dir", str(data_dir),
+             "--out-dir", str(tmp_path / "r")]
+    assert run_cli(*adamw, "--max-steps", "1").returncode == 0
+    proc = run_cli(*adamw, "--max-steps", "2", "--resume", "auto", "--optimizer", "muon")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "holds adamw's state, and this run asks for --optimizer muon" in proc.stderr
+
+
 def test_fsdp_with_muon_is_refused_in_one_line(data_dir: Path, tmp_path: Path) -> None:
     proc = run_cli(*ARGS, "--max-steps", "1", "--parallel", "fsdp", "--data-dir",
                    str(data_dir), "--out-dir", str(tmp_path / "r"))
