@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+import warnings
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Iterator
@@ -295,24 +296,38 @@ class TorchProfile:
             profile_memory=self.profile_memory,
             with_stack=self.with_stack,
         )
-        self._prof.__enter__()
+        with _one_trace_per_window():
+            self._prof.__enter__()
         return self
 
     def step(self) -> None:
         """Mark the end of one step (call once per iteration)."""
         if self._prof is not None:
-            self._prof.step()
+            with _one_trace_per_window():
+                self._prof.step()
 
     def stop(self) -> None:
         if self._prof is not None:
             prof, self._prof = self._prof, None
-            prof.__exit__(None, None, None)
+            with _one_trace_per_window():
+                prof.__exit__(None, None, None)
 
     def __enter__(self) -> "TorchProfile":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def _one_trace_per_window() -> Iterator[None]:
+    """Some torch versions (2.11) warn, as each profiling window starts, that its events
+    replace the previous window's and suggest acc_events=True. Each window is written as a
+    trace of its own before the next starts, which is what is wanted here, so the advice
+    would only mislead: that one warning is kept quiet."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
+        yield
 
 
 class Profiler:

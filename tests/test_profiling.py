@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -178,6 +179,21 @@ def test_torch_profile_loop_ending_mid_window(tmp_path: Path) -> None:
             _work()
             p.step()
     assert len(p.traces) == 1 and p.traces[0].exists()
+
+
+def test_torch_profile_gives_no_advice_that_does_not_apply(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch 2.11 warns at each window that its events replace the last one's ("set
+    # acc_events=True"); every window is written on its own, so the advice would mislead.
+    # torch warns once per process: forget any earlier warning first.
+    monkeypatch.setattr(torch.profiler.profiler, "_WARNINGS_SHOWN", set(), raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with TorchProfile(tmp_path, wait=0, warmup=1, active=1, repeat=2) as p:
+            for _ in range(6):
+                _work()
+                p.step()
+    assert len(p.traces) == 2
 
 
 def test_torch_profile_disabled(tmp_path: Path) -> None:
