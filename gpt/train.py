@@ -8,11 +8,9 @@ The same file runs one process or one rank under torchrun.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,28 +19,28 @@ import torch
 
 from gpt import hellaswag, muon, parallel, weights
 from gpt.checkpoint import Checkpointer, LoopState, Parts, model_weights
-from gpt.cli import parse_command, to_toml
+from gpt.cli import parse_command
 from gpt.compat import old_torch_note
-from gpt.config import Config, ConfigError, describe, grad_accum_steps, to_dict
+from gpt.config import Config, grad_accum_steps, to_dict
 from gpt.data import ShardLoader
-from gpt.dist import (DTYPE_NAMES, Runtime, all_reduce_mean, device_name,
-                      init_runtime, is_oom, peer_lost, resolve_dtype, reuse_freed_memory,
-                      set_matmul_precision, shutdown)
+from gpt.dist import (Runtime, all_reduce_mean, init_runtime, is_oom, peer_lost, resolve_dtype,
+                      reuse_freed_memory, set_matmul_precision, shutdown)
 from gpt.errors import UserError
 from gpt.validation import val_loss
-from gpt.fileio import atomic_write
 from gpt.sampling import sample
 from gpt.metrics import (MetricsLog, Progress, StepTimer, check_tracking, close_trackers,
-                         flops_per_token, mfu, open_trackers, peak_memory, peak_tflops)
+                         flops_per_token, mfu, open_trackers, peak_memory)
 from gpt.model import GPT
 from gpt.optim import lr_at
 from gpt.profiling import Profiler
+from gpt.run_record import open_log, run_peak
 from gpt.signals import StopSignal
 from gpt.rng import seed_everything
 from gpt.shards import DataError, check_not_being_written, find_shards
 from gpt.step import (SkippedSteps, TrainingDiverged, forward_backward, nonfinite_tensors,
                       optimizer_step)
 from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
+
 
 class OutOfMemory(UserError):
     """The device (or host) ran out of memory; the message says which flag to lower."""
@@ -419,67 +417,6 @@ def log_samples(run: Run) -> None:
     for i, text in enumerate(texts):
         run.say(f"--- sample {i} at step {run.state.step}:\n{text}")
     run.log.write({"type": "sample", "step": run.state.step, "samples": texts})
-
-
-def run_peak(run: Run) -> float | None:
-    """The device's bf16 peak TFLOP/s for MFU: --peak-tflops, else looked up by name."""
-    return run.cfg.profile.peak_tflops or peak_tflops(device_name(run.runtime.device))
-
-
-@contextlib.contextmanager
-def open_log(run: Run) -> Iterator[MetricsLog]:
-    """For the loop's life: config.toml written, the metrics log open on rank 0 (a no-op
-    log elsewhere) with the run's header record, and the banner printed."""
-    if run.runtime.is_master:
-        # The recipe of the run, to repeat it with --config: without the job controls that
-        # would make a repeat continue this run (resume) or stop it early (stop_at_step).
-        recipe = dataclasses.replace(run.cfg, checkpoint=dataclasses.replace(
-            run.cfg.checkpoint, resume="none", stop_at_step=None))
-        text = ("# the resolved config of this run: python train_gpt2.py --config config.toml "
-                "--out-dir NEW_FOLDER repeats it\n" + to_toml(recipe))
-        try:
-            atomic_write(run.out_dir / "config.toml", lambda fh: fh.write(text.encode()))
-        except OSError as e:
-            raise ConfigError(f"{run.out_dir / 'config.toml'}: cannot write it ({e.strerror or e})") from None
-    run.log = MetricsLog(run.out_dir / "metrics.jsonl", enabled=run.runtime.is_master,
-                         trackers=run.trackers)
-    try:
-        run.log.write(banner(run))
-        yield run.log
-    finally:
-        run.log.close()
-
-
-def banner(run: Run) -> dict[str, Any]:
-    """Print what is about to run; return the metrics log's header record."""
-    cfg, rt, d, par = run.cfg, run.runtime, run.cfg.data, run.par
-    name, peak = device_name(rt.device), run_peak(run)
-    run.say(describe(cfg))
-    run.say(
-        f"device {rt.device} ({name}) x {rt.world_size} | parallel {cfg.train.parallel}"
-        f" | precision {DTYPE_NAMES[run.autocast_dtype]}"
-        f"{' + tf32' if cfg.train.tf32 and rt.device_type == 'cuda' else ''}"
-        f" | compile {cfg.train.compile_mode if par.compiled else False} | fused AdamW {par.fused} | params {run.model.num_params():,}"
-        f" | grad accum {run.accum} x {d.batch_size} x {d.seq_len} tokens"
-        f" | train tokens {run.train_loader.num_tokens:,}"
-    )
-    if peak is None:
-        run.say("note: peak FLOP/s of this device unknown; MFU not reported (set --peak-tflops)")
-    if cfg.optim.warmup_steps > cfg.train.max_steps and rt.is_master:
-        print(f"warning: --warmup-steps {cfg.optim.warmup_steps} is longer than the run "
-              f"(--max-steps {cfg.train.max_steps}): the learning rate never reaches --max-lr "
-              f"{cfg.optim.max_lr}", file=sys.stderr)
-    return {
-        "type": "run", "config": to_dict(cfg), "device": str(rt.device),
-        "device_name": name, "world_size": rt.world_size, "torch": torch.__version__,
-        "dtype": DTYPE_NAMES[run.autocast_dtype], "compile": par.compiled,
-        "fused_adamw": par.fused, "params": run.model.num_params(), "grad_accum": run.accum,
-        "flops_per_token": flops_per_token(cfg.model, d.seq_len), "peak_tflops": peak,
-        "peak_mem_source": peak_memory(rt.device)[1],
-        "start_step": run.state.step,
-        "resumed_from": str(run.checkpointer.resumed_from) if run.checkpointer.resumed_from else None,
-        "time": time.time(),
-    }
 
 
 def train(cfg: Config) -> dict[str, Any]:
