@@ -32,7 +32,7 @@ import torch.nn as nn
 
 from gpt.checkpoint import CheckpointError, model_weights
 from gpt.checkpoint import load as load_checkpoint_file
-from gpt.config import Config, ModelConfig
+from gpt.config import Config, ModelConfig, flag
 from gpt.errors import UserError
 from gpt.fileio import atomic_files, atomic_path, free_space
 from gpt.model import GPT, unwrap
@@ -381,7 +381,7 @@ def not_gpt2_parts(cfg: ModelConfig) -> list[str]:
     """The flags of cfg's parts that GPT-2's architecture does not have."""
     parts = [f.name for f in dataclasses.fields(cfg) if f.type in (bool, "bool")
              and getattr(cfg, f.name)]
-    return [f"--{p.replace('_', '-')}" for p in parts] + (
+    return [flag(p) for p in parts] + (
         [f"--logit-softcap {cfg.logit_softcap}"] if cfg.logit_softcap else [])
 
 

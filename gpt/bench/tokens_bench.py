@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shlex
 import subprocess
@@ -108,8 +107,10 @@ def train(recipe: str, steps: int, lr: float, args: argparse.Namespace, work: Pa
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise RuntimeError(f"{recipe} lr {lr} ({steps} steps) failed: {proc.stderr[-2000:]}")
+    if proc.returncode != 0:  # the trainer's own one-line error ends its stderr
+        from gpt.errors import UserError
+        raise UserError(f"the {recipe} recipe's run at lr {lr:g} ({steps} steps) failed: "
+                        f"{proc.stderr.strip()[-2000:]}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     curve = [[r["step"] * args.total_batch_tokens, r["val_loss"]] for r in records
              if r.get("type") == "val"]
@@ -145,12 +146,11 @@ def tokens_to_target(runs: list[dict[str, Any]], target: float) -> tuple[float |
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt.bench.report import git_commit
-    from gpt.dist import cpu_name, device_name, pick_device
+    from gpt.bench.report import run_info, write_outputs
+    from gpt.dist import pick_device
     from gpt.shards import find_shards, shard_num_tokens
 
-    import torch
-
+    device = pick_device(args.device)  # a device this machine lacks: one line, before any run
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.corpus and not (Path(args.data_dir) / "metadata.json").exists():
@@ -174,14 +174,8 @@ def run(args: argparse.Namespace) -> int:
     at_best = [r for r in runs if r["recipe"] == "new" and r["lr"] == best_new["lr"]]
     new_tokens, how = tokens_to_target(at_best, target)
     base_tokens = best_base["tokens"]
-    commit, dirty = git_commit()
-    device = pick_device(args.device)
     report = {
-        "command": "python -m gpt.bench " + " ".join(args.argv), "commit": commit,
-        "commit_dirty": dirty, "torch": torch.__version__, "device": str(device),
-        "device_name": device_name(device) if device.type != "cpu" else cpu_name(),
-        "cpu_count": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "data_dir": args.data_dir, "train_tokens": train_tokens,
+        **run_info("tokens", device, args.argv), "data_dir": args.data_dir, "train_tokens": train_tokens,
         "model": {"preset": args.model, "n_layer": args.n_layer, "n_head": args.n_head,
                   "n_embd": args.n_embd, "seq_len": args.seq_len},
         "tokens_per_step": args.total_batch_tokens, "full_budget_tokens": full,
@@ -194,10 +188,10 @@ def run(args: argparse.Namespace) -> int:
         "tokens_ratio": base_tokens / new_tokens if new_tokens else None,
         "runs": runs,
     }
-    (out / "tokens.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "tokens.md").write_text(summary(report))
+    markdown = summary(report)
+    write_outputs(out, "tokens", report, markdown)
     plotted = plot(best_base, best_new, target, out / "tokens.png")
-    print(summary(report))
+    print(markdown)
     print(f"wrote {out}/tokens.json, tokens.md{', tokens.png' if plotted else ''}")
     return 0
 
@@ -221,7 +215,7 @@ def prepare_corpus(corpus: Path, data_dir: Path) -> None:
 def summary(r: dict[str, Any]) -> str:
     ratio = f"{r['tokens_ratio']:.2f}" if r["tokens_ratio"] else "n/a"
     lines = [f"# Tokens to the GPT-2 recipe's final validation loss ({r['target_val_loss']:.4f})",
-             "", f"`{r['command']}` at {r['commit']} on {r['device_name']}, torch {r['torch']}",
+             "", f"`{r['command']}` at {r['commit']} on {r['device']}, torch {r['torch']}",
              "", "| recipe | learning rate | tokens | final val loss | seconds |",
              "|---|---|---|---|---|"]
     for run in r["runs"]:
