@@ -98,8 +98,9 @@ class MemoryPlan:
         lines = [head, f"  {'component':<30}{'GiB':>9}"]
         for name, b in rows:
             lines.append(f"  {name:<30}{b / GiB:>9.3f}")
-        lines.append(f"  {'  incl. logits and loss':<30}{self.logits_and_loss_bytes / GiB:>9.3f}")
         lines.append(f"  {'peak per device':<30}{self.peak_bytes / GiB:>9.3f}")
+        lines.append(f"  of the activations and temporary buffers, the head's logits and the loss "
+                     f"hold {self.logits_and_loss_bytes / GiB:.3f} GiB")
         fits = ", ".join(f"{name}: {'fits' if self.fits(cap) else 'does not fit'}"
                          for name, cap in CAPACITIES.items())
         lines.append(f"  {fits} (with x{MARGIN} + {RESERVE // GiB} GiB of margin)")
