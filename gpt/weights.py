@@ -377,11 +377,14 @@ def gpt_to_hf_state_dict(state_dict: dict[str, torch.Tensor],
     return out
 
 
+# ModelConfig's parts that GPT-2's architecture does not have (zero_init_proj is not one:
+# it changes the initial weights, not the model, and its runs export as any other)
+NOT_GPT2 = ("rotary", "rmsnorm", "qk_norm", "relu2", "untied_head")
+
+
 def not_gpt2_parts(cfg: ModelConfig) -> list[str]:
     """The flags of cfg's parts that GPT-2's architecture does not have."""
-    parts = [f.name for f in dataclasses.fields(cfg) if f.type in (bool, "bool")
-             and getattr(cfg, f.name)]
-    return [flag(p) for p in parts] + (
+    return [flag(p) for p in NOT_GPT2 if getattr(cfg, p)] + (
         [f"--logit-softcap {cfg.logit_softcap}"] if cfg.logit_softcap else [])
 
 

@@ -110,6 +110,9 @@ def test_export_refuses_a_model_gpt2_cannot_hold(tmp_path: Path) -> None:
     with pytest.raises(PretrainedError, match="--rotary, --relu2"):
         export_hf(GPT(tiny(rotary=True, relu2=True)), tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+    # Zero-initialised projections change the starting weights, not the model: it exports
+    export_hf(GPT(tiny(zero_init_proj=True)), tmp_path / "zero-init")
+    assert (tmp_path / "zero-init" / "model.safetensors").is_file()
 
 
 def test_flags_and_recipe_keys_validate() -> None:
