@@ -245,9 +245,14 @@ def rotate(out_dir: Path, keep: int, protect: set[str]) -> list[Path]:
     return removed
 
 
+# Model settings that only choose the starting weights: a resume may change them (noted)
+INIT_ONLY = ("zero_init_proj",)
+
+
 def model_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """'field: checkpoint X, config Y' for each model setting that differs."""
-    keys = sorted(set(saved) | set(current))
+    """'field: checkpoint X, config Y' for each model setting that differs, but for the
+    ones that only choose the starting weights."""
+    keys = sorted((set(saved) | set(current)) - set(INIT_ONLY))
     return [
         f"{k}: checkpoint {saved.get(k)!r}, config {current.get(k)!r}"
         for k in keys
@@ -457,6 +462,7 @@ def check_resume_config(ckpt: dict[str, Any], cfg: Config, path: Path) -> list[s
             f"{path}: the checkpoint holds {was}'s state, and this run asks for --optimizer "
             f"{cfg.optim.optimizer}; resume with --optimizer {was}, or start a new run")
     return [f"{key}: {saved[section].get(key)!r} -> {value!r}"
-            for section in current if section not in ("preset", "model")
+            for section in current if section != "preset"
             for key, value in current[section].items()
-            if key != "resume" and saved[section].get(key) != value]
+            if (section != "model" or key in INIT_ONLY) and key != "resume"
+            and saved[section][key] != value]

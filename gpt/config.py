@@ -452,12 +452,14 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 def upgrade_dict(d: dict[str, Any]) -> dict[str, Any]:
     """A saved config dict in today's sections: fields that an older layout kept under
-    "train" move to their own section. Unknown sections or fields are an error."""
+    "train" move to their own section, and fields added since it was saved take their
+    defaults (a new option's default is what the code did before it existed). Unknown
+    sections or fields are an error."""
     unknown = set(d) - {"preset", *SECTIONS}
     if unknown:
         raise ConfigError(f"unknown config sections: {', '.join(sorted(unknown))}")
     out: dict[str, Any] = {"preset": d.get("preset", Config.preset)}
-    out.update({name: {} for name in SECTIONS})
+    out.update({name: dataclasses.asdict(cls()) for name, cls in SECTIONS.items()})
     for section in SECTIONS:
         values = d.get(section, {})
         extra = set(values) - section_names(section)

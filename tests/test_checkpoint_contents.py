@@ -95,3 +95,38 @@ def test_evaluating_a_checkpoint_whose_model_is_not_weights_is_one_line(run_copy
     spoil(run_copy / "ckpt_000002.pt", lambda c: c.update(config={"model": "tiny"}))
     with pytest.raises(PretrainedError, match="ckpt_000002.pt: its config cannot be read"):
         read_checkpoint(run_copy / "ckpt_000002.pt")
+
+
+# Fields this round added: a checkpoint written before them has none of them
+NEWER_FIELDS = {"model": ("rotary", "rmsnorm", "qk_norm", "relu2", "untied_head",
+                          "zero_init_proj", "logit_softcap"),
+                "optim": ("lr_schedule", "cooldown_frac", "optimizer", "muon_lr",
+                          "muon_momentum", "muon_momentum_warmup", "muon_weight_decay")}
+
+
+def test_a_checkpoint_from_before_an_option_existed_resumes_with_it_off() -> None:
+    from gpt.config import Config, to_dict
+
+    saved = to_dict(Config())
+    for section, names in NEWER_FIELDS.items():
+        for name in names:
+            del saved[section][name]
+    assert checkpoint.check_resume_config({"config": saved}, Config(), Path("ckpt_000002.pt")) == []
+
+
+def test_zero_init_proj_may_change_on_resume_and_is_noted() -> None:
+    """It only chooses the starting weights; a change of architecture is still refused."""
+    import dataclasses
+
+    from gpt.config import Config, to_dict
+
+    def with_model(**changes: Any) -> Config:
+        cfg = Config()
+        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **changes))
+
+    saved = {"config": to_dict(Config())}
+    path = Path("ckpt_000002.pt")
+    assert checkpoint.check_resume_config(saved, with_model(zero_init_proj=True), path) == [
+        "zero_init_proj: False -> True"]
+    with pytest.raises(CheckpointError, match="rotary: checkpoint False, config True"):
+        checkpoint.check_resume_config(saved, with_model(rotary=True), path)
