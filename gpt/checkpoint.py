@@ -456,7 +456,7 @@ def check_resume_config(ckpt: dict[str, Any], cfg: Config, path: Path) -> list[s
         raise CheckpointError(
             f"{path}: the checkpoint's model differs from this config: " + "; ".join(diffs)
         )
-    was = saved["optim"].get("optimizer", "adamw")  # checkpoints before Muon: AdamW's
+    was = saved["optim"]["optimizer"]  # "adamw" in a checkpoint from before Muon
     if was != cfg.optim.optimizer:
         raise CheckpointError(
             f"{path}: the checkpoint holds {was}'s state, and this run asks for --optimizer "
