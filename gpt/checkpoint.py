@@ -461,7 +461,7 @@ def check_resume_config(ckpt: dict[str, Any], cfg: Config, path: Path) -> list[s
         raise CheckpointError(
             f"{path}: the checkpoint holds {was}'s state, and this run asks for --optimizer "
             f"{cfg.optim.optimizer}; resume with --optimizer {was}, or start a new run")
-    return [f"{key}: {saved[section].get(key)!r} -> {value!r}"
+    return [f"{key}: {saved[section][key]!r} -> {value!r}"
             for section in current if section != "preset"
             for key, value in current[section].items()
             if (section != "model" or key in INIT_ONLY) and key != "resume"
