@@ -284,11 +284,24 @@ def load_pretrained(name_or_path: str | os.PathLike, *, vocab_size: int | None =
     return build_model(cfg, hf_to_gpt_state_dict(hf_sd, cfg, str(path)), str(path), device)
 
 
+# GPT-2's weights that a model with these parts has no place for
+NO_PLACE_FOR = {"rotary": "learned position embeddings", "rmsnorm": "LayerNorm biases"}
+
+
 def with_pretrained_shape(cfg: Config) -> Config:
     """--init-from decides the model's depth and width (its config.json is read; the weights
-    are loaded later, in build_run, unless a checkpoint is resumed instead)."""
+    are loaded later, in build_run, unless a checkpoint is resumed instead). Parts that
+    would drop some of GPT-2's weights are refused; the others (an untied head starts as
+    a copy of the embedding) take GPT-2's weights as a starting point."""
     if not cfg.train.init_from:
         return cfg
+    parts = [part for part in NO_PLACE_FOR if getattr(cfg.model, part)]
+    if parts:
+        flags = " and ".join(flag(part) for part in parts)
+        raise PretrainedError(
+            f"--init-from {cfg.train.init_from}: a model with {flags} has no place for "
+            f"GPT-2's {' and '.join(NO_PLACE_FOR[part] for part in parts)}; drop {flags}, "
+            f"or train from scratch without --init-from")
     folder = resolve(cfg.train.init_from)
     pre = model_config_from_hf(read_hf_config(folder), str(folder),
                                           cfg.model.vocab_size, cfg.model.block_size)

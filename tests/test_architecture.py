@@ -115,6 +115,32 @@ def test_export_refuses_a_model_gpt2_cannot_hold(tmp_path: Path) -> None:
     assert (tmp_path / "zero-init" / "model.safetensors").is_file()
 
 
+def test_init_from_gpt2_weights_refuses_parts_with_no_place_for_them(tmp_path: Path) -> None:
+    from gpt.checkpoint import load
+    from helpers import run_cli
+
+    torch.manual_seed(3)
+    source = GPT(tiny())
+    export_hf(source, tmp_path / "hf")
+    (tmp_path / "data").mkdir()
+    data = write_random_shards(tmp_path / "data", seed=1, train=(5_000,))
+    args = [*TINY, *QUIET, "--data-dir", str(data), "--init-from", str(tmp_path / "hf"),
+            "--max-steps", "1", "--max-lr", "1e-9", "--warmup-steps", "0"]
+    proc = run_cli(*args, "--out-dir", str(tmp_path / "rotary"), "--rotary", "--rmsnorm")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert ("a model with --rotary and --rmsnorm has no place for GPT-2's learned position "
+            "embeddings and LayerNorm biases") in proc.stderr
+    assert not (tmp_path / "rotary").exists()
+    # The others take GPT-2's weights as a start; an untied head begins as the embedding
+    proc = run_cli(*args, "--out-dir", str(tmp_path / "run"), "--untied-head", "--relu2")
+    assert proc.returncode == 0, proc.stderr
+    assert "(with --relu2 the model computes something else with GPT-2's weights" in proc.stdout
+    saved = load(tmp_path / "run" / "ckpt_000001.pt")["model"]
+    real = 50257  # GPT-2's rows; the exported folder holds no padding rows
+    torch.testing.assert_close(saved["lm_head.weight"][:real],
+                               source.transformer.wte.weight[:real], atol=1e-6, rtol=0)
+
+
 def test_flags_and_recipe_keys_validate() -> None:
     from gpt.cli import parse_args
 
