@@ -91,9 +91,9 @@ def suggest(name: str, options: typing.Iterable[str]) -> str:
 # ---- the trainer's flags
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="train_gpt2.py",
+        prog=prog,
         description="Pre-train a GPT-2 model. Values: defaults <- --model preset <- "
         "--config TOML file <- flags.",
         argument_default=argparse.SUPPRESS,  # so we can tell which flags were given
@@ -131,17 +131,21 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar=None if f.metadata.get("choices") else tp.__name__.upper(),
                     help=help_text,
                 )
+    if prog != "train_gpt2.py":  # another command that takes the trainer's flags
+        parser.hint = "(python train_gpt2.py --help lists every trainer flag)\n"
     return parser
 
 
-def parse_args(argv: list[str] | None = None) -> Config:
-    """CLI -> Config. A bad flag or value exits with status 2 and a message naming it."""
-    return parse_command(argv)[0]
+def parse_args(argv: list[str] | None = None, prog: str = "train_gpt2.py") -> Config:
+    """CLI -> Config. A bad flag or value exits with status 2 and a message naming it (and
+    prog, the command that took the trainer's flags)."""
+    return parse_command(argv, prog)[0]
 
 
-def parse_command(argv: list[str] | None = None) -> tuple[Config, bool]:
+def parse_command(argv: list[str] | None = None,
+                  prog: str = "train_gpt2.py") -> tuple[Config, bool]:
     """CLI -> (Config, whether --dry-run was given)."""
-    parser = build_parser()
+    parser = build_parser(prog)
     cli = vars(parser.parse_args(argv))
     dry_run = bool(cli.pop("dry_run", False))
     try:

@@ -176,7 +176,10 @@ def test_the_command_line_takes_the_trainers_flags(capsys, tmp_path) -> None:
 def test_a_bad_trainer_flag_is_named(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         bench_main(["memory", *SMALL, "--batch-sise", "4"])
-    assert exc.value.code == 2 and "--batch-sise" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--batch-sise" in err
+    assert err.startswith("python -m gpt.bench memory: error:")  # the command typed
+    assert "python train_gpt2.py --help lists every trainer flag" in err
 
 
 @pytest.mark.slow

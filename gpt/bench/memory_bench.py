@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from gpt.bench.report import git_commit
     from gpt.cli import parse_args
 
-    cfg = parse_args(args.trainer_argv)  # the trainer's own parser: same flags, same errors
+    # The trainer's own parser: the same flags and the same errors, under this command's name
+    cfg = parse_args(args.trainer_argv, prog="python -m gpt.bench memory")
     device_type = args.device_type or (cfg.train.device if cfg.train.device != "auto" else "cuda")
     started = time.perf_counter()
     plan = memory.plan(cfg, world_size=args.world_size, device_type=device_type)
