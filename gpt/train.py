@@ -128,11 +128,7 @@ def build_model(cfg: Config, ckpt: dict[str, Any] | None, runtime: Runtime) -> G
             cfg.train.init_from, vocab_size=cfg.model.vocab_size, block_size=cfg.model.block_size,
             dropout=cfg.model.dropout).state_dict()
         if runtime.is_master:
-            # An untied head starts as a copy of the embedding: still GPT-2's function
-            other = [p for p in weights.not_gpt2_parts(cfg.model) if p != "--untied-head"]
-            print(f"initialised from {cfg.train.init_from}" + (
-                f" (with {', '.join(other)} the model computes something else with GPT-2's "
-                f"weights: they are a starting point, not GPT-2)" if other else ""))
+            print(f"initialised from {cfg.train.init_from}{weights.init_from_note(cfg.model)}")
     else:
         return model
     model.to_empty(device=runtime.device)

@@ -309,6 +309,17 @@ def with_pretrained_shape(cfg: Config) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **shape))
 
 
+def init_from_note(cfg: ModelConfig) -> str:
+    """What --init-from's GPT-2 weights are to a model of cfg's parts, for the line that
+    says so: "" while they still give GPT-2's function (an untied head starts as a copy of
+    the embedding), else a note that they are only a starting point."""
+    other = [p for p in not_gpt2_parts(cfg) if p != flag("untied_head")]
+    if not other:
+        return ""
+    return (f" (with {', '.join(other)} the model computes something else with GPT-2's "
+            f"weights: they are a starting point, not GPT-2)")
+
+
 # ---------------------------------------------------------------------------- checkpoints
 
 
