@@ -90,8 +90,10 @@ def suggest(name: str, options: typing.Iterable[str]) -> str:
 
 # ---- the trainer's flags
 
+TRAINER = "train_gpt2.py"  # the command the trainer's flags belong to
 
-def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
+
+def build_parser(prog: str = TRAINER) -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog=prog,
         description="Pre-train a GPT-2 model. Values: defaults <- --model preset <- "
@@ -131,19 +133,19 @@ def build_parser(prog: str = "train_gpt2.py") -> argparse.ArgumentParser:
                     metavar=None if f.metadata.get("choices") else tp.__name__.upper(),
                     help=help_text,
                 )
-    if prog != "train_gpt2.py":  # another command that takes the trainer's flags
-        parser.hint = "(python train_gpt2.py --help lists every trainer flag)\n"
+    if prog != TRAINER:  # another command that takes the trainer's flags
+        parser.hint = f"(python {TRAINER} --help lists every trainer flag)\n"
     return parser
 
 
-def parse_args(argv: list[str] | None = None, prog: str = "train_gpt2.py") -> Config:
+def parse_args(argv: list[str] | None = None, prog: str = TRAINER) -> Config:
     """CLI -> Config. A bad flag or value exits with status 2 and a message naming it (and
     prog, the command that took the trainer's flags)."""
     return parse_command(argv, prog)[0]
 
 
 def parse_command(argv: list[str] | None = None,
-                  prog: str = "train_gpt2.py") -> tuple[Config, bool]:
+                  prog: str = TRAINER) -> tuple[Config, bool]:
     """CLI -> (Config, whether --dry-run was given)."""
     parser = build_parser(prog)
     cli = vars(parser.parse_args(argv))
