@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpt.checkpoint import load
 from gpt.config import ModelConfig, model_preset
 from gpt.model import GPT, Rotary
 from gpt.weights import PretrainedError, export_hf
-from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one,
+from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one, run_cli,
                      write_random_shards)
 from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
 
@@ -116,9 +117,6 @@ def test_export_refuses_a_model_gpt2_cannot_hold(tmp_path: Path) -> None:
 
 
 def test_init_from_gpt2_weights_refuses_parts_with_no_place_for_them(tmp_path: Path) -> None:
-    from gpt.checkpoint import load
-    from helpers import run_cli
-
     torch.manual_seed(3)
     source = GPT(tiny())
     export_hf(source, tmp_path / "hf")
@@ -163,7 +161,6 @@ ARGS = [*TINY, *QUIET, *ALL_FLAGS, "--total-batch-tokens", "512"]
 def test_the_trainer_resumes_a_modern_model_exactly(data_dir: Path, tmp_path: Path) -> None:
     split = assert_resume_is_exact([*ARGS, "--data-dir", str(data_dir)], tmp_path)
     # what generate and evaluate load: the model as trained, its head its own
-    from gpt.checkpoint import load
     from gpt.weights import load_checkpoint_model
 
     model = load_checkpoint_model(split / "ckpt_000004.pt")

@@ -5,6 +5,7 @@ is usable. Evaluating, sampling and exporting check the entries they read the sa
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import torch
 from helpers import QUIET, TINY, run_cli
 from gpt import checkpoint
 from gpt.checkpoint import CheckpointError
+from gpt.config import Config, to_dict
 from gpt.weights import PretrainedError, read_checkpoint
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
@@ -105,8 +107,6 @@ NEWER_FIELDS = {"model": ("rotary", "rmsnorm", "qk_norm", "relu2", "untied_head"
 
 
 def test_a_checkpoint_from_before_an_option_existed_resumes_with_it_off() -> None:
-    from gpt.config import Config, to_dict
-
     saved = to_dict(Config())
     for section, names in NEWER_FIELDS.items():
         for name in names:
@@ -116,9 +116,6 @@ def test_a_checkpoint_from_before_an_option_existed_resumes_with_it_off() -> Non
 
 def test_zero_init_proj_may_change_on_resume_and_is_noted() -> None:
     """It only chooses the starting weights; a change of architecture is still refused."""
-    import dataclasses
-
-    from gpt.config import Config, to_dict
 
     def with_model(**changes: Any) -> Config:
         cfg = Config()
