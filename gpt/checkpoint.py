@@ -38,8 +38,8 @@ import torch
 import torch.nn as nn
 
 from gpt import parallel
-from gpt.config import (CheckpointConfig, Config, ConfigError, ModelConfig, from_dict, to_dict,
-                        upgrade_dict)
+from gpt.config import (INIT_ONLY, CheckpointConfig, Config, ConfigError, ModelConfig, from_dict,
+                        to_dict, upgrade_dict)
 from gpt.checkpoint_contents import BadContents, check_contents, stored_step
 from gpt.data import ShardLoader
 from gpt.dist import Runtime, all_reduce_mean, broadcast_object, gather_objects
@@ -243,10 +243,6 @@ def rotate(out_dir: Path, keep: int, protect: set[str]) -> list[Path]:
             continue
         removed.append(path)
     return removed
-
-
-# Model settings that only choose the starting weights: a resume may change them (noted)
-INIT_ONLY = ("zero_init_proj",)
 
 
 def model_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

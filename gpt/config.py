@@ -55,6 +55,11 @@ class ModelConfig:
     logit_softcap: float = _opt(0.0, "soft-cap the logits at +-C (C * tanh(z / C)); 0: off")
 
 
+# ModelConfig's fields that only choose the starting weights, not the model: a resume may
+# change them, and an export does not look at them
+INIT_ONLY = ("zero_init_proj",)
+
+
 # name -> (n_layer, n_head, n_embd). GPT-2's four sizes, the benchmark sizes
 # (d_ff = 4 * d_model throughout) and small models for tests and CPU runs.
 PRESETS: dict[str, tuple[int, int, int]] = {

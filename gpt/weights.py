@@ -401,8 +401,8 @@ def gpt_to_hf_state_dict(state_dict: dict[str, torch.Tensor],
     return out
 
 
-# ModelConfig's parts that GPT-2's architecture does not have (zero_init_proj is not one:
-# it changes the initial weights, not the model, and its runs export as any other)
+# ModelConfig's parts that GPT-2's architecture does not have (not config.INIT_ONLY's:
+# they change the initial weights, not the model, and their runs export as any other)
 NOT_GPT2 = ("rotary", "rmsnorm", "qk_norm", "relu2", "untied_head")
 
 
