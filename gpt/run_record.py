@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -17,9 +17,8 @@ from gpt.config import ConfigError, describe, to_dict
 from gpt.dist import DTYPE_NAMES, device_name
 from gpt.fileio import atomic_write
 from gpt.metrics import MetricsLog, flops_per_token, peak_memory, peak_tflops
+from gpt.run import Run
 
-if TYPE_CHECKING:  # the loop's Run is defined with the loop
-    from gpt.train import Run
 
 
 def run_peak(run: Run) -> float | None:

@@ -11,78 +11,39 @@ import contextlib
 import os
 import signal
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 
 from gpt import hellaswag, muon, parallel, weights
-from gpt.checkpoint import Checkpointer, LoopState, Parts, model_weights
+from gpt.checkpoint import Checkpointer, model_weights
 from gpt.cli import parse_command
 from gpt.compat import old_torch_note
-from gpt.config import Config, grad_accum_steps, to_dict
+from gpt.config import Config, to_dict
+from gpt.config_check import grad_accum_steps
 from gpt.data import ShardLoader
 from gpt.dist import (Runtime, all_reduce_mean, init_runtime, is_oom, peer_lost, resolve_dtype,
                       reuse_freed_memory, set_matmul_precision, shutdown)
 from gpt.errors import UserError
 from gpt.validation import val_loss
 from gpt.sampling import sample
-from gpt.metrics import (MetricsLog, Progress, StepTimer, check_tracking, close_trackers,
-                         flops_per_token, mfu, open_trackers, peak_memory)
+from gpt.metrics import (Progress, StepTimer, check_tracking, close_trackers, flops_per_token, mfu,
+                         open_trackers, peak_memory)
 from gpt.model import GPT
 from gpt.optim import lr_at
 from gpt.profiling import Profiler
+from gpt.run import Run
 from gpt.run_record import open_log, run_peak
 from gpt.signals import StopSignal
 from gpt.rng import seed_everything
 from gpt.shards import DataError, check_not_being_written, find_shards
-from gpt.step import (SkippedSteps, TrainingDiverged, forward_backward, nonfinite_tensors,
-                      optimizer_step)
+from gpt.step import TrainingDiverged, forward_backward, nonfinite_tensors, optimizer_step
 from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
 
 
 class OutOfMemory(UserError):
     """The device (or host) ran out of memory; the message says which flag to lower."""
-
-
-@dataclass
-class Run:
-    """Everything one training run is made of, built once by build_run()."""
-
-    cfg: Config
-    runtime: Runtime
-    out_dir: Path
-    model: GPT  # the bare model (sharded in place under FSDP)
-    par: parallel.Parallelized  # the module the loop calls, and its optimizer
-    autocast_dtype: torch.dtype
-    accum: int
-    train_loader: ShardLoader
-    val_loader: ShardLoader | None
-    checkpointer: Checkpointer
-    tokenizer: Any
-    hellaswag_examples: list[Any] = field(default_factory=list)
-    trackers: list[Any] = field(default_factory=list)  # TensorBoard / W&B, rank 0 only
-    state: LoopState = field(default_factory=LoopState)
-    skips: SkippedSteps = field(default_factory=SkippedSteps)  # counted on the device
-    log: MetricsLog | None = None  # opened by the loop
-    progress: Progress | None = None  # started by the loop
-
-    def say(self, *args: Any) -> None:
-        """Print on rank 0 only."""
-        if self.runtime.is_master:
-            print(*args, flush=True)
-
-    @property
-    def end_step(self) -> int:
-        """The step this run stops at: --max-steps, or --stop-at-step if sooner."""
-        c = self.cfg
-        return min(c.train.max_steps, c.checkpoint.stop_at_step or c.train.max_steps)
-
-    def parts(self) -> Parts:
-        """What a checkpoint of this run is made of."""
-        return Parts(self.model, self.par.optimizer, self.par.scaler, self.train_loader, self.state,
-                     self.cfg)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,58 @@
+"""One training run's parts, built once by gpt/train.py's build_run() and passed to every
+piece of periodic work (gpt/run_record.py, the loop's helpers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt import parallel
+from gpt.checkpoint import Checkpointer, LoopState, Parts
+from gpt.config import Config
+from gpt.data import ShardLoader
+from gpt.dist import Runtime
+from gpt.metrics import MetricsLog, Progress
+from gpt.model import GPT
+from gpt.step import SkippedSteps
+
+
+@dataclass
+class Run:
+    """Everything one training run is made of, built once by build_run()."""
+
+    cfg: Config
+    runtime: Runtime
+    out_dir: Path
+    model: GPT  # the bare model (sharded in place under FSDP)
+    par: parallel.Parallelized  # the module the loop calls, and its optimizer
+    autocast_dtype: torch.dtype
+    accum: int
+    train_loader: ShardLoader
+    val_loader: ShardLoader | None
+    checkpointer: Checkpointer
+    tokenizer: Any
+    hellaswag_examples: list[Any] = field(default_factory=list)
+    trackers: list[Any] = field(default_factory=list)  # TensorBoard / W&B, rank 0 only
+    state: LoopState = field(default_factory=LoopState)
+    skips: SkippedSteps = field(default_factory=SkippedSteps)  # counted on the device
+    log: MetricsLog | None = None  # opened by the loop
+    progress: Progress | None = None  # started by the loop
+
+    def say(self, *args: Any) -> None:
+        """Print on rank 0 only."""
+        if self.runtime.is_master:
+            print(*args, flush=True)
+
+    @property
+    def end_step(self) -> int:
+        """The step this run stops at: --max-steps, or --stop-at-step if sooner."""
+        c = self.cfg
+        return min(c.train.max_steps, c.checkpoint.stop_at_step or c.train.max_steps)
+
+    def parts(self) -> Parts:
+        """What a checkpoint of this run is made of."""
+        return Parts(self.model, self.par.optimizer, self.par.scaler, self.train_loader, self.state,
+                     self.cfg)
