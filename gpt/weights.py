@@ -12,7 +12,8 @@ attention and MLP projections are Conv1D layers whose weight is stored (in, out)
 transpose of nn.Linear's (out, in). The causal-mask buffers (attn.bias, attn.masked_bias)
 are dropped and the output head is tied to the token embedding.
 
-Weights files are read and written with the `safetensors` package.
+Weights files are read and written with the `safetensors` package. Loading a state dict
+exactly into a model, and a trainer checkpoint's weights as a model, are gpt/model_load.py's.
 """
 
 from __future__ import annotations
@@ -31,12 +32,11 @@ import torch
 import torch.nn as nn
 
 from gpt.checkpoint import CheckpointError, model_weights
-from gpt.checkpoint import load as load_checkpoint_file
 from gpt.config import Config, ModelConfig, flag
-from gpt.errors import UserError
 from gpt.fileio import atomic_files, atomic_path, free_space
 from gpt.model import GPT, unwrap
-from gpt.step import count_nonfinite
+from gpt.model_load import (PretrainedError, build_model, check_finite, load_checkpoint_model,
+                            read_checkpoint)
 from gpt.tokenizer import ASSETS, GPT2_EOT, GPT2_VOCAB
 
 HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -46,10 +46,6 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # Stored as HF Conv1D (in, out): transposed to nn.Linear's (out, in) and back.
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers, not weights
-
-
-class PretrainedError(UserError, ValueError):
-    """A weights file, folder or model name that cannot be used; the message names it."""
 
 
 # ---------------------------------------------------------------------------- safetensors
@@ -233,40 +229,6 @@ def hf_to_gpt_state_dict(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig,
     return out
 
 
-def check_finite(state_dict: dict[str, torch.Tensor], source: str) -> None:
-    """Refuse weights that hold NaN, inf or values beyond 1e19 (the trainer's own test),
-    naming the file and the first such tensor: trained from or sampled, they give only NaN,
-    and the trainer would blame its learning rate."""
-    floats = [(k, v) for k, v in state_dict.items() if v.is_floating_point() and v.numel()]
-    if not floats or count_nonfinite([v for _, v in floats]).item() == 0:
-        return
-    bad = [k for k, v in floats if count_nonfinite([v]).item() > 0]
-    raise PretrainedError(f"{source}: {bad[0]} holds NaN, inf or values beyond 1e19 "
-                          f"({len(bad)} tensor(s) in all); these weights cannot be used")
-
-
-def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], source: str,
-                device: str | torch.device = "cpu") -> GPT:
-    """A GPT holding exactly `state_dict`, allocated once on `device` (no random init)."""
-    with torch.device("meta"):
-        model = GPT(cfg)
-    model.to_empty(device=device)  # GPT.to_empty ties the head again (if tied)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    if missing or unexpected:
-        parts = [f"missing {', '.join(missing[:4])}" if missing else "",
-                 f"unexpected {', '.join(unexpected[:4])}" if unexpected else ""]
-        raise PretrainedError(f"{source}: weights do not match the model ({'; '.join(p for p in parts if p)})")
-    for key, value in state_dict.items():
-        if value.shape != expected[key].shape:
-            raise PretrainedError(f"{source}: {key} has shape {tuple(value.shape)}, the model "
-                                  f"expects {tuple(expected[key].shape)}")
-    check_finite(state_dict, source)
-    model.load_state_dict(state_dict)
-    return model
-
-
 def load_pretrained(name_or_path: str | os.PathLike, *, vocab_size: int | None = None,
                     block_size: int | None = None, dropout: float = 0.0,
                     device: str | torch.device = "cpu",
@@ -320,25 +282,7 @@ def init_from_note(cfg: ModelConfig) -> str:
             f"weights: they are a starting point, not GPT-2)")
 
 
-# ---------------------------------------------------------------------------- checkpoints
-
-
-def read_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(model config, weights) of a trainer checkpoint, with one-line errors. Only the
-    "model" and "config" entries are needed; the file is memory-mapped, so the optimizer
-    state in it is never read."""
-    try:
-        return model_weights(load_checkpoint_file(path, required=("model", "config")), path)
-    except CheckpointError as e:
-        raise PretrainedError(f"--checkpoint {e}") from None
-
-
-def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> GPT:
-    cfg, sd = read_checkpoint(path)
-    sd = dict(sd)
-    if "lm_head.weight" not in sd and "transformer.wte.weight" in sd and not cfg.untied_head:
-        sd["lm_head.weight"] = sd["transformer.wte.weight"]  # tied; a writer may list it once
-    return build_model(cfg, sd, f"--checkpoint {path}", device)
+# ---------------------------------------------------------------------------- either
 
 
 def load_model(checkpoint: str | None = None, init_from: str | None = None,

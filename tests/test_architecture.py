@@ -161,7 +161,7 @@ ARGS = [*TINY, *QUIET, *ALL_FLAGS, "--total-batch-tokens", "512"]
 def test_the_trainer_resumes_a_modern_model_exactly(data_dir: Path, tmp_path: Path) -> None:
     split = assert_resume_is_exact([*ARGS, "--data-dir", str(data_dir)], tmp_path)
     # what generate and evaluate load: the model as trained, its head its own
-    from gpt.weights import load_checkpoint_model
+    from gpt.model_load import load_checkpoint_model
 
     model = load_checkpoint_model(split / "ckpt_000004.pt")
     assert model.config.rotary and model.config.untied_head

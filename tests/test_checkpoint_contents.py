@@ -17,7 +17,7 @@ from helpers import QUIET, TINY, run_cli
 from gpt import checkpoint
 from gpt.checkpoint import CheckpointError
 from gpt.config import Config, to_dict
-from gpt.weights import PretrainedError, read_checkpoint
+from gpt.model_load import PretrainedError, read_checkpoint
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 

@@ -15,7 +15,7 @@ from gpt.data import ShardLoader
 from gpt.evaluate import main
 from gpt.validation import val_loss
 from gpt.model import GPT
-from gpt.weights import load_checkpoint_model
+from gpt.model_load import load_checkpoint_model
 
 from helpers import run_torchrun, write_checkpoint
 

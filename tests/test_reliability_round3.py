@@ -29,8 +29,8 @@ from gpt.dist import (WORKER_VARS, RendezvousError, Runtime, init_runtime,
 from gpt.fileio import FolderLock
 from gpt.metrics import MetricsLog
 from gpt.model import GPT
-from gpt.weights import (PretrainedError, export_hf, load_checkpoint_model, load_pretrained,
-                            read_checkpoint, read_safetensors, write_safetensors)
+from gpt.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
+from gpt.weights import export_hf, load_pretrained, read_safetensors, write_safetensors
 from gpt.shards import ShardError, check_not_being_written, read_shard, write_shard
 from gpt.train import build_loaders
 
