@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt.config import (PRESETS, SECTIONS, Config, ConfigError, field_index, field_type, flag,
-                        resolve, section_names)
+                        section_names)
+from gpt.config_check import resolve
 
 try:
     import tomllib  # Python 3.11+

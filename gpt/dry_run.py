@@ -20,7 +20,8 @@ import torch
 from gpt import memory, weights
 from gpt.checkpoint import check_resume_config, choose
 from gpt.checkpoint_contents import stored_step
-from gpt.config import Config, describe, grad_accum_steps
+from gpt.config import Config, describe
+from gpt.config_check import grad_accum_steps
 from gpt.dist import DTYPE_NAMES, device_name, pick_device, resolve_dtype
 from gpt.errors import UserError
 from gpt.metrics import check_tracking

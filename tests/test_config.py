@@ -22,11 +22,10 @@ from gpt.config import (
     describe,
     flag,
     from_dict,
-    grad_accum_steps,
     model_preset,
-    resolve,
     to_dict,
 )
+from gpt.config_check import grad_accum_steps, resolve
 from gpt.cli import parse_args, to_toml
 
 # --------------------------------------------------------------------------

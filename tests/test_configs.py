@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpt.cli import parse_args
-from gpt.config import grad_accum_steps
+from gpt.config_check import grad_accum_steps
 
 from helpers import REPO
 

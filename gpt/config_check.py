@@ -1,0 +1,138 @@
+"""The rules a configuration must meet, checked once, where it is resolved: each value's
+range and the rules across fields (validate()), and the batch arithmetic that turns a
+token-count batch into micro-steps (grad_accum_steps()). The schema they check is
+gpt/config.py's; gpt/cli.py and gpt/dry_run.py build a Config only through resolve()."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from gpt.config import SECTIONS, Config, ConfigError, field_index, flag, model_preset
+
+MAX_LR = 1.0  # see validate()
+MAX_DIST_TIMEOUT = 7 * 24 * 3600.0  # seconds: no collective should wait longer than a week
+MAX_SAMPLES, MAX_SAMPLE_TOKENS = 64, 4096
+
+
+def resolve(values: dict[str, Any]) -> Config:
+    """Build a Config from field-name -> value settings (plus 'preset'), then validate it."""
+    preset = values.get("preset", Config.preset)
+    sections: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    for name, value in values.items():
+        if name != "preset":
+            sections[field_index()[name][0]][name] = value
+    model = model_preset(preset, **sections.pop("model"))
+    cfg = Config(preset=preset, model=model,
+                 **{s: SECTIONS[s](**kw) for s, kw in sections.items()})
+    validate(cfg)
+    return cfg
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def validate(cfg: Config) -> None:
+    """Reject values that cannot work, naming the flag."""
+    m, d, o, t = cfg.model, cfg.data, cfg.optim, cfg.train
+    e, c, p = cfg.eval, cfg.checkpoint, cfg.profile
+    for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+        _check(getattr(m, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(m, name)}")
+    _check(
+        m.n_embd % m.n_head == 0,
+        f"--n-embd {m.n_embd} must be divisible by --n-head {m.n_head}",
+    )
+    # Muon orthogonalises each matrix as a whole; under FSDP2 a rank holds row shards
+    _check(not (o.optimizer == "muon" and t.parallel == "fsdp"),
+           "--optimizer muon orthogonalises whole weight matrices, and --parallel fsdp holds "
+           "row shards of them: use --parallel ddp or zero1 with Muon")
+    _check(0 < o.cooldown_frac <= 1, f"--cooldown-frac {o.cooldown_frac}: must be in (0, 1]")
+    for name in ("muon_lr", "muon_momentum", "muon_weight_decay"):
+        _check(getattr(o, name) >= 0 and math.isfinite(getattr(o, name)),
+               f"{flag(name)} {getattr(o, name)}: must be a finite number >= 0")
+    _check(o.muon_momentum < 1, f"--muon-momentum {o.muon_momentum}: must be below 1")
+    _check(o.muon_momentum_warmup >= 0,
+           f"--muon-momentum-warmup {o.muon_momentum_warmup}: must be >= 0")
+    _check(not m.rotary or (m.n_embd // max(m.n_head, 1)) % 2 == 0,
+           f"--rotary rotates channel pairs: the head size --n-embd {m.n_embd} / --n-head "
+           f"{m.n_head} must be even")
+    _check(m.logit_softcap >= 0 and math.isfinite(m.logit_softcap),
+           f"--logit-softcap {m.logit_softcap}: must be 0 (off) or a positive cap")
+    _check(0.0 <= m.dropout < 1.0, f"--dropout must be in [0, 1), got {m.dropout}")
+    for name in ("batch_size", "seq_len", "total_batch_tokens"):
+        _check(getattr(d, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(d, name)}")
+    _check(
+        d.seq_len <= m.block_size,
+        f"--seq-len {d.seq_len} exceeds the model's --block-size {m.block_size}",
+    )
+    _check(o.max_lr > 0, f"--max-lr must be > 0, got {o.max_lr}")
+    # AdamW moves each weight by about the learning rate every step, and GPT-2's weights
+    # are about 0.02: a rate above 1 can only destroy them (inf, 1e6 and 1e39 were typos).
+    _check(o.max_lr <= MAX_LR, f"--max-lr must be <= {MAX_LR}, got {o.max_lr} (GPT-2 used 6e-4)")
+    _check(0.0 <= o.min_lr_ratio <= 1.0, f"--min-lr-ratio must be in [0, 1], got {o.min_lr_ratio}")
+    _check(o.warmup_steps >= 0, f"--warmup-steps must be >= 0, got {o.warmup_steps}")
+    _check(o.weight_decay >= 0, f"--weight-decay must be >= 0, got {o.weight_decay}")
+    # Decoupled decay multiplies the weights by 1 - lr * wd each step: at 1 or more it
+    # zeroes or flips them.
+    _check(o.max_lr * o.weight_decay < 1, f"--weight-decay {o.weight_decay} x --max-lr {o.max_lr} "
+           f"must be < 1 (each step multiplies the weights by 1 - lr x weight decay)")
+    for name in ("beta1", "beta2"):
+        _check(0.0 <= getattr(o, name) < 1.0, f"{flag(name)} must be in [0, 1), got {getattr(o, name)}")
+    _check(o.eps > 0, f"--eps must be > 0, got {o.eps}")
+    _check(o.grad_clip >= 0, f"--grad-clip must be >= 0 (0 disables), got {o.grad_clip}")
+    _check(t.max_steps >= 1, f"--max-steps must be >= 1, got {t.max_steps}")
+    _check(t.log_every >= 1, f"--log-every must be >= 1, got {t.log_every}")
+    _check(t.max_bad_steps >= 1, f"--max-bad-steps must be >= 1, got {t.max_bad_steps}")
+    _check(t.finite_check_every >= 1,
+           f"--finite-check-every must be >= 1, got {t.finite_check_every}")
+    _check(0 < t.dist_timeout <= MAX_DIST_TIMEOUT,
+           f"--dist-timeout must be > 0 and at most {MAX_DIST_TIMEOUT:.0f} seconds (a week), "
+           f"got {t.dist_timeout}")
+    _check(0 <= t.seed < 2**32, f"--seed must be in [0, 2**32), got {t.seed}")
+    _check(bool(t.out_dir), "--out-dir must not be empty")
+    for name in ("val_steps", "sample_tokens", "num_samples"):
+        _check(getattr(e, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(e, name)}")
+    # Samples are printed for a person to read, in one batch: more would only exhaust memory.
+    _check(e.num_samples <= MAX_SAMPLES, f"--num-samples must be <= {MAX_SAMPLES}, got {e.num_samples}")
+    _check(e.sample_tokens <= MAX_SAMPLE_TOKENS,
+           f"--sample-tokens must be <= {MAX_SAMPLE_TOKENS}, got {e.sample_tokens}")
+    _check(
+        e.hellaswag_max_examples is None or e.hellaswag_max_examples >= 1,
+        f"--hellaswag-max-examples must be >= 1, got {e.hellaswag_max_examples}",
+    )
+    for name in ("val_every", "sample_every", "hellaswag_every"):
+        _check(getattr(e, name) >= 0, f"{flag(name)} must be >= 0 (0 disables), got {getattr(e, name)}")
+    _check(c.checkpoint_every >= 0,
+           f"--checkpoint-every must be >= 0 (0 disables), got {c.checkpoint_every}")
+    _check(c.keep_checkpoints >= 1, f"--keep-checkpoints must be >= 1, got {c.keep_checkpoints}")
+    _check(
+        c.stop_at_step is None or c.stop_at_step >= 1,
+        f"--stop-at-step must be >= 1, got {c.stop_at_step}",
+    )
+    _check(bool(c.resume), "--resume must be 'auto', 'none' or a checkpoint path")
+    _check(p.profile_start >= 0, f"--profile-start must be >= 0, got {p.profile_start}")
+    _check(p.profile_steps >= 0, f"--profile-steps must be >= 0 (0: off), got {p.profile_steps}")
+    _check(
+        p.peak_tflops is None or p.peak_tflops > 0,
+        f"--peak-tflops must be > 0, got {p.peak_tflops}",
+    )
+    for section in SECTIONS:  # last, so the checks above keep their more specific words
+        for name, value in dataclasses.asdict(getattr(cfg, section)).items():
+            if isinstance(value, float):
+                _check(math.isfinite(value), f"{flag(name)} must be a finite number, got {value}")
+
+
+def grad_accum_steps(total_batch_tokens: int, batch_size: int, seq_len: int, world_size: int) -> int:
+    """Micro-steps per optimizer step so that B * T * world_size * steps == total tokens."""
+    per_micro = batch_size * seq_len * world_size
+    if total_batch_tokens % per_micro != 0:
+        raise ConfigError(
+            f"--total-batch-tokens {total_batch_tokens} is not divisible by "
+            f"--batch-size {batch_size} x --seq-len {seq_len} x world size {world_size} "
+            f"= {per_micro} tokens per micro-step; pick a total that is a multiple of "
+            f"{per_micro} (e.g. {max(1, round(total_batch_tokens / per_micro)) * per_micro})"
+        )
+    return total_batch_tokens // per_micro
