@@ -1,0 +1,93 @@
+"""The code's layout stays a place a newcomer can find their way in: no import circle of
+any kind between the package's modules (imports inside functions and under TYPE_CHECKING
+count too: a reader has to hold every circle in their head), no source file over 500
+lines, and every module of gpt/ on the "where is X" map (docs/MAP.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from helpers import REPO
+
+PACKAGE = REPO / "gpt"
+MAX_LINES = 500
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_modules(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that `path` imports, wherever the import stands. `from pkg
+    import sub` names the submodule, not the package; a package's own __init__ is not an
+    edge from its submodules (Python runs it first in any case)."""
+    out: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            subs = {f"{base}.{a.name}" for a in node.names} & known
+            out.update(subs or {base})
+    return {m for m in out if m in known and m != name}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle, as the list of modules around it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imported_modules(name, path, set(mods)) for name, path in mods.items()}
+
+
+def test_the_package_has_no_import_circle() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_the_circle_finder_sees_type_only_and_function_level_imports(tmp_path: Path) -> None:
+    # the check above must be able to fail: a TYPE_CHECKING import back is a circle
+    a = tmp_path / "a.py"
+    a.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpt.b import X\n")
+    b = tmp_path / "b.py"
+    b.write_text("def f():\n    from gpt.a import Y\n")
+    known = {"gpt.a", "gpt.b"}
+    graph = {"gpt.a": imported_modules("gpt.a", a, known), "gpt.b": imported_modules("gpt.b", b, known)}
+    assert find_cycle(graph) == ["gpt.a", "gpt.b", "gpt.a"]
+
+
+def test_no_source_file_is_over_500_lines() -> None:
+    files = [*PACKAGE.rglob("*.py"), REPO / "train_gpt2.py", REPO / "fineweb.py"]
+    long = {str(p.relative_to(REPO)): n for p in files
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"over {MAX_LINES} lines (split along a concept): {long}"
