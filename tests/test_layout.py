@@ -6,12 +6,15 @@ lines, and every module of gpt/ on the "where is X" map (docs/MAP.md)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from helpers import REPO
 
 PACKAGE = REPO / "gpt"
 MAX_LINES = 500
+MAP = REPO / "docs" / "MAP.md"
+NOT_ON_THE_MAP = {"gpt/__init__.py"}  # empty: it only makes gpt a package
 
 
 def module_name(path: Path) -> str:
@@ -82,7 +85,8 @@ def test_the_circle_finder_sees_type_only_and_function_level_imports(tmp_path: P
     b = tmp_path / "b.py"
     b.write_text("def f():\n    from gpt.a import Y\n")
     known = {"gpt.a", "gpt.b"}
-    graph = {"gpt.a": imported_modules("gpt.a", a, known), "gpt.b": imported_modules("gpt.b", b, known)}
+    graph = {name: imported_modules(name, path, known)
+             for name, path in (("gpt.a", a), ("gpt.b", b))}
     assert find_cycle(graph) == ["gpt.a", "gpt.b", "gpt.a"]
 
 
@@ -91,3 +95,13 @@ def test_no_source_file_is_over_500_lines() -> None:
     long = {str(p.relative_to(REPO)): n for p in files
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"over {MAX_LINES} lines (split along a concept): {long}"
+
+
+def test_the_map_names_every_module_and_only_files_that_exist() -> None:
+    text = MAP.read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:gpt|tests|benchmarks|configs|launch)/[^`\s]*)`", text))
+    missing = sorted(n for n in named if not (REPO / n).exists())
+    assert not missing, f"docs/MAP.md names files that do not exist: {missing}"
+    modules_ = {str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py")} - NOT_ON_THE_MAP
+    off = sorted(modules_ - named)
+    assert not off, f"modules of gpt/ missing from docs/MAP.md (add a row for each): {off}"
