@@ -10,14 +10,15 @@ import importlib.util
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.nn as nn
 
 from gpt.bench import report
 from gpt.bench.naive import use_naive_attention
-from gpt.bench.timing import Timing, bind_setup, time_fn
+from gpt.bench.record import write_outputs
+from gpt.bench.timing import Timing, bind_setup, run_guarded, time_fn
 from gpt.config import PRESETS, ConfigError, ModelConfig, model_preset
 from gpt.dist import bf16_supported, pick_device
 from gpt.dist import autocast as _autocast
@@ -251,38 +252,7 @@ def make_step_fn(
 
 
 # --------------------------------------------------------------------------------------
-# Run context: options every subcommand takes, the device, outputs
-
-
-def add_common_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("common")
-    g.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"],
-                   help="device (auto: cuda > mps > cpu)")
-    g.add_argument("--warmup", type=int, default=5, help="warm-up iterations per cell, not measured (default: 5)")
-    g.add_argument("--steps", type=int, default=10, help="measured iterations per cell (default: 10)")
-    g.add_argument("--out", default="runs/bench", help="folder for <name>.json and <name>.md")
-    g.add_argument("--name", default=None,
-                   help="file stem of the outputs (default: <subcommand>_<device>_<time>)")
-    g.add_argument("--peak-tflops", type=float, default=None,
-                   help="the device's bf16 dense peak in TFLOP/s for MFU (default: looked up "
-                        "from the device name; unknown on CPU)")
-    g.add_argument("--seed", type=int, default=0, help="seed for weights and random inputs")
-    g.add_argument("--compile-mode", default="default",
-                   choices=["default", "reduce-overhead", "max-autotune",
-                            "max-autotune-no-cudagraphs"],
-                   help="torch.compile mode for compiled cells")
-    g = p.add_argument_group("profiling")
-    g.add_argument("--nvtx", action="store_true",
-                   help="NVTX ranges (step, forward, backward, optimizer, attn.*) and a CUDA "
-                        "profiler range around the measured steps (for launch/profile_nsys.sh)")
-    g.add_argument("--cuda-profiler-range", action="store_true",
-                   help="cudaProfilerStart/Stop around the measured steps only (no NVTX)")
-    g.add_argument("--memory-snapshot", metavar="FILE", default=None,
-                   help="write a torch.cuda.memory snapshot of the whole run to FILE "
-                        "(open at https://pytorch.org/memory_viz); CUDA only")
-    g.add_argument("--torch-profile", metavar="DIR", default=None,
-                   help="after timing each cell, profile a few more iterations with "
-                        "torch.profiler and write a Chrome trace per cell into DIR")
+# Run context: a timing subcommand's flags (gpt.bench.args), device, cells and outputs
 
 
 @dataclass
@@ -386,5 +356,48 @@ class Context:
              sections: Sequence[report.Section]) -> tuple[Path, Path]:
         """(Re)write <out>/<name>.json and .md; called after every cell, so a sweep that
         dies half-way keeps what it measured."""
-        return report.write_outputs(self.args.out, self.name, self.payload(results),
-                                    report.render_markdown(self.info, sections))
+        return write_outputs(self.args.out, self.name, self.payload(results),
+                             report.render_markdown(self.info, sections))
+
+    # -- the shape every timing subcommand shares: defaults, guarded cells, the sweep
+    def fill_defaults(self, defaults: dict[str, Any]) -> list[str]:
+        """Give each flag left unset (None) its default for this device; returns the flags
+        so filled, as "--flag value" for the note that says so."""
+        used = []
+        for key, value in defaults.items():
+            if getattr(self.args, key) is None:
+                setattr(self.args, key, value)
+                shown = " ".join(map(str, value)) if isinstance(value, list) else value
+                used.append(f"--{key.replace('_', '-')} {shown}")
+        return used
+
+    def cell(self, label: str, base: dict[str, Any], measure: Callable[[], dict[str, Any]], *,
+             skip: str | None = None, compiled: bool = False,
+             classify: Callable[[BaseException], dict[str, Any] | None] | None = None
+             ) -> dict[str, Any]:
+        """One cell's row: ``base`` (what the cell is) with "skipped" and the reason when
+        ``skip`` says it cannot run here, else with what ``measure`` returns, guarded
+        (timing.run_guarded: an OOM or error is its status, and the sweep goes on)."""
+        if skip is not None:
+            return {**base, "status": "skipped", "reason": skip}
+        self.log(f"[{self.command}] {label} ...")
+        return {**base, **run_guarded(measure, self.device, classify=classify, compiled=compiled)}
+
+    def sweep(self, rows: Iterable[dict[str, Any] | list[dict[str, Any]]],
+              sections: Callable[[list[dict[str, Any]]], list[report.Section]],
+              after_row: Callable[[list[dict[str, Any]]], None] | None = None
+              ) -> tuple[list[dict[str, Any]], list[report.Section]]:
+        """Run the cells ``rows`` yields (a row, or a cell's list of rows) under
+        --memory-snapshot, saving the results after each; ``after_row`` updates what
+        depends on earlier rows (speed-ups) before the save."""
+        results: list[dict[str, Any]] = []
+        with self.memory_snapshot():
+            for row in rows:
+                if isinstance(row, list):
+                    results.extend(row)
+                else:
+                    results.append(row)
+                if after_row is not None:
+                    after_row(results)
+                self.save(results, sections(results))
+        return results, sections(results)

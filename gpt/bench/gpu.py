@@ -52,7 +52,8 @@ from gpt.bench import nanogpt
 from gpt.bench.gpu_plan import (REPO, STAGE_BUDGET_S, STAGES, Cell, Sizes, pytest_workers,
                                 render_plan, session_plan, stage_cells)
 from gpt.bench.gpu_results import RESULTS, comparisons, predicted_memory, summary, with_measured
-from gpt.bench.report import git_commit
+from gpt.bench.args import standalone_parser
+from gpt.bench.record import command_line, git_commit, now, write_json, write_text
 from gpt.dist import device_name
 from gpt.metrics import peak_tflops
 from gpt.shards import write_shard
@@ -240,8 +241,7 @@ def run_stage(args: argparse.Namespace, sizes: Sizes, cells: list[Cell], device:
     t0 = time.perf_counter()
     report: dict[str, Any] = {
         "schema": SCHEMA, "stage": args.stage, "title": STAGES[args.stage].title, "smoke": args.smoke,
-        "command": " ".join(["python -m gpt.bench", *args.argv]),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "budget_s": args.budget,
+        "command": command_line(args.argv), "started": now(), "budget_s": args.budget,
         "estimates": "each cell's estimate_s is gpt/bench/gpu_plan.py's, not measured; beside "
                      "its seconds (what it took) it calibrates the plan",
         "env": environment(args, device), "cells": [],
@@ -270,8 +270,8 @@ def run_stage(args: argparse.Namespace, sizes: Sizes, cells: list[Cell], device:
             log.flush()
     report["seconds"] = round(time.perf_counter() - t0, 1)
     report["comparison"] = comparisons(report["cells"])
-    (out / f"gpu_stage{args.stage}.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / f"gpu_stage{args.stage}.md").write_text(summary(report))
+    write_json(out / f"gpu_stage{args.stage}.json", report, indent=1)
+    write_text(out / f"gpu_stage{args.stage}.md", summary(report))
     print(summary(report))
     print(f"wrote {out}/gpu_stage{args.stage}.json, .md and .log")
     failed = [c["name"] for c in report["cells"] if c["status"] in ("failed", "timeout")]
@@ -293,7 +293,7 @@ def show_plan(as_json: bool) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = standalone_parser(sub, "gpu", __doc__, run)
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--stage", type=int, choices=tuple(STAGES), help="run this stage (one device call)")
     what.add_argument("--plan", action="store_true",
@@ -310,4 +310,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="folder holding build-nanogpt's train_gpt2.py (default .carry/build-nanogpt)")
     p.add_argument("--commit", default=None,
                    help="the commit measured, where the checkout has no .git (the device tool's copy)")
-    p.set_defaults(standalone=run, parser=p)
+    p.set_defaults(parser=p)

@@ -21,7 +21,6 @@ from gpt.bench.common import (
     PRECISION,
     PRECISIONS,
     Context,
-    add_common_args,
     autocast,
     bench_model_config,
     build_model,
@@ -33,7 +32,8 @@ from gpt.bench.common import (
     make_step_fn,
     tf32_mode,
 )
-from gpt.bench.report import Column, fmt_int, fmt_mem, fmt_ms, fmt_pct, status_text
+from gpt.bench.args import add_common_args
+from gpt.bench.tables import MFU, PEAK_MEM, STATUS, Column, col, fmt, fmt_int, fmt_ms, fmt_pct
 from gpt.bench.timing import reset_dynamo, run_guarded
 from gpt.config import ConfigError, OptimConfig
 from gpt.optim import build_optimizer
@@ -86,12 +86,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def resolve_grid(args: argparse.Namespace, ctx: Context) -> None:
-    d = _defaults(ctx.device)
-    defaulted = []
-    for key in ("sizes", "seq_len", "batch_size", "precision"):
-        if getattr(args, key) is None:
-            setattr(args, key, d[key])
-            defaulted.append(f"--{key.replace('_', '-')} {' '.join(map(str, d[key]))}")
+    defaulted = ctx.fill_defaults(_defaults(ctx.device))
     args.sizes = expand_sizes(args.sizes)
     if any(t < 1 for t in args.seq_len) or any(b < 1 for b in args.batch_size):
         raise ConfigError("--seq-len and --batch-size must be >= 1")
@@ -123,12 +118,11 @@ def model_cell(ctx: Context, size: str, T: int, B: int, mode: str, precision: st
         "autocast": "bf16" if prec.autocast is torch.bfloat16 else None,
         "compile": compiled, "attention": attention,
     }
-    skip = cell_skip_reason(precision, device, compiled)
-    if skip is not None:
-        return {**result, "status": "skipped", "reason": skip}
     label = cell_label(size, T, B, mode, precision, compiled, attention)
     warmup = compiled_warmup(ctx.args.warmup, compiled)
-    result["warmup"] = warmup
+    skip = cell_skip_reason(precision, device, compiled)
+    if skip is None:
+        result["warmup"] = warmup
 
     def cell() -> dict[str, Any]:
         with tf32_mode(prec.tf32, device):
@@ -155,26 +149,26 @@ def model_cell(ctx: Context, size: str, T: int, B: int, mode: str, precision: st
             out["compile_s"] = compile_seconds(timing.first_call_ms, timing.stats.median)
         return out
 
-    ctx.log(f"[{ctx.command}] {label} ...")
-    return {**result, **run_guarded(cell, device, compiled=compiled)}
+    return ctx.cell(label, result, cell, skip=skip, compiled=compiled)
 
+
+# The grid's coordinates, as the model and components tables show them
+COL_SIZE, COL_T, COL_B = (col("size", "size", align="left"), col("T", "seq_len"),
+                          col("B", "batch_size"))
+COL_PREC = col("prec", "precision", align="left")
+COL_COMPILE = col("compile", "compile", lambda on: "on" if on else "off", "left")
 
 MODEL_COLUMNS = [
-    Column("size", lambda r: r["size"], "left"),
-    Column("T", lambda r: str(r["seq_len"])),
-    Column("B", lambda r: str(r["batch_size"])),
-    Column("mode", lambda r: r["mode"], "left"),
-    Column("prec", lambda r: r["precision"], "left"),
-    Column("compile", lambda r: "on" if r["compile"] else "off", "left"),
-    Column("attn", lambda r: r["attention"], "left"),
+    COL_SIZE, COL_T, COL_B,
+    col("mode", "mode", align="left"),
+    COL_PREC, COL_COMPILE,
+    col("attn", "attention", align="left"),
     Column("median ms", lambda r: fmt_ms(_ms(r, "median"))),
     Column("mean ms", lambda r: fmt_ms(_ms(r, "mean"))),
     Column("std ms", lambda r: fmt_ms(_ms(r, "std"))),
-    Column("tokens/s", lambda r: fmt_int(r.get("tokens_per_s"))),
-    Column("TFLOP/s", lambda r: "-" if r.get("tflops") is None else f"{r['tflops']:.2f}"),
-    Column("MFU", lambda r: fmt_pct(r.get("mfu")) if r.get("status") == "ok" else "-"),
-    Column("peak mem", lambda r: fmt_mem(r.get("peak_mem_bytes")) if r.get("status") == "ok" else "-"),
-    Column("status", status_text, "left"),
+    col("tokens/s", "tokens_per_s", fmt_int),
+    col("TFLOP/s", "tflops", fmt(".2f")),
+    MFU, PEAK_MEM, STATUS,
 ]
 
 
@@ -203,18 +197,11 @@ def _grid(args: Any) -> Iterator[tuple[Any, ...]]:
 def run_model(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
     args = ctx.args
     resolve_grid(args, ctx)
-    results: list[dict[str, Any]] = []
-
-    def sections() -> list[report.Section]:
-        return [report.Section("model", results, MODEL_COLUMNS, MODEL_NOTES)]
-
-    with ctx.memory_snapshot():
-        for size, T, B, precision, comp, attention in _grid(args):
-            for mode in args.modes:
-                results.append(model_cell(ctx, size, T, B, mode, precision, comp == "on",
-                                          attention, args.vocab_size))
-                ctx.save(results, sections())
-    return results, sections()
+    cells = (model_cell(ctx, size, T, B, mode, precision, comp == "on", attention,
+                        args.vocab_size)
+             for size, T, B, precision, comp, attention in _grid(args) for mode in args.modes)
+    return ctx.sweep(cells, lambda results: [
+        report.Section("model", results, MODEL_COLUMNS, MODEL_NOTES)])
 
 
 # --------------------------------------------------------------------------------------
@@ -347,18 +334,13 @@ def component_cells(ctx: Context, size: str, T: int, B: int, precision: str, com
 
 
 COMPONENT_COLUMNS = [
-    Column("size", lambda r: r["size"], "left"),
-    Column("T", lambda r: str(r["seq_len"])),
-    Column("B", lambda r: str(r["batch_size"])),
-    Column("prec", lambda r: r["precision"], "left"),
-    Column("compile", lambda r: "on" if r["compile"] else "off", "left"),
-    Column("component", lambda r: r["component"], "left"),
-    Column("fwd ms", lambda r: fmt_ms(r.get("fwd_median_ms"))),
-    Column("fwd+bwd ms", lambda r: fmt_ms(r.get("fwdbwd_median_ms"))),
-    Column("share", lambda r: fmt_pct(r.get("share_of_full_fwdbwd"), "-")),
-    Column("peak mem", lambda r: fmt_mem(r.get("peak_mem_bytes")) if r.get("status") == "ok"
-           and not r.get("derived") else "-"),
-    Column("status", status_text, "left"),
+    COL_SIZE, COL_T, COL_B, COL_PREC, COL_COMPILE,
+    col("component", "component", align="left"),
+    col("fwd ms", "fwd_median_ms", fmt_ms),
+    col("fwd+bwd ms", "fwdbwd_median_ms", fmt_ms),
+    col("share", "share_of_full_fwdbwd", lambda x: fmt_pct(x, "-")),
+    Column("peak mem", lambda r: "-" if r.get("derived") else PEAK_MEM.cell(r)),
+    STATUS,
 ]
 
 COMPONENT_NOTES = [
@@ -372,14 +354,7 @@ COMPONENT_NOTES = [
 def run_components(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
     args = ctx.args
     resolve_grid(args, ctx)
-    results: list[dict[str, Any]] = []
-
-    def sections() -> list[report.Section]:
-        return [report.Section("components", results, COMPONENT_COLUMNS, COMPONENT_NOTES)]
-
-    with ctx.memory_snapshot():
-        for size, T, B, precision, comp, attention in _grid(args):
-            results.extend(component_cells(ctx, size, T, B, precision, comp == "on", attention,
-                                           args.vocab_size))
-            ctx.save(results, sections())
-    return results, sections()
+    cells = (component_cells(ctx, size, T, B, precision, comp == "on", attention, args.vocab_size)
+             for size, T, B, precision, comp, attention in _grid(args))
+    return ctx.sweep(cells, lambda results: [
+        report.Section("components", results, COMPONENT_COLUMNS, COMPONENT_NOTES)])

@@ -1,0 +1,52 @@
+"""The flags the subcommands share: the timing subcommands' common and profiling flags
+(gpt.bench.common.Context is made from them), and the parser of a standalone subcommand
+(its module's docstring as its description, its runner as `standalone`).
+
+Torch-free: the parsers are built before torch loads, so --help answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+
+def standalone_parser(sub: argparse._SubParsersAction, name: str, doc: str | None,
+                      run: Callable[[argparse.Namespace], int],
+                      **kwargs: Any) -> argparse.ArgumentParser:
+    """A subcommand that owns its flags and runs itself (gpt.bench.cli calls ``run``)."""
+    p = sub.add_parser(name, description=doc,
+                       formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+    p.set_defaults(standalone=run)
+    return p
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("common")
+    g.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"],
+                   help="device (auto: cuda > mps > cpu)")
+    g.add_argument("--warmup", type=int, default=5, help="warm-up iterations per cell, not measured (default: 5)")
+    g.add_argument("--steps", type=int, default=10, help="measured iterations per cell (default: 10)")
+    g.add_argument("--out", default="runs/bench", help="folder for <name>.json and <name>.md")
+    g.add_argument("--name", default=None,
+                   help="file stem of the outputs (default: <subcommand>_<device>_<time>)")
+    g.add_argument("--peak-tflops", type=float, default=None,
+                   help="the device's bf16 dense peak in TFLOP/s for MFU (default: looked up "
+                        "from the device name; unknown on CPU)")
+    g.add_argument("--seed", type=int, default=0, help="seed for weights and random inputs")
+    g.add_argument("--compile-mode", default="default",
+                   choices=["default", "reduce-overhead", "max-autotune",
+                            "max-autotune-no-cudagraphs"],
+                   help="torch.compile mode for compiled cells")
+    g = p.add_argument_group("profiling")
+    g.add_argument("--nvtx", action="store_true",
+                   help="NVTX ranges (step, forward, backward, optimizer, attn.*) and a CUDA "
+                        "profiler range around the measured steps (for launch/profile_nsys.sh)")
+    g.add_argument("--cuda-profiler-range", action="store_true",
+                   help="cudaProfilerStart/Stop around the measured steps only (no NVTX)")
+    g.add_argument("--memory-snapshot", metavar="FILE", default=None,
+                   help="write a torch.cuda.memory snapshot of the whole run to FILE "
+                        "(open at https://pytorch.org/memory_viz); CUDA only")
+    g.add_argument("--torch-profile", metavar="DIR", default=None,
+                   help="after timing each cell, profile a few more iterations with "
+                        "torch.profiler and write a Chrome trace per cell into DIR")
