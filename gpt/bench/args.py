@@ -8,7 +8,29 @@ Torch-free: the parsers are built before torch loads, so --help answers at once.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class DeviceDefault:
+    """A flag's default that depends on the device (a CPU cannot run GPT-2 at 8 x 1024 in
+    useful time), said once: --help shows it (``%(default)s``), and Context fills it in
+    once the device is known."""
+
+    cuda: Any
+    other: Any
+
+    def __str__(self) -> str:
+        return f"{shown(self.cuda)} on CUDA, {shown(self.other)} elsewhere"
+
+    def pick(self, device_type: str) -> Any:
+        return self.cuda if device_type == "cuda" else self.other
+
+
+def shown(value: Any) -> str:
+    """A value as it is typed on the command line (a list: its items, space-separated)."""
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def standalone_parser(sub: argparse._SubParsersAction, name: str, doc: str | None,

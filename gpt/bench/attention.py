@@ -22,11 +22,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt.bench import report
-from gpt.bench.args import add_common_args
-from gpt.bench.common import Context, compile_seconds, compile_skip_reason, compiled_warmup
+from gpt.bench.args import DeviceDefault, add_common_args
+from gpt.bench.common import Context, compile_skip_reason
 from gpt.bench.naive import causal_mask, naive_attention
 from gpt.bench.tables import PEAK_MEM, STATUS, col, fmt_mem, fmt_ms, fmt_x
-from gpt.bench.timing import allocated_memory, reset_dynamo
+from gpt.bench.timing import allocated_memory, compile_seconds, compiled_warmup, reset_dynamo
 from gpt.config import ConfigError
 from gpt.dist import DTYPES, synchronize
 
@@ -50,33 +50,27 @@ class Unsupported(Exception):
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("attention")
-    p.add_argument("--impls", nargs="+", choices=[*IMPLS, *EXTRA_IMPLS], default=None,
-                   help="implementations (default: all on CUDA; on CPU all but naive-compiled)")
-    p.add_argument("--head-dims", nargs="+", type=int, default=None, metavar="D",
+    p.add_argument("--impls", nargs="+", choices=[*IMPLS, *EXTRA_IMPLS],
+                   default=DeviceDefault(list(IMPLS), [i for i in IMPLS if i != "naive-compiled"]),
+                   help="implementations (default %(default)s)")
+    p.add_argument("--head-dims", nargs="+", type=int, default=[16, 32, 64, 128], metavar="D",
                    help="head dims (default 16 32 64 128)")
-    p.add_argument("--seq-lens", nargs="+", type=int, default=None, metavar="T",
-                   help="sequence lengths (default 256 1024 4096 8192 16384 on CUDA, "
-                        "64 256 on CPU)")
-    p.add_argument("--batch-size", type=int, default=None, help="batch (default 8 on CUDA, 2 on CPU)")
-    p.add_argument("--n-head", type=int, default=None, help="heads (default 12 on CUDA, 4 on CPU)")
-    p.add_argument("--dtype", choices=list(DTYPES), default=None,
-                   help="input dtype (default bf16 on CUDA, fp32 elsewhere)")
+    p.add_argument("--seq-lens", nargs="+", type=int, metavar="T",
+                   default=DeviceDefault([256, 1024, 4096, 8192, 16384], [64, 256]),
+                   help="sequence lengths (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=DeviceDefault(8, 2),
+                   help="batch (default %(default)s)")
+    p.add_argument("--n-head", type=int, default=DeviceDefault(12, 4),
+                   help="heads (default %(default)s)")
+    p.add_argument("--dtype", choices=list(DTYPES), default=DeviceDefault("bf16", "fp32"),
+                   help="input dtype (default %(default)s)")
     add_common_args(p)
 
 
 def _resolve(ctx: Context) -> None:
     a = ctx.args
     cuda = ctx.device.type == "cuda"
-    defaults = {
-        "impls": list(IMPLS) if cuda else [i for i in IMPLS if i != "naive-compiled"],
-        "head_dims": [16, 32, 64, 128],
-        "seq_lens": [256, 1024, 4096, 8192, 16384] if cuda else [64, 256],
-        "batch_size": 8 if cuda else 2,
-        "n_head": 12 if cuda else 4,
-        "dtype": "bf16" if cuda else "fp32",
-    }
-    used = ctx.fill_defaults(defaults)
-    if not cuda and used:
+    if not cuda and ctx.defaulted:
         ctx.log("note: no CUDA device; using a small attention grid (--seq-lens "
                 f"{' '.join(map(str, a.seq_lens))}, --batch-size {a.batch_size}, --n-head "
                 f"{a.n_head}); naive-compiled only when named in --impls")

@@ -31,9 +31,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt.bench.args import standalone_parser
 from gpt.bench.record import header, write_json
+from gpt.bench.report import machine
 from gpt.bench.tables import col, fmt, text_table
 from gpt.config import PRESETS, model_preset
-from gpt.dist import Runtime, autocast, device_name, init_runtime, shutdown, synchronize
+from gpt.dist import Runtime, autocast, init_runtime, shutdown, synchronize
 from gpt.model import GPT, unwrap
 from gpt.parallel import set_grad_sync
 from gpt.tokenizer import GPT2_VOCAB
@@ -111,10 +112,8 @@ def bench_ddp(runtime: Runtime, preset: str, batch_size: int, seq_len: int, warm
 
 
 def environment(runtime: Runtime, argv: Sequence[str]) -> dict[str, Any]:
-    return {**header(argv, prog="torchrun -m gpt.bench"),
-            "backend": dist.get_backend(), "world_size": runtime.world_size,
-            "device": device_name(runtime.device),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__}
+    return {**header(argv, prog="torchrun -m gpt.bench"), "backend": dist.get_backend(),
+            "world_size": runtime.world_size, **machine(runtime.device)}
 
 
 ALLREDUCE_COLUMNS = [col("size MB", "size_mb", fmt("g")), col("median ms", "median_ms", fmt(".3f")),

@@ -16,9 +16,10 @@ import torch
 import torch.nn as nn
 
 from gpt.bench import report
+from gpt.bench.args import DeviceDefault, shown
 from gpt.bench.naive import use_naive_attention
 from gpt.bench.record import write_outputs
-from gpt.bench.timing import Timing, bind_setup, run_guarded, time_fn
+from gpt.bench.timing import Timing, bind_setup, reset_dynamo, run_guarded, time_fn
 from gpt.config import PRESETS, ConfigError, ModelConfig, model_preset
 from gpt.dist import bf16_supported, pick_device
 from gpt.dist import autocast as _autocast
@@ -104,19 +105,6 @@ def cell_skip_reason(precision: str, device: torch.device, compiled: bool) -> st
     if skip is None and compiled:
         skip = compile_skip_reason(device)
     return skip
-
-
-def compiled_warmup(warmup: int, compiled: bool) -> int:
-    """Warm-up calls for a cell: at least one when compiled, since the first compiled call
-    is the compilation and must never be measured."""
-    return max(warmup, 1) if compiled else warmup
-
-
-def compile_seconds(first_call_ms: float | None, steady_ms: float) -> float | None:
-    """Compilation time: the first (compiling) call minus one steady-state call, in s."""
-    if first_call_ms is None:
-        return None
-    return max(0.0, first_call_ms - steady_ms) / 1e3
 
 
 # --------------------------------------------------------------------------------------
@@ -269,6 +257,7 @@ class Context:
     name: str = ""
     quiet: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # more top-level JSON fields
+    defaulted: list[str] = field(default_factory=list)  # "--flag value": a device's default
 
     @classmethod
     def create(cls, command: str, args: argparse.Namespace, argv: list[str]) -> "Context":
@@ -278,6 +267,10 @@ class Context:
         if args.peak_tflops is not None and args.peak_tflops <= 0:
             raise ConfigError("--peak-tflops must be > 0")
         ctx = cls(command=command, args=args, argv=list(argv), device=device)
+        for key, value in vars(args).items():  # the flags left at a DeviceDefault
+            if isinstance(value, DeviceDefault):
+                setattr(args, key, value.pick(device.type))
+                ctx.defaulted.append(f"--{key.replace('_', '-')} {shown(getattr(args, key))}")
         if args.peak_tflops:
             ctx.peak, ctx.peak_source = float(args.peak_tflops), "--peak-tflops"
         elif device.type == "cuda":
@@ -359,17 +352,14 @@ class Context:
         return write_outputs(self.args.out, self.name, self.payload(results),
                              report.render_markdown(self.info, sections))
 
-    # -- the shape every timing subcommand shares: defaults, guarded cells, the sweep
-    def fill_defaults(self, defaults: dict[str, Any]) -> list[str]:
-        """Give each flag left unset (None) its default for this device; returns the flags
-        so filled, as "--flag value" for the note that says so."""
-        used = []
-        for key, value in defaults.items():
-            if getattr(self.args, key) is None:
-                setattr(self.args, key, value)
-                shown = " ".join(map(str, value)) if isinstance(value, list) else value
-                used.append(f"--{key.replace('_', '-')} {shown}")
-        return used
+    # -- the shape every timing subcommand shares: defaults, compiling, guarded cells, sweeps
+    def compiled(self, fn: Callable[..., Any], on: bool) -> Callable[..., Any]:
+        """``fn`` under torch.compile (--compile-mode) from an empty compiler cache (each
+        compiled cell compiles afresh: timing.reset_dynamo) when ``on``; else ``fn``."""
+        if not on:
+            return fn
+        reset_dynamo()
+        return torch.compile(fn, mode=self.args.compile_mode)
 
     def cell(self, label: str, base: dict[str, Any], measure: Callable[[], dict[str, Any]], *,
              skip: str | None = None, compiled: bool = False,

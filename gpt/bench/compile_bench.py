@@ -12,7 +12,7 @@ import argparse
 from typing import Any, Iterator
 
 from gpt.bench import report
-from gpt.bench.args import add_common_args
+from gpt.bench.args import DeviceDefault, add_common_args
 from gpt.bench.attention import CELL_COLUMNS, attention_cell
 from gpt.bench.common import MODES, PRECISIONS, Context, expand_sizes
 from gpt.bench.model_bench import MODEL_COLUMNS, model_cell
@@ -24,32 +24,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--parts", nargs="+", choices=["model", "attention"],
                    default=["model", "attention"], help="what to compare")
     g = p.add_argument_group("model")
-    g.add_argument("--size", default=None, help="preset (default gpt2 on CUDA, tiny elsewhere)")
-    g.add_argument("--seq-len", type=int, default=None, help="context (default 1024 on CUDA, 64 elsewhere)")
-    g.add_argument("--batch-size", type=int, default=None, help="batch (default 8 on CUDA, 2 elsewhere)")
+    g.add_argument("--size", default=DeviceDefault("gpt2", "tiny"), help="preset (default %(default)s)")
+    g.add_argument("--seq-len", type=int, default=DeviceDefault(1024, 64),
+                   help="context (default %(default)s)")
+    g.add_argument("--batch-size", type=int, default=DeviceDefault(8, 2),
+                   help="batch (default %(default)s)")
     g.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
-    g.add_argument("--precision", choices=list(PRECISIONS), default=None,
-                   help="default bf16 on CUDA, fp32 elsewhere")
+    g.add_argument("--precision", choices=list(PRECISIONS), default=DeviceDefault("bf16", "fp32"),
+                   help="default %(default)s")
     g = p.add_argument_group("attention")
     g.add_argument("--attn-impls", nargs="+", choices=["naive", "sdpa"], default=["naive", "sdpa"],
                    help="attention implementations compared eager vs compiled")
-    g.add_argument("--head-dim", type=int, default=None, help="default 64 on CUDA, 16 elsewhere")
-    g.add_argument("--attn-seq-len", type=int, default=None, help="default 1024 on CUDA, 64 elsewhere")
-    g.add_argument("--attn-batch-size", type=int, default=None, help="default 8 on CUDA, 2 elsewhere")
-    g.add_argument("--n-head", type=int, default=None, help="default 12 on CUDA, 2 elsewhere")
+    for flag, cuda, other in (("--head-dim", 64, 16), ("--attn-seq-len", 1024, 64),
+                              ("--attn-batch-size", 8, 2), ("--n-head", 12, 2)):
+        g.add_argument(flag, type=int, default=DeviceDefault(cuda, other), help="default %(default)s")
     add_common_args(p)
 
 
 def _resolve(ctx: Context) -> None:
     a = ctx.args
     cuda = ctx.device.type == "cuda"
-    defaults = {"size": "gpt2" if cuda else "tiny", "seq_len": 1024 if cuda else 64,
-                "batch_size": 8 if cuda else 2, "precision": "bf16" if cuda else "fp32",
-                "head_dim": 64 if cuda else 16, "attn_seq_len": 1024 if cuda else 64,
-                "attn_batch_size": 8 if cuda else 2, "n_head": 12 if cuda else 2}
-    used = ctx.fill_defaults(defaults)
     a.size = expand_sizes([a.size])[0]
-    if not cuda and used:
+    if not cuda and ctx.defaulted:
         ctx.log("note: no CUDA device; small defaults (model "
                 f"{a.size} B={a.batch_size} T={a.seq_len}; attention d={a.head_dim} "
                 f"T={a.attn_seq_len}). Compiling on a CPU takes a while.")

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -54,6 +53,7 @@ from gpt.bench.gpu_plan import (REPO, STAGE_BUDGET_S, STAGES, Cell, Sizes, pytes
 from gpt.bench.gpu_results import RESULTS, comparisons, predicted_memory, summary, with_measured
 from gpt.bench.args import standalone_parser
 from gpt.bench.record import command_line, git_commit, now, write_json, write_text
+from gpt.bench.report import machine
 from gpt.dist import device_name
 from gpt.metrics import peak_tflops
 from gpt.shards import write_shard
@@ -158,17 +158,10 @@ def run_cell(cell: Cell, limit_s: float, sizes: Sizes, tokens: tuple[np.ndarray,
 
 def environment(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     commit, dirty = git_commit()
-    env: dict[str, Any] = {
-        "device": device_name(device), "device_type": device.type, "torch": torch.__version__,
-        "cuda": torch.version.cuda, "python": platform.python_version(), "host": socket.gethostname(),
-        "commit": args.commit or commit, "commit_dirty": dirty,
-        "peak_tflops": peak_tflops(device_name(device)),
-    }
+    env: dict[str, Any] = {**machine(device), "host": socket.gethostname(),
+                           "commit": args.commit or commit, "commit_dirty": dirty,
+                           "peak_tflops": peak_tflops(device_name(device))}
     if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        env.update(gpu_memory_gib=round(props.total_memory / 2**30, 1),
-                   compute_capability=f"{props.major}.{props.minor}",
-                   cudnn=torch.backends.cudnn.version())
         try:
             smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
                                   "clocks.max.sm,power.limit", "--format=csv,noheader"],

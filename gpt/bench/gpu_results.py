@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import statistics
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -18,6 +17,7 @@ from gpt.bench import nanogpt
 from gpt.bench.gpu_plan import WARMUP, Cell, Sizes
 from gpt.bench.runs import read_metrics
 from gpt.bench.tables import Column, fmt_pct, md_table
+from gpt.bench.timing import summarize
 from gpt.cli import parse_args
 from gpt.config import model_preset
 from gpt.dist import device_name
@@ -32,16 +32,14 @@ def step_figures(steps: list[dict[str, float]], tokens_per_step: int, model: str
     measured = [s["ms"] for s in steps[WARMUP:]]
     if not measured:
         raise ValueError(f"only {len(steps)} steps logged; need more than {WARMUP}")
-    ms = statistics.median(measured)
+    stats = summarize(measured)
+    ms = stats.median
     tok_s = tokens_per_step / (ms / 1e3)
     peak = peak_tflops(device)
     util = mfu(tok_s, flops_per_token(model_preset(model), seq_len), peak)
     return {
         "steps_logged": len(steps), "warmup_steps_excluded": WARMUP,
-        "step_ms": {"median": ms, "min": min(measured), "max": max(measured),
-                    "mean": statistics.fmean(measured),
-                    "std": statistics.stdev(measured) if len(measured) > 1 else 0.0,
-                    "n": len(measured)},
+        "step_ms": stats.to_dict(),
         "tokens_per_step": tokens_per_step, "tokens_per_s_median": tok_s,
         "mfu_median": util, "peak_tflops": peak,
         "compile_s_estimate": max(0.0, (steps[0]["ms"] - ms) / 1e3),

@@ -29,21 +29,19 @@ from typing import Any, Iterator
 import torch
 
 from gpt.bench import report
-from gpt.bench.args import add_common_args
+from gpt.bench.args import DeviceDefault, add_common_args
 from gpt.bench.common import (
     Context,
     bench_model_config,
     build_model,
-    compile_seconds,
     compile_skip_reason,
-    compiled_warmup,
     expand_sizes,
     make_batch,
     make_step_fn,
     tf32_mode,
 )
 from gpt.bench.tables import MFU, PEAK_MEM, Column, col, fmt_int, fmt_ms, fmt_x, status_text
-from gpt.bench.timing import reset_dynamo, run_guarded
+from gpt.bench.timing import compiled_warmup, run_guarded
 from gpt.config import ConfigError, ModelConfig, OptimConfig, TrainConfig
 from gpt.dist import DTYPE_NAMES, DTYPES, bf16_supported, resolve_dtype
 from gpt.optim import build_optimizer
@@ -82,10 +80,12 @@ RUNGS: list[tuple[str, str]] = [
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ladder")
-    p.add_argument("--size", default=None,
-                   help="model preset (default gpt2 on CUDA, tiny elsewhere)")
-    p.add_argument("--seq-len", type=int, default=None, help="context (default 1024 on CUDA, 128 elsewhere)")
-    p.add_argument("--batch-size", type=int, default=None, help="batch (default 16 on CUDA, 4 elsewhere)")
+    p.add_argument("--size", default=DeviceDefault("gpt2", "tiny"),
+                   help="model preset (default %(default)s)")
+    p.add_argument("--seq-len", type=int, default=DeviceDefault(1024, 128),
+                   help="context (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=DeviceDefault(16, 4),
+                   help="batch (default %(default)s)")
     p.add_argument("--no-compile-rungs", action="store_true",
                    help="never torch.compile (the compile rung is shown as skipped)")
     add_common_args(p)
@@ -94,13 +94,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _resolve(ctx: Context) -> None:
     a = ctx.args
     cuda = ctx.device.type == "cuda"
-    used = ctx.fill_defaults({"size": "gpt2" if cuda else "tiny", "seq_len": 1024 if cuda else 128,
-                              "batch_size": 16 if cuda else 4})
     a.size = expand_sizes([a.size])[0]
     if a.seq_len < 1 or a.batch_size < 1:
         raise ConfigError("--seq-len and --batch-size must be >= 1")
-    if not cuda and used:
-        ctx.log(f"note: no CUDA device; small ladder defaults ({', '.join(used)})")
+    if not cuda and ctx.defaulted:
+        ctx.log(f"note: no CUDA device; small ladder defaults ({', '.join(ctx.defaulted)})")
     if not cuda and not a.no_compile_rungs:
         ctx.log("note: torch.compile on a CPU takes a minute or so per compiled rung "
                 "(--no-compile-rungs skips them)")
@@ -140,11 +138,9 @@ def _rung_cell(ctx: Context, s: Settings) -> dict[str, Any]:
 
     def cell() -> dict[str, Any]:
         with tf32_mode(s.tf32, device):
-            if s.compile:
-                reset_dynamo()
             torch.manual_seed(a.seed)
             model = build_model(cfg, device, s.attention, nvtx=ctx.nvtx)
-            runner = torch.compile(model, mode=a.compile_mode) if s.compile else model
+            runner = ctx.compiled(model, s.compile)
             x, y = make_batch(a.batch_size, a.seq_len, cfg.vocab_size, device, a.seed)
             scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
             if s.trainer_step:
@@ -171,8 +167,8 @@ def _rung_cell(ctx: Context, s: Settings) -> dict[str, Any]:
         out = {"params": model.num_params(), "fused_adamw": fused, **timing.to_dict(),
                "ms_per_step": timing.stats.median,
                **ctx.throughput(timing, cfg, a.batch_size, a.seq_len, "step")}
-        if s.compile and timing.first_call_ms is not None:
-            out["compile_s"] = compile_seconds(timing.first_call_ms, timing.stats.median)
+        if s.compile:
+            out["compile_s"] = timing.compile_s
         return out
 
     def classify(exc: BaseException) -> dict[str, Any] | None:

@@ -25,16 +25,14 @@ from gpt.bench.common import (
     bench_model_config,
     build_model,
     cell_skip_reason,
-    compile_seconds,
-    compiled_warmup,
     expand_sizes,
     make_batch,
     make_step_fn,
     tf32_mode,
 )
-from gpt.bench.args import add_common_args
+from gpt.bench.args import DeviceDefault, add_common_args
 from gpt.bench.tables import MFU, PEAK_MEM, STATUS, Column, col, fmt, fmt_int, fmt_ms, fmt_pct
-from gpt.bench.timing import reset_dynamo, run_guarded
+from gpt.bench.timing import compiled_warmup, run_guarded
 from gpt.config import ConfigError, OptimConfig
 from gpt.optim import build_optimizer
 
@@ -42,21 +40,14 @@ from gpt.optim import build_optimizer
 # CLI
 
 
-def _defaults(device: torch.device) -> dict[str, Any]:
-    if device.type == "cuda":
-        return {"sizes": ["gpt2"], "seq_len": [1024], "batch_size": [8], "precision": ["bf16"]}
-    # A CPU (or MPS) cannot run GPT-2 124M at 8 x 1024 in useful time.
-    return {"sizes": ["tiny"], "seq_len": [128], "batch_size": [4], "precision": ["fp32"]}
-
-
 def add_model_args(p: argparse.ArgumentParser, with_modes: bool = True) -> None:
-    p.add_argument("--sizes", nargs="+", default=None, metavar="SIZE",
+    p.add_argument("--sizes", nargs="+", default=DeviceDefault(["gpt2"], ["tiny"]), metavar="SIZE",
                    help="presets from gpt.config.PRESETS, or 'all' (gpt2, gpt2-medium, "
-                        "gpt2-large, gpt2-xl, 2.7B); default gpt2 on CUDA, tiny elsewhere")
-    p.add_argument("--seq-len", nargs="+", type=int, default=None, metavar="T",
-                   help="context lengths (default 1024 on CUDA, 128 elsewhere)")
-    p.add_argument("--batch-size", nargs="+", type=int, default=None, metavar="B",
-                   help="micro-batch sizes (default 8 on CUDA, 4 elsewhere)")
+                        "gpt2-large, gpt2-xl, 2.7B); default %(default)s")
+    p.add_argument("--seq-len", nargs="+", type=int, default=DeviceDefault([1024], [128]),
+                   metavar="T", help="context lengths (default %(default)s)")
+    p.add_argument("--batch-size", nargs="+", type=int, default=DeviceDefault([8], [4]),
+                   metavar="B", help="micro-batch sizes (default %(default)s)")
     if with_modes:
         p.add_argument("--arch", choices=list(ARCHS), default="gpt2",
                        help="the model's block: GPT-2's, or the speedrun-era one (rotary, "
@@ -65,9 +56,10 @@ def add_model_args(p: argparse.ArgumentParser, with_modes: bool = True) -> None:
         p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
                        help="fwd: forward with loss; fwdbwd: + backward; step: + grad clip "
                             "and fused AdamW step (the trainer's step)")
-    p.add_argument("--precision", nargs="+", choices=list(PRECISIONS), default=None,
+    p.add_argument("--precision", nargs="+", choices=list(PRECISIONS),
+                   default=DeviceDefault(["bf16"], ["fp32"]),
                    help="fp32; tf32 (fp32 + TF32 matmuls, CUDA only); bf16 autocast "
-                        "(default bf16 on CUDA, fp32 elsewhere)")
+                        "(default %(default)s)")
     p.add_argument("--compile", nargs="+", choices=["off", "on"], default=["off"],
                    help="torch.compile off and/or on")
     p.add_argument("--attention", nargs="+", choices=["sdpa", "naive"], default=["sdpa"],
@@ -86,12 +78,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def resolve_grid(args: argparse.Namespace, ctx: Context) -> None:
-    defaulted = ctx.fill_defaults(_defaults(ctx.device))
     args.sizes = expand_sizes(args.sizes)
     if any(t < 1 for t in args.seq_len) or any(b < 1 for b in args.batch_size):
         raise ConfigError("--seq-len and --batch-size must be >= 1")
-    if defaulted and ctx.device.type != "cuda":
-        ctx.log(f"note: no CUDA device; using small CPU defaults ({', '.join(defaulted)})")
+    if ctx.defaulted and ctx.device.type != "cuda":
+        ctx.log(f"note: no CUDA device; using small CPU defaults ({', '.join(ctx.defaulted)})")
 
 
 # --------------------------------------------------------------------------------------
@@ -126,11 +117,9 @@ def model_cell(ctx: Context, size: str, T: int, B: int, mode: str, precision: st
 
     def cell() -> dict[str, Any]:
         with tf32_mode(prec.tf32, device):
-            if compiled:
-                reset_dynamo()
             torch.manual_seed(ctx.args.seed)
             model = build_model(cfg, device, attention, nvtx=ctx.nvtx)
-            runner = (torch.compile(model, mode=ctx.args.compile_mode) if compiled else model)
+            runner = ctx.compiled(model, compiled)
             x, y = make_batch(B, T, cfg.vocab_size, device, ctx.args.seed)
             optimizer = fused = None
             if mode == "step":
@@ -145,8 +134,8 @@ def model_cell(ctx: Context, size: str, T: int, B: int, mode: str, precision: st
             **timing.to_dict(),
             **ctx.throughput(timing, cfg, B, T, mode, tflops=True),
         }
-        if compiled and timing.first_call_ms is not None:
-            out["compile_s"] = compile_seconds(timing.first_call_ms, timing.stats.median)
+        if compiled:
+            out["compile_s"] = timing.compile_s
         return out
 
     return ctx.cell(label, result, cell, skip=skip, compiled=compiled)
@@ -301,9 +290,7 @@ def component_cells(ctx: Context, size: str, T: int, B: int, precision: str, com
 
             def cell(fwd: Callable[[], Any] = fwd, scalar: bool = scalar,
                      comp: str = comp) -> dict[str, Any]:
-                if compiled:
-                    reset_dynamo()
-                    fwd = torch.compile(fwd, mode=ctx.args.compile_mode)
+                fwd = ctx.compiled(fwd, compiled)
                 fwdbwd = _with_backward(state["model"], fwd, scalar, [state["h_in"]],
                                         state["g_out"])
                 t_f = ctx.time(fwd, label=f"{label}_{comp}_fwd", warmup=warmup)

@@ -23,12 +23,10 @@ def tf32_flags() -> dict[str, Any]:
     }
 
 
-def run_info(command: str, device: torch.device, argv: Sequence[str],
-             peak_tflops: float | None = None, peak_source: str | None = None) -> dict[str, Any]:
-    """The header every timing result file carries (and `tokens`' too)."""
+def machine(device: torch.device) -> dict[str, Any]:
+    """The device and the versions a result was measured with (the timing runs', tokens',
+    comm's and the GPU acceptance's records share these fields)."""
     info: dict[str, Any] = {
-        "bench": command,
-        **header(argv),
         "device": device_name(device),
         "device_type": device.type,
         "torch": torch.__version__,
@@ -36,9 +34,7 @@ def run_info(command: str, device: torch.device, argv: Sequence[str],
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "tf32": tf32_flags(),
-        "peak_tflops": peak_tflops,
-        "peak_tflops_source": peak_source,
+        "cpu_count": os.cpu_count(),
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -47,8 +43,14 @@ def run_info(command: str, device: torch.device, argv: Sequence[str],
         info["gpu_count"] = torch.cuda.device_count()
     else:
         info["cpu_threads"] = torch.get_num_threads()
-        info["cpu_count"] = os.cpu_count()
     return info
+
+
+def run_info(command: str, device: torch.device, argv: Sequence[str],
+             peak_tflops: float | None = None, peak_source: str | None = None) -> dict[str, Any]:
+    """The header every timing result file carries (and `tokens`' too)."""
+    return {"bench": command, **header(argv), **machine(device), "tf32": tf32_flags(),
+            "peak_tflops": peak_tflops, "peak_tflops_source": peak_source}
 
 
 @dataclass
