@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -54,58 +52,16 @@ from gpt.bench.gpu_results import RESULTS, comparisons, predicted_memory, summar
 from gpt.bench.args import standalone_parser
 from gpt.bench.record import command_line, git_commit, now, write_json, write_text
 from gpt.bench.report import machine
+from gpt.bench.runs import run_group
 from gpt.dist import device_name
 from gpt.metrics import peak_tflops
 from gpt.shards import write_shard
 
 SCHEMA = 2  # 2: stages renumbered (5), estimate_s, memory and comparison added
-KILL_GRACE_S = 10.0  # after SIGTERM: the trainer's stop handler ends its step, torchrun its workers
-# A process group of its own for each cell, so that a timeout ends all of it. Not a session of
-# its own where Python allows (3.11+): the device tool ends what a command leaves behind in its
-# session, when it returns or is killed at its limit, but not a new session's processes.
-GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
-                         else {"start_new_session": True})
 
 
 # ---------------------------------------------------------------------------------------
-# running cells
-
-
-def run_group(cmd: list[str], cwd: Path, limit_s: float) -> tuple[int | None, str, str]:
-    """(exit status, or None past limit_s; stdout; stderr). Past the limit the cell's group
-    gets SIGTERM, then SIGKILL after KILL_GRACE_S; either way whatever of the group outlives
-    its first process is killed (a worker left on the GPU would slow or break the next cell)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, **GROUP)
-    code: int | None = None
-    try:
-        out, err = proc.communicate(timeout=limit_s)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-    finally:  # also on Ctrl-C or an error here: nothing of the cell may run on
-        signal_group(proc.pid, signal.SIGKILL)
-    if code is None:
-        try:
-            out, err = proc.communicate(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:  # a process outside the group holds its pipes
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-            proc.wait()
-            out, err = "", "(output lost: a process outside the cell's group kept its pipes open)"
-    return code, out, err
-
-
-def signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:  # the group is gone already
-        pass
+# running cells (each in a process group of its own: gpt.bench.runs.run_group)
 
 
 def run_cell(cell: Cell, limit_s: float, sizes: Sizes, tokens: tuple[np.ndarray, np.ndarray],

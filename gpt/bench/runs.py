@@ -1,7 +1,8 @@
 """Whole runs, each in a process of its own, as the benchmarks that measure them start them
 (cpu-malloc, tokens, prepare, the GPU acceptance's trainer cells): train_gpt2.py's and
-fineweb.py's command lines, a failed run as one line ending with the tool's own last words,
-the trainer's metrics.jsonl read back, and the order of repeated runs.
+fineweb.py's command lines, a process group per run that a time limit ends whole, a failed
+run as one line ending with the tool's own last words, the trainer's metrics.jsonl read
+back, and the order of repeated runs.
 
 Torch-free: the parent only starts and reads; the runs import torch themselves.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +23,51 @@ from gpt.errors import UserError
 
 TRAINER = REPO / "train_gpt2.py"
 FINEWEB = REPO / "fineweb.py"
+KILL_GRACE_S = 10.0  # after SIGTERM: the trainer's stop handler ends its step, torchrun its workers
+# A process group of its own for each run, so that a timeout ends all of it. Not a session of
+# its own where Python allows (3.11+): the device tool ends what a command leaves behind in its
+# session, when it returns or is killed at its limit, but not a new session's processes.
+GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
+                         else {"start_new_session": True})
+
+
+def run_group(cmd: list[str], cwd: Path, limit_s: float | None = None,
+              env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
+    """(exit status, or None past limit_s; stdout; stderr) of ``cmd`` in a process group of
+    its own, with ``env`` added to this process's. Past the limit the group gets SIGTERM,
+    then SIGKILL after KILL_GRACE_S; either way whatever of the group outlives its first
+    process is killed (a worker left on the GPU would slow or break the next run)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, **GROUP)
+    code: int | None = None
+    try:
+        out, err = proc.communicate(timeout=limit_s)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
+        signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+    finally:  # also on Ctrl-C or an error here: nothing of the run may go on
+        signal_group(proc.pid, signal.SIGKILL)
+    if code is None:
+        try:
+            out, err = proc.communicate(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:  # a process outside the group holds its pipes
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            proc.wait()
+            out, err = "", "(output lost: a process outside the run's group kept its pipes open)"
+    return code, out, err
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # the group is gone already
+        pass
 
 
 def trainer_command(flags: Sequence[str]) -> list[str]:
@@ -28,16 +75,14 @@ def trainer_command(flags: Sequence[str]) -> list[str]:
 
 
 def run_tool(cmd: Sequence[str], what: str, env: dict[str, str] | None = None) -> float:
-    """Run ``cmd`` from the repository root, its output captured; its wall seconds. A run
-    that fails is a UserError naming ``what``, ending with the end of its stderr (where the
-    trainer and fineweb.py say in one line what was wrong)."""
+    """Run ``cmd`` from the repository root (run_group, no time limit); its wall seconds. A
+    run that fails is a UserError naming ``what``, ending with the end of its stderr (where
+    the trainer and fineweb.py say in one line what was wrong)."""
     started = time.perf_counter()
-    proc = subprocess.run(list(cmd), cwd=REPO, capture_output=True, text=True,
-                          env=None if env is None else {**os.environ, **env})
-    seconds = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise UserError(f"{what} failed: {proc.stderr.strip()[-2000:]}")
-    return seconds
+    code, _, err = run_group(list(cmd), REPO, env=env)
+    if code != 0:
+        raise UserError(f"{what} failed: {err.strip()[-2000:]}")
+    return time.perf_counter() - started
 
 
 def run_trainer(flags: Sequence[str], what: str, env: dict[str, str] | None = None) -> float:
