@@ -1,5 +1,7 @@
-"""Pieces every subcommand shares: precision modes, model construction, inputs, the
-training-step functions, FLOP counts per mode, and the run context that writes results."""
+"""What the timing subcommands (model, components, attention, ladder, compile) share:
+precision modes, model construction, inputs, the training-step functions, FLOP counts per
+mode, and the run context (Context: device, defaults, compiling, guarded cells, the sweep
+and its outputs)."""
 
 from __future__ import annotations
 

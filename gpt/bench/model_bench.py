@@ -152,18 +152,12 @@ MODEL_COLUMNS = [
     col("mode", "mode", align="left"),
     COL_PREC, COL_COMPILE,
     col("attn", "attention", align="left"),
-    Column("median ms", lambda r: fmt_ms(_ms(r, "median"))),
-    Column("mean ms", lambda r: fmt_ms(_ms(r, "mean"))),
-    Column("std ms", lambda r: fmt_ms(_ms(r, "std"))),
+    *(col(f"{stat} ms", "ms", lambda ms, stat=stat: fmt_ms((ms or {}).get(stat)))
+      for stat in ("median", "mean", "std")),
     col("tokens/s", "tokens_per_s", fmt_int),
     col("TFLOP/s", "tflops", fmt(".2f")),
     MFU, PEAK_MEM, STATUS,
 ]
-
-
-def _ms(r: dict[str, Any], key: str) -> float | None:
-    ms = r.get("ms")
-    return ms.get(key) if isinstance(ms, dict) else None
 
 
 MODEL_NOTES = [
