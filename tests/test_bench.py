@@ -465,3 +465,11 @@ def test_prepare_bench_records_the_command_typed(tmp_path: Path,
     assert data["command"] == "python -m gpt.bench " + " ".join(argv)
     assert "commit" in data and data["inputs"]["paragraphs"]["same_tokens"]
     assert "| paragraphs |" in capsys.readouterr().out
+
+
+def test_comm_outside_torchrun_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    assert cli.main(["comm", "allreduce"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: run under torchrun, e.g. torchrun ") and len(err.splitlines()) == 1

@@ -20,7 +20,6 @@ import argparse
 import functools
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -35,11 +34,16 @@ from gpt.bench.report import machine
 from gpt.bench.tables import col, fmt, text_table
 from gpt.config import PRESETS, model_preset
 from gpt.dist import Runtime, autocast, init_runtime, shutdown, synchronize
+from gpt.errors import UserError
 from gpt.model import GPT, unwrap
 from gpt.parallel import set_grad_sync
 from gpt.tokenizer import GPT2_VOCAB
 
 SIZES_MB = (1, 10, 100, 1000)
+
+
+class NotUnderTorchrun(UserError):
+    exit_code = 2
 
 
 def time_it(fn: Callable[[], None], runtime: Runtime, warmup: int, iters: int) -> list[float]:
@@ -160,9 +164,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if "RANK" not in os.environ:
-        print("error: run under torchrun, e.g. torchrun --standalone --nproc_per_node=2 -m "
-              "gpt.bench comm allreduce", file=sys.stderr)
-        return 2
+        raise NotUnderTorchrun("run under torchrun, e.g. torchrun --standalone "
+                               "--nproc_per_node=2 -m gpt.bench comm allreduce")
     runtime = init_runtime(args.device)
     clean = False
     try:

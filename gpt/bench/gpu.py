@@ -54,10 +54,21 @@ from gpt.bench.record import command_line, git_commit, now, write_json, write_te
 from gpt.bench.report import machine
 from gpt.bench.runs import run_group
 from gpt.dist import device_name
+from gpt.errors import UserError
 from gpt.metrics import peak_tflops
 from gpt.shards import write_shard
 
 SCHEMA = 2  # 2: stages renumbered (5), estimate_s, memory and comparison added
+
+
+class StageError(UserError):
+    """A stage cannot run here (its baseline or corpus is missing); nothing was run."""
+
+
+class NoGPU(UserError):
+    """A stage, not --smoke, on a machine without CUDA."""
+
+    exit_code = 2
 
 
 # ---------------------------------------------------------------------------------------
@@ -166,20 +177,17 @@ def run(args: argparse.Namespace) -> int:
         cells = [c for c in cells if not args.only or c.name in args.only]
         missing = baseline_missing(cells, args.smoke, Path(args.nanogpt))
         if missing:  # no comparison, no acceptance: fail before spending the call's minutes
-            print(f"error: stage {args.stage} compares with build-nanogpt, which cannot run: "
-                  f"{missing}; nothing was run", file=sys.stderr)
-            return 1
+            raise StageError(f"stage {args.stage} compares with build-nanogpt, which cannot run: "
+                             f"{missing}; nothing was run")
         corpus = [c.params["data_dir"] for c in cells if c.kind == "tokens" and not args.smoke]
         if corpus and not Path(corpus[0]).is_dir():
-            print(f"error: stage {args.stage} needs a real corpus in {corpus[0]} (random tokens "
-                  f"have no loss to compare): prepare it as benchmarks/gpu/README.md says; "
-                  f"nothing was run", file=sys.stderr)
-            return 1
+            raise StageError(f"stage {args.stage} needs a real corpus in {corpus[0]} (random "
+                             f"tokens have no loss to compare): prepare it as "
+                             f"benchmarks/gpu/README.md says; nothing was run")
         device = torch.device("cpu" if args.smoke else "cuda")
         if device.type == "cuda" and not torch.cuda.is_available():
-            print("error: no CUDA device; run on a GPU machine, or use --smoke to check the "
-                  "plumbing on the CPU", file=sys.stderr)
-            return 2
+            raise NoGPU("no CUDA device; run on a GPU machine, or use --smoke to check the "
+                        "plumbing on the CPU")
         return run_stage(args, sizes, cells, device, tmp)
 
 

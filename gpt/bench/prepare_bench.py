@@ -57,6 +57,7 @@ from gpt.bench.args import standalone_parser
 from gpt.bench.record import REPO, header, write_json
 from gpt.bench.runs import rotated
 from gpt.bench.tables import Column, col, fmt, fmt_x, md_table
+from gpt.errors import UserError
 from gpt.prepare import PrepareConfig, available_cpus, prepare
 from gpt.shards import read_shard
 from gpt.tokenizer import SHAKESPEARE, gpt2_tokenizer
@@ -292,7 +293,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """The parent: builds the inputs, runs and samples the children, writes the report."""
     if not SHAKESPEARE.is_file():
-        raise SystemExit(f"{SHAKESPEARE} not found: the benchmark input is built from it")
+        raise UserError(f"{SHAKESPEARE} not found: the benchmark input is built from it")
 
     out_path = default_out(args.out, args.workers)
     report = {
