@@ -70,10 +70,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _resolve(ctx: Context) -> None:
     a = ctx.args
     cuda = ctx.device.type == "cuda"
-    if not cuda and ctx.defaulted:
-        ctx.log("note: no CUDA device; using a small attention grid (--seq-lens "
-                f"{' '.join(map(str, a.seq_lens))}, --batch-size {a.batch_size}, --n-head "
-                f"{a.n_head}); naive-compiled only when named in --impls")
     if not cuda and max(a.seq_lens) >= 4096:
         ctx.log(f"warning: sequence length {max(a.seq_lens)} on {ctx.device.type}: naive "
                 "attention builds B x H x T x T scores; this may take very long")

@@ -382,6 +382,8 @@ class Context:
         """Run the cells ``rows`` yields (a row, or a cell's list of rows) under
         --memory-snapshot, saving the results after each; ``after_row`` updates what
         depends on earlier rows (speed-ups) before the save."""
+        if self.defaulted and self.device.type != "cuda":  # said once the flags are checked
+            self.log(f"note: no CUDA device; using small defaults ({', '.join(self.defaulted)})")
         results: list[dict[str, Any]] = []
         with self.memory_snapshot():
             for row in rows:

@@ -97,8 +97,6 @@ def _resolve(ctx: Context) -> None:
     a.size = expand_sizes([a.size])[0]
     if a.seq_len < 1 or a.batch_size < 1:
         raise ConfigError("--seq-len and --batch-size must be >= 1")
-    if not cuda and ctx.defaulted:
-        ctx.log(f"note: no CUDA device; small ladder defaults ({', '.join(ctx.defaulted)})")
     if not cuda and not a.no_compile_rungs:
         ctx.log("note: torch.compile on a CPU takes a minute or so per compiled rung "
                 "(--no-compile-rungs skips them)")

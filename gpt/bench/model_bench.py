@@ -81,8 +81,6 @@ def resolve_grid(args: argparse.Namespace, ctx: Context) -> None:
     args.sizes = expand_sizes(args.sizes)
     if any(t < 1 for t in args.seq_len) or any(b < 1 for b in args.batch_size):
         raise ConfigError("--seq-len and --batch-size must be >= 1")
-    if ctx.defaulted and ctx.device.type != "cuda":
-        ctx.log(f"note: no CUDA device; using small CPU defaults ({', '.join(ctx.defaulted)})")
 
 
 # --------------------------------------------------------------------------------------
