@@ -443,3 +443,33 @@ def test_prepare_bench_writes_to_the_scratch_folder_unless_told() -> None:
 
     assert default_out(None, 2) == Path("runs") / "bench" / "prepare_cpu2.json"
     assert default_out("benchmarks/prepare_cpu2.json", 2) == Path("benchmarks/prepare_cpu2.json")
+
+
+def test_a_failed_trainer_run_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """cpu-malloc whose trainer refuses a flag: one line naming the run, ending with the
+    trainer's own error (it was a CalledProcessError traceback)."""
+    assert cli.main(["cpu-malloc", "--repeats", "1", "--steps", "0", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: the reuse run 1 failed: ") and "--max-steps must be >= 1" in err
+    assert "Traceback" not in err and not list(tmp_path.iterdir())
+
+
+def test_prepare_bench_records_the_command_typed(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Its record said the interpreter and sys.argv: under `python -m gpt.bench` the path of
+    __main__.py, in-process whatever the caller's argv was."""
+    argv = ["prepare", "--mb", "0.02", "--repeats", "1", "--scale", "0", "--inputs", "paragraphs",
+            "--out", str(tmp_path / "p.json")]
+    assert cli.main(argv) == 0
+    data = json.loads((tmp_path / "p.json").read_text())
+    assert data["command"] == "python -m gpt.bench " + " ".join(argv)
+    assert "commit" in data and data["inputs"]["paragraphs"]["same_tokens"]
+    assert "| paragraphs |" in capsys.readouterr().out
+
+
+def test_comm_outside_torchrun_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    assert cli.main(["comm", "allreduce"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: run under torchrun, e.g. torchrun ") and len(err.splitlines()) == 1

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpt.bench import gpu, gpu_plan, gpu_results, nanogpt
+from gpt.bench import gpu, gpu_plan, gpu_results, nanogpt, runs
 from gpt.bench.cli import main as bench_main
 from gpt.shards import write_shard
 from gpt.tokenizer import ASSETS
@@ -182,7 +182,7 @@ LEADER = textwrap.dedent('''
 @pytest.mark.parametrize("leader_s,status", [(120, "timeout"), (0, "failed")])
 def test_a_cell_leaves_no_process_behind(leader_s: float, status: str, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(gpu, "KILL_GRACE_S", 1.0)
+    monkeypatch.setattr(runs, "KILL_GRACE_S", 1.0)
     pid_file = tmp_path / "pid"
     cell = gpu_plan.Cell("group", "pytest", 1, [sys.executable, "-c", LEADER, str(pid_file), str(leader_s)])
     (tmp_path / "group").mkdir()
@@ -373,3 +373,15 @@ def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> No
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert says in err and len(err.strip().splitlines()) == 2, err  # the error, then the hint
+
+
+def test_a_reason_with_a_pipe_keeps_the_summary_a_table() -> None:
+    """A failed cell's reason joins its last lines with ' | ': escaped in the markdown
+    (unescaped, they split the row into more cells than the header has)."""
+    report = {"stage": 1, "smoke": True, "seconds": 1, "budget_s": 1, "command": "c",
+              "cells": [{"name": "ours-b8-default", "kind": "trainer", "params": {},
+                         "status": "failed", "reason": "exit 1: first | second"}],
+              "env": {"device": "cpu", "torch": "t", "cuda": None, "commit": "x"}}
+    table = [line for line in gpu_results.summary(report).splitlines() if line.startswith("|")]
+    cells = [line.replace("\\|", "").count("|") for line in table]
+    assert len(set(cells)) == 1 and "first \\| second" in table[-1]

@@ -15,4 +15,9 @@ Subcommands:
 Every subcommand times with one helper (gpt.bench.timing.time_fn: warm-up, synchronised
 or CUDA-event timing, all samples kept), records OOMs and errors per cell and goes on,
 and writes a table to stdout plus ``<out>/<name>.json`` and ``<out>/<name>.md``.
+
+The pieces the subcommands share, one home each: args (the shared flags, a standalone
+subcommand's parser), common.Context (a timing run's device, defaults, guarded cells and
+sweep), record (a result file's command, commit and time, written atomically), tables
+(every table, text or markdown), runs (train_gpt2.py and fineweb.py as subprocesses).
 """

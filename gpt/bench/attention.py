@@ -22,16 +22,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt.bench import report
-from gpt.bench.common import (
-    Context,
-    add_common_args,
-    compile_seconds,
-    compile_skip_reason,
-    compiled_warmup,
-)
+from gpt.bench.args import DeviceDefault, add_common_args
+from gpt.bench.common import Context, compile_skip_reason
 from gpt.bench.naive import causal_mask, naive_attention
-from gpt.bench.report import Column, fmt_mem, fmt_ms, fmt_x, status_text
-from gpt.bench.timing import allocated_memory, reset_dynamo, run_guarded
+from gpt.bench.tables import PEAK_MEM, STATUS, col, fmt_mem, fmt_ms, fmt_x
+from gpt.bench.timing import allocated_memory, compile_seconds, compiled_warmup, reset_dynamo
 from gpt.config import ConfigError
 from gpt.dist import DTYPES, synchronize
 
@@ -55,40 +50,26 @@ class Unsupported(Exception):
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("attention")
-    p.add_argument("--impls", nargs="+", choices=[*IMPLS, *EXTRA_IMPLS], default=None,
-                   help="implementations (default: all on CUDA; on CPU all but naive-compiled)")
-    p.add_argument("--head-dims", nargs="+", type=int, default=None, metavar="D",
+    p.add_argument("--impls", nargs="+", choices=[*IMPLS, *EXTRA_IMPLS],
+                   default=DeviceDefault(list(IMPLS), [i for i in IMPLS if i != "naive-compiled"]),
+                   help="implementations (default %(default)s)")
+    p.add_argument("--head-dims", nargs="+", type=int, default=[16, 32, 64, 128], metavar="D",
                    help="head dims (default 16 32 64 128)")
-    p.add_argument("--seq-lens", nargs="+", type=int, default=None, metavar="T",
-                   help="sequence lengths (default 256 1024 4096 8192 16384 on CUDA, "
-                        "64 256 on CPU)")
-    p.add_argument("--batch-size", type=int, default=None, help="batch (default 8 on CUDA, 2 on CPU)")
-    p.add_argument("--n-head", type=int, default=None, help="heads (default 12 on CUDA, 4 on CPU)")
-    p.add_argument("--dtype", choices=list(DTYPES), default=None,
-                   help="input dtype (default bf16 on CUDA, fp32 elsewhere)")
+    p.add_argument("--seq-lens", nargs="+", type=int, metavar="T",
+                   default=DeviceDefault([256, 1024, 4096, 8192, 16384], [64, 256]),
+                   help="sequence lengths (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=DeviceDefault(8, 2),
+                   help="batch (default %(default)s)")
+    p.add_argument("--n-head", type=int, default=DeviceDefault(12, 4),
+                   help="heads (default %(default)s)")
+    p.add_argument("--dtype", choices=list(DTYPES), default=DeviceDefault("bf16", "fp32"),
+                   help="input dtype (default %(default)s)")
     add_common_args(p)
 
 
 def _resolve(ctx: Context) -> None:
     a = ctx.args
     cuda = ctx.device.type == "cuda"
-    defaults = {
-        "impls": list(IMPLS) if cuda else [i for i in IMPLS if i != "naive-compiled"],
-        "head_dims": [16, 32, 64, 128],
-        "seq_lens": [256, 1024, 4096, 8192, 16384] if cuda else [64, 256],
-        "batch_size": 8 if cuda else 2,
-        "n_head": 12 if cuda else 4,
-        "dtype": "bf16" if cuda else "fp32",
-    }
-    used = []
-    for key, value in defaults.items():
-        if getattr(a, key) is None:
-            setattr(a, key, value)
-            used.append(key)
-    if not cuda and used:
-        ctx.log("note: no CUDA device; using a small attention grid (--seq-lens "
-                f"{' '.join(map(str, a.seq_lens))}, --batch-size {a.batch_size}, --n-head "
-                f"{a.n_head}); naive-compiled only when named in --impls")
     if not cuda and max(a.seq_lens) >= 4096:
         ctx.log(f"warning: sequence length {max(a.seq_lens)} on {ctx.device.type}: naive "
                 "attention builds B x H x T x T scores; this may take very long")
@@ -143,9 +124,6 @@ def attention_cell(ctx: Context, impl: str, head_dim: int, T: int, B: int, H: in
     dtype = DTYPES[dtype_name]
     result: dict[str, Any] = {"impl": impl, "head_dim": head_dim, "seq_len": T,
                               "batch_size": B, "n_head": H, "dtype": dtype_name}
-    skip = _skip_reason(impl, device)
-    if skip:
-        return {**result, "status": "skipped", "reason": skip}
     compiled = impl.endswith("-compiled")
     warmup = compiled_warmup(ctx.args.warmup, compiled)
     label = f"{impl}_d{head_dim}_T{T}_B{B}_H{H}_{dtype_name}"
@@ -212,8 +190,8 @@ def attention_cell(ctx: Context, impl: str, head_dim: int, T: int, B: int, H: in
             out_d["compile_s"] = compile_seconds(first_ms, out_d["fwdbwd_ms"])
         return out_d
 
-    ctx.log(f"[attention] {label} ...")
-    return {**result, **run_guarded(cell, device, classify=_classify, compiled=compiled)}
+    return ctx.cell(label, result, cell, skip=_skip_reason(impl, device), compiled=compiled,
+                    classify=_classify)
 
 
 def _speedup_vs_naive(results: list[dict[str, Any]]) -> None:
@@ -225,39 +203,28 @@ def _speedup_vs_naive(results: list[dict[str, Any]]) -> None:
             r["speedup_vs_naive"] = base["fwdbwd_ms"] / r["fwdbwd_ms"]
 
 
+# A cell's coordinates and times, as this table and the compile bench's show them
+CELL_COLUMNS = [col("impl", "impl", align="left"), col("d", "head_dim"), col("T", "seq_len"),
+                col("fwd ms", "fwd_ms", fmt_ms), col("bwd ms", "bwd_ms", fmt_ms)]
 COLUMNS = [
-    Column("impl", lambda r: r["impl"], "left"),
-    Column("d", lambda r: str(r["head_dim"])),
-    Column("T", lambda r: str(r["seq_len"])),
-    Column("fwd ms", lambda r: fmt_ms(r.get("fwd_ms"))),
-    Column("bwd ms", lambda r: fmt_ms(r.get("bwd_ms"))),
-    Column("fwd+bwd ms", lambda r: fmt_ms(r.get("fwdbwd_ms"))),
-    Column("vs naive", lambda r: fmt_x(r.get("speedup_vs_naive"))),
-    Column("held for bwd", lambda r: fmt_mem(r.get("mem_held_for_backward_bytes"))
-           if r.get("status") == "ok" else "-"),
-    Column("peak mem", lambda r: fmt_mem(r.get("peak_mem_bytes")) if r.get("status") == "ok" else "-"),
-    Column("status", status_text, "left"),
+    *CELL_COLUMNS,
+    col("fwd+bwd ms", "fwdbwd_ms", fmt_ms),
+    col("vs naive", "speedup_vs_naive", fmt_x),
+    col("held for bwd", "mem_held_for_backward_bytes", fmt_mem, ok_only=True),
+    PEAK_MEM, STATUS,
 ]
 
 
 def run(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
     _resolve(ctx)
     a = ctx.args
-    results: list[dict[str, Any]] = []
     notes = [f"Causal attention, batch {a.batch_size}, {a.n_head} heads, {a.dtype} inputs that "
              "require grad. Median ms; backward timed after an untimed forward. 'held for bwd' "
              "= memory allocated after a forward minus before (output included); n/a off CUDA."]
 
-    def sections() -> list[report.Section]:
-        return [report.Section("attention", results, COLUMNS, notes)]
-
     ctx.extra["grid"] = {"impls": a.impls, "head_dims": a.head_dims, "seq_lens": a.seq_lens,
                          "batch_size": a.batch_size, "n_head": a.n_head, "dtype": a.dtype}
-    with ctx.memory_snapshot():
-        for T in a.seq_lens:
-            for d in a.head_dims:
-                for impl in a.impls:
-                    results.append(attention_cell(ctx, impl, d, T, a.batch_size, a.n_head, a.dtype))
-                    _speedup_vs_naive(results)
-                    ctx.save(results, sections())
-    return results, sections()
+    cells = (attention_cell(ctx, impl, d, T, a.batch_size, a.n_head, a.dtype)
+             for T in a.seq_lens for d in a.head_dims for impl in a.impls)
+    return ctx.sweep(cells, lambda results: [report.Section("attention", results, COLUMNS, notes)],
+                     after_row=_speedup_vs_naive)

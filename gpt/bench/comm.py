@@ -18,26 +18,32 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt.bench.report import git_commit
+from gpt.bench.args import standalone_parser
+from gpt.bench.record import header, write_json
+from gpt.bench.report import machine
+from gpt.bench.tables import col, fmt, text_table
 from gpt.config import PRESETS, model_preset
-from gpt.dist import Runtime, autocast, device_name, init_runtime, shutdown, synchronize
+from gpt.dist import Runtime, autocast, init_runtime, shutdown, synchronize
+from gpt.errors import UserError
 from gpt.model import GPT, unwrap
 from gpt.parallel import set_grad_sync
 from gpt.tokenizer import GPT2_VOCAB
 
 SIZES_MB = (1, 10, 100, 1000)
+
+
+class NotUnderTorchrun(UserError):
+    exit_code = 2
 
 
 def time_it(fn: Callable[[], None], runtime: Runtime, warmup: int, iters: int) -> list[float]:
@@ -109,25 +115,22 @@ def bench_ddp(runtime: Runtime, preset: str, batch_size: int, seq_len: int, warm
     }
 
 
-def environment(runtime: Runtime) -> dict[str, Any]:
-    commit, dirty = git_commit()
-    return {"command": " ".join(["torchrun", "-m", "gpt.bench", *sys.argv[1:]]),
-            "backend": dist.get_backend(), "world_size": runtime.world_size,
-            "device": device_name(runtime.device),
-            "cpu_count": os.cpu_count(), "torch": torch.__version__, "commit": commit, "dirty": dirty,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+def environment(runtime: Runtime, argv: Sequence[str]) -> dict[str, Any]:
+    return {**header(argv, prog="torchrun -m gpt.bench"), "backend": dist.get_backend(),
+            "world_size": runtime.world_size, **machine(runtime.device)}
+
+
+ALLREDUCE_COLUMNS = [col("size MB", "size_mb", fmt("g")), col("median ms", "median_ms", fmt(".3f")),
+                     col("min ms", "min_ms", fmt(".3f")), col("max ms", "max_ms", fmt(".3f")),
+                     col("algbw GB/s", "algbw_GBps", fmt(".3f")),
+                     col("busbw GB/s", "busbw_GBps", fmt(".3f"))]
 
 
 def format_table(result: dict[str, Any]) -> str:
     head = (f"{result['backend']} x {result['world_size']} on {result['device']} "
             f"(torch {result['torch']})")
     if "allreduce" in result:
-        lines = [head, f"{'size MB':>8} {'median ms':>10} {'min ms':>8} {'max ms':>8} "
-                       f"{'algbw GB/s':>11} {'busbw GB/s':>11}"]
-        for r in result["allreduce"]:
-            lines.append(f"{r['size_mb']:>8g} {r['median_ms']:>10.3f} {r['min_ms']:>8.3f} "
-                         f"{r['max_ms']:>8.3f} {r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f}")
-        return "\n".join(lines)
+        return head + "\n" + text_table(result["allreduce"], ALLREDUCE_COLUMNS)
     d = result["ddp"]
     frac = d["hidden_comm_fraction"]
     hidden = (f"{frac * 100:.0f}% of the all-reduce hidden behind backward" if frac is not None
@@ -144,8 +147,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("comm", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = standalone_parser(sub, "comm", __doc__, run)
     p.add_argument("what", choices=("allreduce", "ddp"))
     p.add_argument("--sizes-mb", type=float, nargs="+", default=list(SIZES_MB),
                    help="allreduce: message sizes in MB (default: 1 MB to 1 GB)")
@@ -158,19 +160,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"),
                    help="auto: cuda with NCCL, else cpu with gloo (default: auto)")
     p.add_argument("--out", default=None, help="write the JSON result here")
-    p.set_defaults(standalone=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if "RANK" not in os.environ:
-        print("error: run under torchrun, e.g. torchrun --standalone --nproc_per_node=2 -m "
-              "gpt.bench comm allreduce", file=sys.stderr)
-        return 2
+        raise NotUnderTorchrun("run under torchrun, e.g. torchrun --standalone "
+                               "--nproc_per_node=2 -m gpt.bench comm allreduce")
     runtime = init_runtime(args.device)
     clean = False
     try:
         # Only rank 0 reports: the others skip the git calls.
-        result: dict[str, Any] = environment(runtime) if runtime.is_master else {}
+        result: dict[str, Any] = environment(runtime, args.argv) if runtime.is_master else {}
         if args.what == "allreduce":
             result["allreduce"] = bench_allreduce(runtime, args.sizes_mb, args.warmup, args.iters)
         else:
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         if runtime.is_master:
             print(format_table(result))
             if args.out:
-                Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+                write_json(Path(args.out), result)
         clean = True
     finally:
         shutdown(runtime, clean)

@@ -1,5 +1,7 @@
-"""Pieces every subcommand shares: precision modes, model construction, inputs, the
-training-step functions, FLOP counts per mode, and the run context that writes results."""
+"""What the timing subcommands (model, components, attention, ladder, compile) share:
+precision modes, model construction, inputs, the training-step functions, FLOP counts per
+mode, and the run context (Context: device, defaults, compiling, guarded cells, the sweep
+and its outputs)."""
 
 from __future__ import annotations
 
@@ -10,14 +12,16 @@ import importlib.util
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.nn as nn
 
 from gpt.bench import report
+from gpt.bench.args import DeviceDefault, shown
 from gpt.bench.naive import use_naive_attention
-from gpt.bench.timing import Timing, bind_setup, time_fn
+from gpt.bench.record import write_outputs
+from gpt.bench.timing import Timing, bind_setup, reset_dynamo, run_guarded, time_fn
 from gpt.config import PRESETS, ConfigError, ModelConfig, model_preset
 from gpt.dist import bf16_supported, pick_device
 from gpt.dist import autocast as _autocast
@@ -103,19 +107,6 @@ def cell_skip_reason(precision: str, device: torch.device, compiled: bool) -> st
     if skip is None and compiled:
         skip = compile_skip_reason(device)
     return skip
-
-
-def compiled_warmup(warmup: int, compiled: bool) -> int:
-    """Warm-up calls for a cell: at least one when compiled, since the first compiled call
-    is the compilation and must never be measured."""
-    return max(warmup, 1) if compiled else warmup
-
-
-def compile_seconds(first_call_ms: float | None, steady_ms: float) -> float | None:
-    """Compilation time: the first (compiling) call minus one steady-state call, in s."""
-    if first_call_ms is None:
-        return None
-    return max(0.0, first_call_ms - steady_ms) / 1e3
 
 
 # --------------------------------------------------------------------------------------
@@ -251,38 +242,7 @@ def make_step_fn(
 
 
 # --------------------------------------------------------------------------------------
-# Run context: options every subcommand takes, the device, outputs
-
-
-def add_common_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("common")
-    g.add_argument("--device", default="auto", choices=["auto", "cuda", "mps", "cpu"],
-                   help="device (auto: cuda > mps > cpu)")
-    g.add_argument("--warmup", type=int, default=5, help="warm-up iterations per cell, not measured (default: 5)")
-    g.add_argument("--steps", type=int, default=10, help="measured iterations per cell (default: 10)")
-    g.add_argument("--out", default="runs/bench", help="folder for <name>.json and <name>.md")
-    g.add_argument("--name", default=None,
-                   help="file stem of the outputs (default: <subcommand>_<device>_<time>)")
-    g.add_argument("--peak-tflops", type=float, default=None,
-                   help="the device's bf16 dense peak in TFLOP/s for MFU (default: looked up "
-                        "from the device name; unknown on CPU)")
-    g.add_argument("--seed", type=int, default=0, help="seed for weights and random inputs")
-    g.add_argument("--compile-mode", default="default",
-                   choices=["default", "reduce-overhead", "max-autotune",
-                            "max-autotune-no-cudagraphs"],
-                   help="torch.compile mode for compiled cells")
-    g = p.add_argument_group("profiling")
-    g.add_argument("--nvtx", action="store_true",
-                   help="NVTX ranges (step, forward, backward, optimizer, attn.*) and a CUDA "
-                        "profiler range around the measured steps (for launch/profile_nsys.sh)")
-    g.add_argument("--cuda-profiler-range", action="store_true",
-                   help="cudaProfilerStart/Stop around the measured steps only (no NVTX)")
-    g.add_argument("--memory-snapshot", metavar="FILE", default=None,
-                   help="write a torch.cuda.memory snapshot of the whole run to FILE "
-                        "(open at https://pytorch.org/memory_viz); CUDA only")
-    g.add_argument("--torch-profile", metavar="DIR", default=None,
-                   help="after timing each cell, profile a few more iterations with "
-                        "torch.profiler and write a Chrome trace per cell into DIR")
+# Run context: a timing subcommand's flags (gpt.bench.args), device, cells and outputs
 
 
 @dataclass
@@ -299,6 +259,7 @@ class Context:
     name: str = ""
     quiet: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # more top-level JSON fields
+    defaulted: list[str] = field(default_factory=list)  # "--flag value": a device's default
 
     @classmethod
     def create(cls, command: str, args: argparse.Namespace, argv: list[str]) -> "Context":
@@ -308,6 +269,10 @@ class Context:
         if args.peak_tflops is not None and args.peak_tflops <= 0:
             raise ConfigError("--peak-tflops must be > 0")
         ctx = cls(command=command, args=args, argv=list(argv), device=device)
+        for key, value in vars(args).items():  # the flags left at a DeviceDefault
+            if isinstance(value, DeviceDefault):
+                setattr(args, key, value.pick(device.type))
+                ctx.defaulted.append(f"--{key.replace('_', '-')} {shown(getattr(args, key))}")
         if args.peak_tflops:
             ctx.peak, ctx.peak_source = float(args.peak_tflops), "--peak-tflops"
         elif device.type == "cuda":
@@ -386,5 +351,47 @@ class Context:
              sections: Sequence[report.Section]) -> tuple[Path, Path]:
         """(Re)write <out>/<name>.json and .md; called after every cell, so a sweep that
         dies half-way keeps what it measured."""
-        return report.write_outputs(self.args.out, self.name, self.payload(results),
-                                    report.render_markdown(self.info, sections))
+        return write_outputs(self.args.out, self.name, self.payload(results),
+                             report.render_markdown(self.info, sections))
+
+    # -- the shape every timing subcommand shares: defaults, compiling, guarded cells, sweeps
+    def compiled(self, fn: Callable[..., Any], on: bool) -> Callable[..., Any]:
+        """``fn`` under torch.compile (--compile-mode) from an empty compiler cache (each
+        compiled cell compiles afresh: timing.reset_dynamo) when ``on``; else ``fn``."""
+        if not on:
+            return fn
+        reset_dynamo()
+        return torch.compile(fn, mode=self.args.compile_mode)
+
+    def cell(self, label: str, base: dict[str, Any], measure: Callable[[], dict[str, Any]], *,
+             skip: str | None = None, compiled: bool = False,
+             classify: Callable[[BaseException], dict[str, Any] | None] | None = None
+             ) -> dict[str, Any]:
+        """One cell's row: ``base`` (what the cell is) with "skipped" and the reason when
+        ``skip`` says it cannot run here, else with what ``measure`` returns, guarded
+        (timing.run_guarded: an OOM or error is its status, and the sweep goes on)."""
+        if skip is not None:
+            return {**base, "status": "skipped", "reason": skip}
+        self.log(f"[{self.command}] {label} ...")
+        return {**base, **run_guarded(measure, self.device, classify=classify, compiled=compiled)}
+
+    def sweep(self, rows: Iterable[dict[str, Any] | list[dict[str, Any]]],
+              sections: Callable[[list[dict[str, Any]]], list[report.Section]],
+              after_row: Callable[[list[dict[str, Any]]], None] | None = None
+              ) -> tuple[list[dict[str, Any]], list[report.Section]]:
+        """Run the cells ``rows`` yields (a row, or a cell's list of rows) under
+        --memory-snapshot, saving the results after each; ``after_row`` updates what
+        depends on earlier rows (speed-ups) before the save."""
+        if self.defaulted and self.device.type != "cuda":  # said once the flags are checked
+            self.log(f"note: no CUDA device; using small defaults ({', '.join(self.defaulted)})")
+        results: list[dict[str, Any]] = []
+        with self.memory_snapshot():
+            for row in rows:
+                if isinstance(row, list):
+                    results.extend(row)
+                else:
+                    results.append(row)
+                if after_row is not None:
+                    after_row(results)
+                self.save(results, sections(results))
+        return results, sections(results)

@@ -9,13 +9,14 @@ many steps the compiled version needs to win its compilation time back.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Iterator
 
 from gpt.bench import report
-from gpt.bench.attention import attention_cell
-from gpt.bench.common import MODES, PRECISIONS, Context, add_common_args, expand_sizes
+from gpt.bench.args import DeviceDefault, add_common_args
+from gpt.bench.attention import CELL_COLUMNS, attention_cell
+from gpt.bench.common import MODES, PRECISIONS, Context, expand_sizes
 from gpt.bench.model_bench import MODEL_COLUMNS, model_cell
-from gpt.bench.report import Column, fmt_ms, fmt_x, status_text
+from gpt.bench.tables import STATUS, col, fmt, fmt_ms, fmt_x
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,39 +24,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--parts", nargs="+", choices=["model", "attention"],
                    default=["model", "attention"], help="what to compare")
     g = p.add_argument_group("model")
-    g.add_argument("--size", default=None, help="preset (default gpt2 on CUDA, tiny elsewhere)")
-    g.add_argument("--seq-len", type=int, default=None, help="context (default 1024 on CUDA, 64 elsewhere)")
-    g.add_argument("--batch-size", type=int, default=None, help="batch (default 8 on CUDA, 2 elsewhere)")
+    g.add_argument("--size", default=DeviceDefault("gpt2", "tiny"), help="preset (default %(default)s)")
+    g.add_argument("--seq-len", type=int, default=DeviceDefault(1024, 64),
+                   help="context (default %(default)s)")
+    g.add_argument("--batch-size", type=int, default=DeviceDefault(8, 2),
+                   help="batch (default %(default)s)")
     g.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
-    g.add_argument("--precision", choices=list(PRECISIONS), default=None,
-                   help="default bf16 on CUDA, fp32 elsewhere")
+    g.add_argument("--precision", choices=list(PRECISIONS), default=DeviceDefault("bf16", "fp32"),
+                   help="default %(default)s")
     g = p.add_argument_group("attention")
     g.add_argument("--attn-impls", nargs="+", choices=["naive", "sdpa"], default=["naive", "sdpa"],
                    help="attention implementations compared eager vs compiled")
-    g.add_argument("--head-dim", type=int, default=None, help="default 64 on CUDA, 16 elsewhere")
-    g.add_argument("--attn-seq-len", type=int, default=None, help="default 1024 on CUDA, 64 elsewhere")
-    g.add_argument("--attn-batch-size", type=int, default=None, help="default 8 on CUDA, 2 elsewhere")
-    g.add_argument("--n-head", type=int, default=None, help="default 12 on CUDA, 2 elsewhere")
+    for flag, cuda, other in (("--head-dim", 64, 16), ("--attn-seq-len", 1024, 64),
+                              ("--attn-batch-size", 8, 2), ("--n-head", 12, 2)):
+        g.add_argument(flag, type=int, default=DeviceDefault(cuda, other), help="default %(default)s")
     add_common_args(p)
 
 
 def _resolve(ctx: Context) -> None:
-    a = ctx.args
-    cuda = ctx.device.type == "cuda"
-    defaults = {"size": "gpt2" if cuda else "tiny", "seq_len": 1024 if cuda else 64,
-                "batch_size": 8 if cuda else 2, "precision": "bf16" if cuda else "fp32",
-                "head_dim": 64 if cuda else 16, "attn_seq_len": 1024 if cuda else 64,
-                "attn_batch_size": 8 if cuda else 2, "n_head": 12 if cuda else 2}
-    used = []
-    for key, value in defaults.items():
-        if getattr(a, key) is None:
-            setattr(a, key, value)
-            used.append(key)
-    a.size = expand_sizes([a.size])[0]
-    if not cuda and used:
-        ctx.log("note: no CUDA device; small defaults (model "
-                f"{a.size} B={a.batch_size} T={a.seq_len}; attention d={a.head_dim} "
-                f"T={a.attn_seq_len}). Compiling on a CPU takes a while.")
+    ctx.args.size = expand_sizes([ctx.args.size])[0]
+    if ctx.device.type != "cuda":
+        ctx.log("note: compiling on a CPU takes a while")
 
 
 def _compare(part: str, what: str, eager: dict[str, Any], compiled: dict[str, Any],
@@ -87,82 +76,61 @@ def _compare(part: str, what: str, eager: dict[str, Any], compiled: dict[str, An
 
 
 COMPARE_COLUMNS = [
-    Column("part", lambda r: r["part"], "left"),
-    Column("what", lambda r: r["what"], "left"),
-    Column("eager ms", lambda r: fmt_ms(r.get("eager_ms"))),
-    Column("compiled ms", lambda r: fmt_ms(r.get("compiled_ms"))),
-    Column("speed-up", lambda r: fmt_x(r.get("speedup"))),
-    Column("compile s", lambda r: "-" if r.get("compile_s") is None else f"{r['compile_s']:.1f}"),
-    Column("break-even steps", lambda r: "-" if r.get("break_even_steps") is None
-           else f"{r['break_even_steps']:,.0f}"),
-    Column("status", status_text, "left"),
+    col("part", "part", align="left"),
+    col("what", "what", align="left"),
+    col("eager ms", "eager_ms", fmt_ms),
+    col("compiled ms", "compiled_ms", fmt_ms),
+    col("speed-up", "speedup", fmt_x),
+    col("compile s", "compile_s", fmt(".1f")),
+    col("break-even steps", "break_even_steps", fmt(",.0f")),
+    STATUS,
 ]
 
-ATTN_COLUMNS = [
-    Column("impl", lambda r: r["impl"], "left"),
-    Column("d", lambda r: str(r["head_dim"])),
-    Column("T", lambda r: str(r["seq_len"])),
-    Column("fwd ms", lambda r: fmt_ms(r.get("fwd_ms"))),
-    Column("bwd ms", lambda r: fmt_ms(r.get("bwd_ms"))),
-    Column("first call ms", lambda r: fmt_ms(r.get("first_call_ms"))),
-    Column("status", status_text, "left"),
-]
+ATTN_COLUMNS = [*CELL_COLUMNS, col("first call ms", "first_call_ms", fmt_ms), STATUS]
 
 
 def run(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
     _resolve(ctx)
-    a = ctx.args
-    model_rows: list[dict[str, Any]] = []
-    attn_rows: list[dict[str, Any]] = []
     comparisons: list[dict[str, Any]] = []
     ctx.extra["comparisons"] = comparisons
 
-    def sections() -> list[report.Section]:
+    def sections(results: list[dict[str, Any]]) -> list[report.Section]:
         out = [report.Section(
             "eager vs compiled", comparisons, COMPARE_COLUMNS,
             ["Median ms per call. compile s = compiled first call minus one steady-state "
              "call; break-even = compile time / time saved per call."])]
-        if model_rows:
-            out.append(report.Section("model cells", model_rows, MODEL_COLUMNS))
-        if attn_rows:
-            out.append(report.Section("attention cells", attn_rows, ATTN_COLUMNS))
+        for part, title, columns in (("model", "model cells", MODEL_COLUMNS),
+                                     ("attention", "attention cells", ATTN_COLUMNS)):
+            rows = [r for r in results if r["part"] == part]
+            if rows:
+                out.append(report.Section(title, rows, columns))
         return out
 
-    def results() -> list[dict[str, Any]]:
-        return [*({"part": "model", **r} for r in model_rows),
-                *({"part": "attention", **r} for r in attn_rows)]
+    return ctx.sweep(_pairs(ctx, comparisons), sections)
 
-    with ctx.memory_snapshot():
-        # Each pair is saved after its eager cell, then with the compiled cell and the
-        # comparison together.
-        if "attention" in a.parts:
-            def attn_cell(impl: str) -> dict[str, Any]:
-                r = attention_cell(ctx, impl, a.head_dim, a.attn_seq_len, a.attn_batch_size,
-                                   a.n_head, "bf16" if ctx.device.type == "cuda" else "fp32")
-                attn_rows.append(r)
-                return r
 
-            for impl in a.attn_impls:
-                eager = attn_cell(impl)
-                ctx.save(results(), sections())
-                comp = attn_cell(f"{impl}-compiled")
-                label = f"{impl} attention d={a.head_dim} T={a.attn_seq_len}"
-                comparisons.append(_compare("attention", f"{label} fwd", eager, comp, "fwd_ms"))
-                comparisons.append(_compare("attention", f"{label} fwd+bwd", eager, comp,
-                                            "fwdbwd_ms"))
-                ctx.save(results(), sections())
-        if "model" in a.parts:
-            def cell(mode: str, compiled: bool) -> dict[str, Any]:
-                r = model_cell(ctx, a.size, a.seq_len, a.batch_size, mode, a.precision, compiled)
-                model_rows.append(r)
-                return r
-
-            for mode in a.modes:
-                eager = cell(mode, False)
-                ctx.save(results(), sections())
-                comp = cell(mode, True)
-                comparisons.append(_compare(
-                    "model", f"{a.size} B={a.batch_size} T={a.seq_len} {a.precision} {mode}",
-                    eager, comp, "ms"))
-                ctx.save(results(), sections())
-    return results(), sections()
+def _pairs(ctx: Context, comparisons: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The eager cell, then the compiled one, of each part and setting; the comparison of
+    the pair is added before the compiled cell's row, so each save holds whole pairs."""
+    a = ctx.args
+    if "attention" in a.parts:
+        dtype = "bf16" if ctx.device.type == "cuda" else "fp32"
+        for impl in a.attn_impls:
+            eager = attention_cell(ctx, impl, a.head_dim, a.attn_seq_len, a.attn_batch_size,
+                                   a.n_head, dtype)
+            yield {"part": "attention", **eager}
+            comp = attention_cell(ctx, f"{impl}-compiled", a.head_dim, a.attn_seq_len,
+                                  a.attn_batch_size, a.n_head, dtype)
+            label = f"{impl} attention d={a.head_dim} T={a.attn_seq_len}"
+            comparisons.append(_compare("attention", f"{label} fwd", eager, comp, "fwd_ms"))
+            comparisons.append(_compare("attention", f"{label} fwd+bwd", eager, comp, "fwdbwd_ms"))
+            yield {"part": "attention", **comp}
+    if "model" in a.parts:
+        for mode in a.modes:
+            eager = model_cell(ctx, a.size, a.seq_len, a.batch_size, mode, a.precision, False)
+            yield {"part": "model", **eager}
+            comp = model_cell(ctx, a.size, a.seq_len, a.batch_size, mode, a.precision, True)
+            comparisons.append(_compare(
+                "model", f"{a.size} B={a.batch_size} T={a.seq_len} {a.precision} {mode}",
+                eager, comp, "ms"))
+            yield {"part": "model", **comp}

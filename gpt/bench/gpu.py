@@ -33,9 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import signal
 import socket
 import subprocess
 import sys
@@ -52,59 +49,30 @@ from gpt.bench import nanogpt
 from gpt.bench.gpu_plan import (REPO, STAGE_BUDGET_S, STAGES, Cell, Sizes, pytest_workers,
                                 render_plan, session_plan, stage_cells)
 from gpt.bench.gpu_results import RESULTS, comparisons, predicted_memory, summary, with_measured
-from gpt.bench.report import git_commit
+from gpt.bench.args import standalone_parser
+from gpt.bench.record import command_line, git_commit, now, write_json, write_text
+from gpt.bench.report import machine
+from gpt.bench.runs import run_group
 from gpt.dist import device_name
+from gpt.errors import UserError
 from gpt.metrics import peak_tflops
 from gpt.shards import write_shard
 
 SCHEMA = 2  # 2: stages renumbered (5), estimate_s, memory and comparison added
-KILL_GRACE_S = 10.0  # after SIGTERM: the trainer's stop handler ends its step, torchrun its workers
-# A process group of its own for each cell, so that a timeout ends all of it. Not a session of
-# its own where Python allows (3.11+): the device tool ends what a command leaves behind in its
-# session, when it returns or is killed at its limit, but not a new session's processes.
-GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
-                         else {"start_new_session": True})
+
+
+class StageError(UserError):
+    """A stage cannot run here (its baseline or corpus is missing); nothing was run."""
+
+
+class NoGPU(UserError):
+    """A stage, not --smoke, on a machine without CUDA."""
+
+    exit_code = 2
 
 
 # ---------------------------------------------------------------------------------------
-# running cells
-
-
-def run_group(cmd: list[str], cwd: Path, limit_s: float) -> tuple[int | None, str, str]:
-    """(exit status, or None past limit_s; stdout; stderr). Past the limit the cell's group
-    gets SIGTERM, then SIGKILL after KILL_GRACE_S; either way whatever of the group outlives
-    its first process is killed (a worker left on the GPU would slow or break the next cell)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, **GROUP)
-    code: int | None = None
-    try:
-        out, err = proc.communicate(timeout=limit_s)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        signal_group(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-    finally:  # also on Ctrl-C or an error here: nothing of the cell may run on
-        signal_group(proc.pid, signal.SIGKILL)
-    if code is None:
-        try:
-            out, err = proc.communicate(timeout=KILL_GRACE_S)
-        except subprocess.TimeoutExpired:  # a process outside the group holds its pipes
-            for pipe in (proc.stdout, proc.stderr):
-                if pipe is not None:
-                    pipe.close()
-            proc.wait()
-            out, err = "", "(output lost: a process outside the cell's group kept its pipes open)"
-    return code, out, err
-
-
-def signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:  # the group is gone already
-        pass
+# running cells (each in a process group of its own: gpt.bench.runs.run_group)
 
 
 def run_cell(cell: Cell, limit_s: float, sizes: Sizes, tokens: tuple[np.ndarray, np.ndarray],
@@ -157,17 +125,10 @@ def run_cell(cell: Cell, limit_s: float, sizes: Sizes, tokens: tuple[np.ndarray,
 
 def environment(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     commit, dirty = git_commit()
-    env: dict[str, Any] = {
-        "device": device_name(device), "device_type": device.type, "torch": torch.__version__,
-        "cuda": torch.version.cuda, "python": platform.python_version(), "host": socket.gethostname(),
-        "commit": args.commit or commit, "commit_dirty": dirty,
-        "peak_tflops": peak_tflops(device_name(device)),
-    }
+    env: dict[str, Any] = {**machine(device), "host": socket.gethostname(),
+                           "commit": args.commit or commit, "commit_dirty": dirty,
+                           "peak_tflops": peak_tflops(device_name(device))}
     if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        env.update(gpu_memory_gib=round(props.total_memory / 2**30, 1),
-                   compute_capability=f"{props.major}.{props.minor}",
-                   cudnn=torch.backends.cudnn.version())
         try:
             smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
                                   "clocks.max.sm,power.limit", "--format=csv,noheader"],
@@ -216,20 +177,17 @@ def run(args: argparse.Namespace) -> int:
         cells = [c for c in cells if not args.only or c.name in args.only]
         missing = baseline_missing(cells, args.smoke, Path(args.nanogpt))
         if missing:  # no comparison, no acceptance: fail before spending the call's minutes
-            print(f"error: stage {args.stage} compares with build-nanogpt, which cannot run: "
-                  f"{missing}; nothing was run", file=sys.stderr)
-            return 1
+            raise StageError(f"stage {args.stage} compares with build-nanogpt, which cannot run: "
+                             f"{missing}; nothing was run")
         corpus = [c.params["data_dir"] for c in cells if c.kind == "tokens" and not args.smoke]
         if corpus and not Path(corpus[0]).is_dir():
-            print(f"error: stage {args.stage} needs a real corpus in {corpus[0]} (random tokens "
-                  f"have no loss to compare): prepare it as benchmarks/gpu/README.md says; "
-                  f"nothing was run", file=sys.stderr)
-            return 1
+            raise StageError(f"stage {args.stage} needs a real corpus in {corpus[0]} (random "
+                             f"tokens have no loss to compare): prepare it as "
+                             f"benchmarks/gpu/README.md says; nothing was run")
         device = torch.device("cpu" if args.smoke else "cuda")
         if device.type == "cuda" and not torch.cuda.is_available():
-            print("error: no CUDA device; run on a GPU machine, or use --smoke to check the "
-                  "plumbing on the CPU", file=sys.stderr)
-            return 2
+            raise NoGPU("no CUDA device; run on a GPU machine, or use --smoke to check the "
+                        "plumbing on the CPU")
         return run_stage(args, sizes, cells, device, tmp)
 
 
@@ -240,8 +198,7 @@ def run_stage(args: argparse.Namespace, sizes: Sizes, cells: list[Cell], device:
     t0 = time.perf_counter()
     report: dict[str, Any] = {
         "schema": SCHEMA, "stage": args.stage, "title": STAGES[args.stage].title, "smoke": args.smoke,
-        "command": " ".join(["python -m gpt.bench", *args.argv]),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "budget_s": args.budget,
+        "command": command_line(args.argv), "started": now(), "budget_s": args.budget,
         "estimates": "each cell's estimate_s is gpt/bench/gpu_plan.py's, not measured; beside "
                      "its seconds (what it took) it calibrates the plan",
         "env": environment(args, device), "cells": [],
@@ -270,8 +227,8 @@ def run_stage(args: argparse.Namespace, sizes: Sizes, cells: list[Cell], device:
             log.flush()
     report["seconds"] = round(time.perf_counter() - t0, 1)
     report["comparison"] = comparisons(report["cells"])
-    (out / f"gpu_stage{args.stage}.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / f"gpu_stage{args.stage}.md").write_text(summary(report))
+    write_json(out / f"gpu_stage{args.stage}.json", report, indent=1)
+    write_text(out / f"gpu_stage{args.stage}.md", summary(report))
     print(summary(report))
     print(f"wrote {out}/gpu_stage{args.stage}.json, .md and .log")
     failed = [c["name"] for c in report["cells"] if c["status"] in ("failed", "timeout")]
@@ -293,7 +250,7 @@ def show_plan(as_json: bool) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = standalone_parser(sub, "gpu", __doc__, run)
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--stage", type=int, choices=tuple(STAGES), help="run this stage (one device call)")
     what.add_argument("--plan", action="store_true",
@@ -310,4 +267,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="folder holding build-nanogpt's train_gpt2.py (default .carry/build-nanogpt)")
     p.add_argument("--commit", default=None,
                    help="the commit measured, where the checkout has no .git (the device tool's copy)")
-    p.set_defaults(standalone=run, parser=p)
+    p.set_defaults(parser=p)

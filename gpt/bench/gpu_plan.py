@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpt.bench.record import REPO
+from gpt.bench.runs import trainer_command
 from gpt.config import model_preset
 from gpt.metrics import flops_per_token, peak_tflops
 
-REPO = Path(__file__).resolve().parents[2]
 WARMUP = 3  # steps left out of every median (compilation, autotuning, allocator warm-up)
 MEASURED_STEPS = 10  # steps in every median: enough for a stable median at these step times
 
@@ -279,7 +280,7 @@ def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int, mod
     if not s.smoke:
         argv += ["--compile-mode", mode]
     estimate += 0 if s.smoke else PLANNER_S[model or s.model]
-    return Cell(name, "trainer", estimate, [sys.executable, str(REPO / "train_gpt2.py"), *argv],
+    return Cell(name, "trainer", estimate, trainer_command(argv),
                 {"model": model or s.model, "batch_size": batch, "compile_mode": mode, "out": str(out),
                  "steps": steps, "trainer_argv": argv, "world_size": 1,
                  "device_type": "cpu" if s.smoke else "cuda"})

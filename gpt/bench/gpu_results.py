@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import statistics
 import subprocess
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -16,6 +15,9 @@ import torch
 
 from gpt.bench import nanogpt
 from gpt.bench.gpu_plan import WARMUP, Cell, Sizes
+from gpt.bench.runs import read_metrics
+from gpt.bench.tables import Column, fmt_pct, md_table
+from gpt.bench.timing import summarize
 from gpt.cli import parse_args
 from gpt.config import model_preset
 from gpt.dist import device_name
@@ -30,16 +32,14 @@ def step_figures(steps: list[dict[str, float]], tokens_per_step: int, model: str
     measured = [s["ms"] for s in steps[WARMUP:]]
     if not measured:
         raise ValueError(f"only {len(steps)} steps logged; need more than {WARMUP}")
-    ms = statistics.median(measured)
+    stats = summarize(measured)
+    ms = stats.median
     tok_s = tokens_per_step / (ms / 1e3)
     peak = peak_tflops(device)
     util = mfu(tok_s, flops_per_token(model_preset(model), seq_len), peak)
     return {
         "steps_logged": len(steps), "warmup_steps_excluded": WARMUP,
-        "step_ms": {"median": ms, "min": min(measured), "max": max(measured),
-                    "mean": statistics.fmean(measured),
-                    "std": statistics.stdev(measured) if len(measured) > 1 else 0.0,
-                    "n": len(measured)},
+        "step_ms": stats.to_dict(),
         "tokens_per_step": tokens_per_step, "tokens_per_s_median": tok_s,
         "mfu_median": util, "peak_tflops": peak,
         "compile_s_estimate": max(0.0, (steps[0]["ms"] - ms) / 1e3),
@@ -48,8 +48,7 @@ def step_figures(steps: list[dict[str, float]], tokens_per_step: int, model: str
 
 
 def trainer_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, tmp: Path) -> dict[str, Any]:
-    lines = (Path(cell.params["out"]) / "metrics.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    records = read_metrics(cell.params["out"])
     header = next(r for r in records if r["type"] == "run")
     steps = [r for r in records if r["type"] == "train"]
     cfg = header["config"]
@@ -153,51 +152,59 @@ def comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# The summary's columns: a cell, what it took, then its figures
+STEP = "step ms (median, min-max)"
+SUMMARY_COLUMNS = [Column(h, lambda row, h=h: row.get(h, ""),
+                          "left" if h in ("cell", "status") else "right")
+                   for h in ("cell", "status", "s (est.)", STEP, "tokens/s", "ours / build-nanogpt",
+                             "MFU", "peak GiB (predicted, ratio)", "compile s", "final loss")]
+
+
 def summary(report: dict[str, Any]) -> str:
     env = report["env"]
     ratio = {c["cell"]: c["ours_over_baseline"] for c in report.get("comparison", [])}
-    lines = [f"# GPU acceptance, stage {report['stage']}{' (smoke, CPU)' if report['smoke'] else ''}", "",
-             f"{env['device']} | torch {env['torch']} | CUDA {env['cuda']} | commit {env['commit']} | "
-             f"{report['seconds']} s of a {report['budget_s']:.0f} s budget", "",
-             f"`{report['command']}`", "",
-             "| cell | status | s (est.) | step ms (median, min-max) | tokens/s | ours / build-nanogpt "
-             "| MFU | peak GiB (predicted, ratio) | compile s | final loss |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    blank = " | | | | | | |"
+    rows: list[dict[str, str]] = []
     for c in report["cells"]:
         r = c.get("result") or {}
         secs = f"{c['seconds']:.0f}" if "seconds" in c else ""
         secs += f" ({c['estimate_s']})" if c.get("estimate_s") else ""
-        head = f"| {c['name']} | {c['status']} | {secs}"
+        row = {"cell": c["name"], "status": c["status"], "s (est.)": secs}
+        rows.append(row)
         if "step_ms" in r:
             s = r["step_ms"]
-            mfu_s = f"{r['mfu_median'] * 100:.1f}%" if r.get("mfu_median") is not None else "-"
-            vs = f"{ratio[c['name']]:.3f}x" if c["name"] in ratio else "-"
-            lines.append(f"{head} | {s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f}) | "
-                         f"{r['tokens_per_s_median']:,.0f} | {vs} | {mfu_s} | {memory_text(c)} | "
-                         f"{r['compile_s_estimate']:.1f} | {r['final_loss']:.4f} |")
+            row.update({STEP: f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})",
+                        "tokens/s": f"{r['tokens_per_s_median']:,.0f}",
+                        "ours / build-nanogpt": f"{ratio[c['name']]:.3f}x" if c["name"] in ratio else "-",
+                        "MFU": fmt_pct(r.get("mfu_median"), "-"), "peak GiB (predicted, ratio)": memory_text(c),
+                        "compile s": f"{r['compile_s_estimate']:.1f}",
+                        "final loss": f"{r['final_loss']:.4f}"})
         elif "results" in r:  # the ladder: one rung per row
-            lines.append(f"{head} | see the rungs below{blank}")
+            row[STEP] = "see the rungs below"
             for rung in r["results"]:
                 if rung.get("status") != "ok":
-                    lines.append(f"| - {rung['title']} | {rung.get('status')} | | "
-                                 f"{rung.get('reason', '')}{blank}")
+                    rows.append({"cell": f"- {rung['title']}", "status": str(rung.get("status")),
+                                 STEP: rung.get("reason", "")})
                     continue
-                mfu_s = f"{rung['mfu'] * 100:.1f}%" if rung.get("mfu") is not None else "-"
                 mem = rung.get("peak_mem_bytes")
-                lines.append(f"| - {rung['title']} | ok | | {rung['ms_per_step']:.1f} | "
-                             f"{rung['tokens_per_s']:,.0f} | | {mfu_s} | "
-                             f"{mem / 2**30 if mem else float('nan'):.2f} | | |")
+                rows.append({"cell": f"- {rung['title']}", "status": "ok",
+                             STEP: f"{rung['ms_per_step']:.1f}",
+                             "tokens/s": f"{rung['tokens_per_s']:,.0f}", "MFU": fmt_pct(rung.get("mfu"), "-"),
+                             "peak GiB (predicted, ratio)":
+                                 f"{mem / 2**30 if mem else float('nan'):.2f}"})
         elif "tests" in r:
-            lines.append(f"{head} | {r['passed']} passed, {r['failed']} failed, "
-                         f"{r['skipped']} skipped{blank}")
+            row[STEP] = f"{r['passed']} passed, {r['failed']} failed, {r['skipped']} skipped"
         else:
-            mem = f" | | | | {memory_text(c)} | | |" if "memory" in c else blank
-            lines.append(f"{head} | {c.get('reason', '')}{mem}")
+            row[STEP] = c.get("reason", "")
+            if "memory" in c:
+                row["peak GiB (predicted, ratio)"] = memory_text(c)
     notes = sorted({c["memory"]["planner"] for c in report["cells"]
                     if "memory" in c and c["memory"].get("predicted_peak_bytes") is None})
-    lines += ["", "s (est.): seconds the cell took (the plan's estimate); peak GiB: measured "
-                  "(gpt.memory.plan's prediction, measured / predicted)"]
+    lines = [f"# GPU acceptance, stage {report['stage']}{' (smoke, CPU)' if report['smoke'] else ''}", "",
+             f"{env['device']} | torch {env['torch']} | CUDA {env['cuda']} | commit {env['commit']} | "
+             f"{report['seconds']} s of a {report['budget_s']:.0f} s budget", "",
+             f"`{report['command']}`", "", md_table(rows, SUMMARY_COLUMNS), "",
+             "s (est.): seconds the cell took (the plan's estimate); peak GiB: measured "
+             "(gpt.memory.plan's prediction, measured / predicted)"]
     lines += [f"No prediction: {note}" for note in notes]
     return "\n".join(lines) + "\n"
 

@@ -24,26 +24,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from gpt.bench import report
+from gpt.bench.args import DeviceDefault, add_common_args
 from gpt.bench.common import (
     Context,
-    add_common_args,
     bench_model_config,
     build_model,
-    compile_seconds,
     compile_skip_reason,
-    compiled_warmup,
     expand_sizes,
     make_batch,
     make_step_fn,
     tf32_mode,
 )
-from gpt.bench.report import Column, fmt_int, fmt_mem, fmt_ms, fmt_pct, fmt_x, status_text
-from gpt.bench.timing import reset_dynamo, run_guarded
+from gpt.bench.tables import MFU, PEAK_MEM, Column, col, fmt_int, fmt_ms, fmt_x, status_text
+from gpt.bench.timing import compiled_warmup, run_guarded
 from gpt.config import ConfigError, ModelConfig, OptimConfig, TrainConfig
 from gpt.dist import DTYPE_NAMES, DTYPES, bf16_supported, resolve_dtype
 from gpt.optim import build_optimizer
@@ -82,10 +80,12 @@ RUNGS: list[tuple[str, str]] = [
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ladder")
-    p.add_argument("--size", default=None,
-                   help="model preset (default gpt2 on CUDA, tiny elsewhere)")
-    p.add_argument("--seq-len", type=int, default=None, help="context (default 1024 on CUDA, 128 elsewhere)")
-    p.add_argument("--batch-size", type=int, default=None, help="batch (default 16 on CUDA, 4 elsewhere)")
+    p.add_argument("--size", default=DeviceDefault("gpt2", "tiny"),
+                   help="model preset (default %(default)s)")
+    p.add_argument("--seq-len", type=int, default=DeviceDefault(1024, 128),
+                   help="context (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=DeviceDefault(16, 4),
+                   help="batch (default %(default)s)")
     p.add_argument("--no-compile-rungs", action="store_true",
                    help="never torch.compile (the compile rung is shown as skipped)")
     add_common_args(p)
@@ -94,17 +94,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _resolve(ctx: Context) -> None:
     a = ctx.args
     cuda = ctx.device.type == "cuda"
-    used = []
-    for key, value in (("size", "gpt2" if cuda else "tiny"), ("seq_len", 1024 if cuda else 128),
-                       ("batch_size", 16 if cuda else 4)):
-        if getattr(a, key) is None:
-            setattr(a, key, value)
-            used.append(f"--{key.replace('_', '-')} {value}")
     a.size = expand_sizes([a.size])[0]
     if a.seq_len < 1 or a.batch_size < 1:
         raise ConfigError("--seq-len and --batch-size must be >= 1")
-    if not cuda and used:
-        ctx.log(f"note: no CUDA device; small ladder defaults ({', '.join(used)})")
     if not cuda and not a.no_compile_rungs:
         ctx.log("note: torch.compile on a CPU takes a minute or so per compiled rung "
                 "(--no-compile-rungs skips them)")
@@ -144,11 +136,9 @@ def _rung_cell(ctx: Context, s: Settings) -> dict[str, Any]:
 
     def cell() -> dict[str, Any]:
         with tf32_mode(s.tf32, device):
-            if s.compile:
-                reset_dynamo()
             torch.manual_seed(a.seed)
             model = build_model(cfg, device, s.attention, nvtx=ctx.nvtx)
-            runner = torch.compile(model, mode=a.compile_mode) if s.compile else model
+            runner = ctx.compiled(model, s.compile)
             x, y = make_batch(a.batch_size, a.seq_len, cfg.vocab_size, device, a.seed)
             scaler = torch.amp.GradScaler(device.type, enabled=dtype is torch.float16)
             if s.trainer_step:
@@ -175,8 +165,8 @@ def _rung_cell(ctx: Context, s: Settings) -> dict[str, Any]:
         out = {"params": model.num_params(), "fused_adamw": fused, **timing.to_dict(),
                "ms_per_step": timing.stats.median,
                **ctx.throughput(timing, cfg, a.batch_size, a.seq_len, "step")}
-        if s.compile and timing.first_call_ms is not None:
-            out["compile_s"] = compile_seconds(timing.first_call_ms, timing.stats.median)
+        if s.compile:
+            out["compile_s"] = timing.compile_s
         return out
 
     def classify(exc: BaseException) -> dict[str, Any] | None:
@@ -201,89 +191,87 @@ def _is_compile_failure(exc: BaseException) -> bool:
 
 def run(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
     _resolve(ctx)
-    a, device = ctx.args, ctx.device
-    results: list[dict[str, Any]] = []
+    a = ctx.args
     notes = [
         f"Model {a.size}, batch {a.batch_size} x {a.seq_len} tokens, one full training step "
         "per iteration (zero grads, forward, backward, clip 1.0, AdamW). ms = median over "
         "the measured steps; tokens/s from it. Speed-ups are over the previous rung that "
         "ran and over the fp32 rung; skipped rungs change nothing for the rungs after them.",
     ]
-
-    def sections() -> list[report.Section]:
-        return [report.Section("speed ladder", results, COLUMNS, notes)]
-
     ctx.extra["ladder"] = {"size": a.size, "seq_len": a.seq_len, "batch_size": a.batch_size}
+    return ctx.sweep(_rungs(ctx), lambda results: [
+        report.Section("speed ladder", results, COLUMNS, notes)])
+
+
+def _rungs(ctx: Context) -> Iterator[dict[str, Any]]:
+    """Each rung's row in turn, each rung's settings on top of the last rung that ran."""
+    a, device = ctx.args, ctx.device
     state = Settings()
     prev_ok: dict[str, Any] | None = None
     base_ok: dict[str, Any] | None = None
-    with ctx.memory_snapshot():
-        for i, (key, title) in enumerate(RUNGS, start=1):
-            skip: str | None = None
-            note: str | None = None
-            new = state
-            if key == "tf32":
-                if device.type != "cuda":
-                    skip = "tf32 needs CUDA"
-                new = dataclasses.replace(state, tf32=True)
-            elif key == "bf16":
-                if not bf16_supported(device):
-                    skip = f"no hardware bf16 on {ctx.info['device']}"
-                new = dataclasses.replace(state, autocast="bf16")
-            elif key == "compile":
-                skip = ("disabled by --no-compile-rungs" if a.no_compile_rungs
-                        else compile_skip_reason(device))
-                new = dataclasses.replace(state, compile=True)
-            elif key == "flash":
-                new = dataclasses.replace(state, attention="sdpa")
-                note = "compared with naive attention (the previous rung)"
-            elif key == "vocab":
-                new = dataclasses.replace(state, vocab_size=50304)
-            elif key == "fused":
-                new = dataclasses.replace(state, fused_adamw=True)
-            elif key == "trainer":
-                new, note = trainer_defaults(device, allow_compile=not a.no_compile_rungs)
-            row: dict[str, Any] = {"rung": i, "key": key, "title": title,
-                                   "settings": dataclasses.asdict(new),
-                                   "description": new.describe()}
-            if note:
-                row["note"] = note
-            if skip:
-                row.update(status="skipped", reason=skip)
-                ctx.log(f"[ladder] {i}. {title}: skipped ({skip})")
-            else:
-                ctx.log(f"[ladder] {i}. {title} ({new.describe()}) ...")
-                row.update(_rung_cell(ctx, new))
-                if row["status"] == "ok":
-                    if key != "trainer":
-                        state = new
-                    if prev_ok is not None:
-                        row["speedup_vs_prev"] = prev_ok["ms_per_step"] / row["ms_per_step"]
-                        row["prev_rung"] = prev_ok["rung"]
-                    if base_ok is not None:
-                        row["speedup_vs_fp32"] = base_ok["ms_per_step"] / row["ms_per_step"]
-                    elif key == "fp32":
-                        row["speedup_vs_fp32"] = 1.0
-                        base_ok = row
-                    prev_ok = row
-                elif key != "trainer":
-                    # A rung that failed leaves the state as it was (if fp32 itself failed,
-                    # no rung has a speed-up over fp32).
-                    row.setdefault("note", "later rungs build on the rung before this one")
-            results.append(row)
-            ctx.save(results, sections())
-    return results, sections()
+    for i, (key, title) in enumerate(RUNGS, start=1):
+        skip: str | None = None
+        note: str | None = None
+        new = state
+        if key == "tf32":
+            if device.type != "cuda":
+                skip = "tf32 needs CUDA"
+            new = dataclasses.replace(state, tf32=True)
+        elif key == "bf16":
+            if not bf16_supported(device):
+                skip = f"no hardware bf16 on {ctx.info['device']}"
+            new = dataclasses.replace(state, autocast="bf16")
+        elif key == "compile":
+            skip = ("disabled by --no-compile-rungs" if a.no_compile_rungs
+                    else compile_skip_reason(device))
+            new = dataclasses.replace(state, compile=True)
+        elif key == "flash":
+            new = dataclasses.replace(state, attention="sdpa")
+            note = "compared with naive attention (the previous rung)"
+        elif key == "vocab":
+            new = dataclasses.replace(state, vocab_size=50304)
+        elif key == "fused":
+            new = dataclasses.replace(state, fused_adamw=True)
+        elif key == "trainer":
+            new, note = trainer_defaults(device, allow_compile=not a.no_compile_rungs)
+        row: dict[str, Any] = {"rung": i, "key": key, "title": title,
+                               "settings": dataclasses.asdict(new),
+                               "description": new.describe()}
+        if note:
+            row["note"] = note
+        if skip:
+            row.update(status="skipped", reason=skip)
+            ctx.log(f"[ladder] {i}. {title}: skipped ({skip})")
+        else:
+            ctx.log(f"[ladder] {i}. {title} ({new.describe()}) ...")
+            row.update(_rung_cell(ctx, new))
+            if row["status"] == "ok":
+                if key != "trainer":
+                    state = new
+                if prev_ok is not None:
+                    row["speedup_vs_prev"] = prev_ok["ms_per_step"] / row["ms_per_step"]
+                    row["prev_rung"] = prev_ok["rung"]
+                if base_ok is not None:
+                    row["speedup_vs_fp32"] = base_ok["ms_per_step"] / row["ms_per_step"]
+                elif key == "fp32":
+                    row["speedup_vs_fp32"] = 1.0
+                    base_ok = row
+                prev_ok = row
+            elif key != "trainer":
+                # A rung that failed leaves the state as it was (if fp32 itself failed,
+                # no rung has a speed-up over fp32).
+                row.setdefault("note", "later rungs build on the rung before this one")
+        yield row
 
 
 COLUMNS = [
-    Column("#", lambda r: str(r["rung"])),
-    Column("rung", lambda r: r["title"], "left"),
-    Column("ms/step", lambda r: fmt_ms(r.get("ms_per_step"))),
-    Column("tokens/s", lambda r: fmt_int(r.get("tokens_per_s"))),
-    Column("vs prev", lambda r: fmt_x(r.get("speedup_vs_prev"))),
-    Column("vs fp32", lambda r: fmt_x(r.get("speedup_vs_fp32"))),
-    Column("MFU", lambda r: fmt_pct(r.get("mfu")) if r.get("status") == "ok" else "-"),
-    Column("peak mem", lambda r: fmt_mem(r.get("peak_mem_bytes")) if r.get("status") == "ok" else "-"),
+    col("#", "rung"),
+    col("rung", "title", align="left"),
+    col("ms/step", "ms_per_step", fmt_ms),
+    col("tokens/s", "tokens_per_s", fmt_int),
+    col("vs prev", "speedup_vs_prev", fmt_x),
+    col("vs fp32", "speedup_vs_fp32", fmt_x),
+    MFU, PEAK_MEM,
     Column("status", lambda r: "skipped: " + r["reason"] if r.get("status") == "skipped"
            else status_text(r, 80), "left"),
 ]

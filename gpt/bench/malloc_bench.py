@@ -14,20 +14,18 @@ MALLOC_TRIM_THRESHOLD_ set before the process starts, the same settings from out
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from gpt.bench.report import git_commit
+from gpt.bench.args import standalone_parser
+from gpt.bench.record import REPO, header, write_json, write_text
+from gpt.bench.runs import read_metrics, rotated, run_fineweb, run_trainer
+from gpt.bench.tables import col, fmt, fmt_x, md_table
 from gpt.dist import cpu_name
 
-REPO = Path(__file__).resolve().parents[2]
 WARMUP = 5
 VARIANTS = {
     "reuse": ([], {}),
@@ -35,37 +33,38 @@ VARIANTS = {
     "env": (["--no-cpu-malloc-reuse"], {"MALLOC_MMAP_THRESHOLD_": str(1 << 30),
                                          "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}),
 }
+COLUMNS = [
+    col("variant", "variant", align="left"),
+    col("step ms (median of run medians)", "step_ms_median", fmt(".1f")),
+    col("runs", "step_ms_runs", align="left"),
+    col("speed-up", "speedup_vs_no_reuse", fmt_x),
+    col("peak RSS GiB", "peak_rss_gib_max", fmt(".2f")),
+]
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="cpu_malloc_") as tmp:
         data = Path(tmp) / "data"
-        subprocess.run([sys.executable, str(REPO / "fineweb.py"), "--source", "demo", "--out", str(data),
-                        "--val-tokens", "30000", "--quiet"], check=True, cwd=REPO, capture_output=True)
-        names = list(VARIANTS)
+        run_fineweb(["--source", "demo", "--out", str(data), "--val-tokens", "30000", "--quiet"],
+                    "preparing tiny shakespeare's shards")
         for rep in range(args.repeats):
-            for name in names[rep % len(names):] + names[: rep % len(names)]:  # rotate the order
+            for name in rotated(VARIANTS, rep):
                 flags, env = VARIANTS[name]
                 run_dir = Path(tmp) / f"{name}_{rep}"
-                cmd = [sys.executable, str(REPO / "train_gpt2.py"), "--config",
-                       str(REPO / "configs" / "cpu-demo.toml"), "--data-dir", str(data),
-                       "--out-dir", str(run_dir), "--max-steps", str(args.steps), "--val-every", "0",
-                       "--sample-every", "0", "--checkpoint-every", "0", "--log-every", "1", *flags]
-                subprocess.run(cmd, check=True, cwd=REPO, capture_output=True, env={**os.environ, **env})
-                steps = [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-                         if r["type"] == "train"]
+                run_trainer(["--config", str(REPO / "configs" / "cpu-demo.toml"), "--data-dir",
+                             str(data), "--out-dir", str(run_dir), "--max-steps", str(args.steps),
+                             "--val-every", "0", "--sample-every", "0", "--checkpoint-every", "0",
+                             "--log-every", "1", *flags], f"the {name} run {rep + 1}", env)
+                steps = read_metrics(run_dir, "train")
                 runs[name].append({"step_ms_median": statistics.median(r["ms"] for r in steps[WARMUP:]),
                                    "peak_rss_gib": max(r["peak_mem_gb"] for r in steps)})
                 print(f"{name:9s} run {rep + 1}: {runs[name][-1]['step_ms_median']:.1f} ms/step, "
                       f"peak RSS {runs[name][-1]['peak_rss_gib']:.2f} GiB", flush=True)
-    commit, dirty = git_commit()
     report: dict[str, Any] = {
-        "command": " ".join(["python -m gpt.bench", *args.argv]), "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(), "commit": commit, "commit_dirty": dirty,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "steps": args.steps, "warmup_excluded": WARMUP,
+        **header(args.argv), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
+        "steps": args.steps, "warmup_excluded": WARMUP,
         "variants": {name: {"step_ms_median": statistics.median(r["step_ms_median"] for r in rs),
                             "step_ms_runs": [round(r["step_ms_median"], 1) for r in rs],
                             "peak_rss_gib_max": max(r["peak_rss_gib"] for r in rs),
@@ -75,21 +74,15 @@ def run(args: argparse.Namespace) -> int:
     base = report["variants"]["no-reuse"]["step_ms_median"]
     for v in report["variants"].values():
         v["speedup_vs_no_reuse"] = round(base / v["step_ms_median"], 3)
-    (out / "cpu_malloc.json").write_text(json.dumps(report, indent=1) + "\n")
-    lines = ["| variant | step ms (median of run medians) | runs | speed-up | peak RSS GiB |",
-             "|---|---|---|---|---|"]
-    for name, v in report["variants"].items():
-        lines.append(f"| {name} | {v['step_ms_median']:.1f} | {v['step_ms_runs']} | "
-                     f"{v['speedup_vs_no_reuse']:.2f}x | {v['peak_rss_gib_max']:.2f} |")
-    (out / "cpu_malloc.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_json(out / "cpu_malloc.json", report, indent=1)
+    table = md_table([{"variant": n, **v} for n, v in report["variants"].items()], COLUMNS)
+    write_text(out / "cpu_malloc.md", table + "\n")
+    print(table)
     return 0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("cpu-malloc", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = standalone_parser(sub, "cpu-malloc", __doc__, run)
     p.add_argument("--repeats", type=int, default=3, help="runs per variant (default 3)")
     p.add_argument("--steps", type=int, default=30, help="steps per run (default 30)")
     p.add_argument("--out", default="runs/bench", help="folder for cpu_malloc.json and .md")
-    p.set_defaults(standalone=run)

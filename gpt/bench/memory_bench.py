@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from gpt.bench.record import header, write_json
 from gpt.errors import UserError
 
 
@@ -44,7 +44,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from gpt import memory
-    from gpt.bench.report import git_commit
     from gpt.cli import parse_args
 
     # The trainer's own parser: the same flags and the same errors, under this command's name
@@ -52,10 +51,7 @@ def run(args: argparse.Namespace) -> int:
     device_type = args.device_type or (cfg.train.device if cfg.train.device != "auto" else "cuda")
     started = time.perf_counter()
     plan = memory.plan(cfg, world_size=args.world_size, device_type=device_type)
-    commit, dirty = git_commit()
-    report: dict[str, Any] = {"command": "python -m gpt.bench " + " ".join(args.argv),
-                              "torch": torch.__version__, "commit": commit,
-                              "commit_dirty": dirty, **plan.to_json()}
+    report: dict[str, Any] = {**header(args.argv), "torch": torch.__version__, **plan.to_json()}
     largest: dict[str, Any] = {}
     if args.largest_batch:
         for name, capacity in memory.CAPACITIES.items():
@@ -85,7 +81,4 @@ def run(args: argparse.Namespace) -> int:
 def _write(path: Path, report: dict[str, Any]) -> None:
     if path.is_dir():
         raise UserError(f"--out {path}: is a folder; name a file, e.g. {path}/memory.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_json(path, report, indent=1)

@@ -21,20 +21,18 @@ from gpt.bench.common import (
     PRECISION,
     PRECISIONS,
     Context,
-    add_common_args,
     autocast,
     bench_model_config,
     build_model,
     cell_skip_reason,
-    compile_seconds,
-    compiled_warmup,
     expand_sizes,
     make_batch,
     make_step_fn,
     tf32_mode,
 )
-from gpt.bench.report import Column, fmt_int, fmt_mem, fmt_ms, fmt_pct, status_text
-from gpt.bench.timing import reset_dynamo, run_guarded
+from gpt.bench.args import DeviceDefault, add_common_args
+from gpt.bench.tables import MFU, PEAK_MEM, STATUS, Column, col, fmt, fmt_int, fmt_ms, fmt_pct
+from gpt.bench.timing import compiled_warmup, run_guarded
 from gpt.config import ConfigError, OptimConfig
 from gpt.optim import build_optimizer
 
@@ -42,21 +40,14 @@ from gpt.optim import build_optimizer
 # CLI
 
 
-def _defaults(device: torch.device) -> dict[str, Any]:
-    if device.type == "cuda":
-        return {"sizes": ["gpt2"], "seq_len": [1024], "batch_size": [8], "precision": ["bf16"]}
-    # A CPU (or MPS) cannot run GPT-2 124M at 8 x 1024 in useful time.
-    return {"sizes": ["tiny"], "seq_len": [128], "batch_size": [4], "precision": ["fp32"]}
-
-
 def add_model_args(p: argparse.ArgumentParser, with_modes: bool = True) -> None:
-    p.add_argument("--sizes", nargs="+", default=None, metavar="SIZE",
+    p.add_argument("--sizes", nargs="+", default=DeviceDefault(["gpt2"], ["tiny"]), metavar="SIZE",
                    help="presets from gpt.config.PRESETS, or 'all' (gpt2, gpt2-medium, "
-                        "gpt2-large, gpt2-xl, 2.7B); default gpt2 on CUDA, tiny elsewhere")
-    p.add_argument("--seq-len", nargs="+", type=int, default=None, metavar="T",
-                   help="context lengths (default 1024 on CUDA, 128 elsewhere)")
-    p.add_argument("--batch-size", nargs="+", type=int, default=None, metavar="B",
-                   help="micro-batch sizes (default 8 on CUDA, 4 elsewhere)")
+                        "gpt2-large, gpt2-xl, 2.7B); default %(default)s")
+    p.add_argument("--seq-len", nargs="+", type=int, default=DeviceDefault([1024], [128]),
+                   metavar="T", help="context lengths (default %(default)s)")
+    p.add_argument("--batch-size", nargs="+", type=int, default=DeviceDefault([8], [4]),
+                   metavar="B", help="micro-batch sizes (default %(default)s)")
     if with_modes:
         p.add_argument("--arch", choices=list(ARCHS), default="gpt2",
                        help="the model's block: GPT-2's, or the speedrun-era one (rotary, "
@@ -65,9 +56,10 @@ def add_model_args(p: argparse.ArgumentParser, with_modes: bool = True) -> None:
         p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
                        help="fwd: forward with loss; fwdbwd: + backward; step: + grad clip "
                             "and fused AdamW step (the trainer's step)")
-    p.add_argument("--precision", nargs="+", choices=list(PRECISIONS), default=None,
+    p.add_argument("--precision", nargs="+", choices=list(PRECISIONS),
+                   default=DeviceDefault(["bf16"], ["fp32"]),
                    help="fp32; tf32 (fp32 + TF32 matmuls, CUDA only); bf16 autocast "
-                        "(default bf16 on CUDA, fp32 elsewhere)")
+                        "(default %(default)s)")
     p.add_argument("--compile", nargs="+", choices=["off", "on"], default=["off"],
                    help="torch.compile off and/or on")
     p.add_argument("--attention", nargs="+", choices=["sdpa", "naive"], default=["sdpa"],
@@ -86,17 +78,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def resolve_grid(args: argparse.Namespace, ctx: Context) -> None:
-    d = _defaults(ctx.device)
-    defaulted = []
-    for key in ("sizes", "seq_len", "batch_size", "precision"):
-        if getattr(args, key) is None:
-            setattr(args, key, d[key])
-            defaulted.append(f"--{key.replace('_', '-')} {' '.join(map(str, d[key]))}")
     args.sizes = expand_sizes(args.sizes)
     if any(t < 1 for t in args.seq_len) or any(b < 1 for b in args.batch_size):
         raise ConfigError("--seq-len and --batch-size must be >= 1")
-    if defaulted and ctx.device.type != "cuda":
-        ctx.log(f"note: no CUDA device; using small CPU defaults ({', '.join(defaulted)})")
 
 
 # --------------------------------------------------------------------------------------
@@ -123,20 +107,17 @@ def model_cell(ctx: Context, size: str, T: int, B: int, mode: str, precision: st
         "autocast": "bf16" if prec.autocast is torch.bfloat16 else None,
         "compile": compiled, "attention": attention,
     }
-    skip = cell_skip_reason(precision, device, compiled)
-    if skip is not None:
-        return {**result, "status": "skipped", "reason": skip}
     label = cell_label(size, T, B, mode, precision, compiled, attention)
     warmup = compiled_warmup(ctx.args.warmup, compiled)
-    result["warmup"] = warmup
+    skip = cell_skip_reason(precision, device, compiled)
+    if skip is None:
+        result["warmup"] = warmup
 
     def cell() -> dict[str, Any]:
         with tf32_mode(prec.tf32, device):
-            if compiled:
-                reset_dynamo()
             torch.manual_seed(ctx.args.seed)
             model = build_model(cfg, device, attention, nvtx=ctx.nvtx)
-            runner = (torch.compile(model, mode=ctx.args.compile_mode) if compiled else model)
+            runner = ctx.compiled(model, compiled)
             x, y = make_batch(B, T, cfg.vocab_size, device, ctx.args.seed)
             optimizer = fused = None
             if mode == "step":
@@ -151,36 +132,30 @@ def model_cell(ctx: Context, size: str, T: int, B: int, mode: str, precision: st
             **timing.to_dict(),
             **ctx.throughput(timing, cfg, B, T, mode, tflops=True),
         }
-        if compiled and timing.first_call_ms is not None:
-            out["compile_s"] = compile_seconds(timing.first_call_ms, timing.stats.median)
+        if compiled:
+            out["compile_s"] = timing.compile_s
         return out
 
-    ctx.log(f"[{ctx.command}] {label} ...")
-    return {**result, **run_guarded(cell, device, compiled=compiled)}
+    return ctx.cell(label, result, cell, skip=skip, compiled=compiled)
 
+
+# The grid's coordinates, as the model and components tables show them
+COL_SIZE, COL_T, COL_B = (col("size", "size", align="left"), col("T", "seq_len"),
+                          col("B", "batch_size"))
+COL_PREC = col("prec", "precision", align="left")
+COL_COMPILE = col("compile", "compile", lambda on: "on" if on else "off", "left")
 
 MODEL_COLUMNS = [
-    Column("size", lambda r: r["size"], "left"),
-    Column("T", lambda r: str(r["seq_len"])),
-    Column("B", lambda r: str(r["batch_size"])),
-    Column("mode", lambda r: r["mode"], "left"),
-    Column("prec", lambda r: r["precision"], "left"),
-    Column("compile", lambda r: "on" if r["compile"] else "off", "left"),
-    Column("attn", lambda r: r["attention"], "left"),
-    Column("median ms", lambda r: fmt_ms(_ms(r, "median"))),
-    Column("mean ms", lambda r: fmt_ms(_ms(r, "mean"))),
-    Column("std ms", lambda r: fmt_ms(_ms(r, "std"))),
-    Column("tokens/s", lambda r: fmt_int(r.get("tokens_per_s"))),
-    Column("TFLOP/s", lambda r: "-" if r.get("tflops") is None else f"{r['tflops']:.2f}"),
-    Column("MFU", lambda r: fmt_pct(r.get("mfu")) if r.get("status") == "ok" else "-"),
-    Column("peak mem", lambda r: fmt_mem(r.get("peak_mem_bytes")) if r.get("status") == "ok" else "-"),
-    Column("status", status_text, "left"),
+    COL_SIZE, COL_T, COL_B,
+    col("mode", "mode", align="left"),
+    COL_PREC, COL_COMPILE,
+    col("attn", "attention", align="left"),
+    *(col(f"{stat} ms", "ms", lambda ms, stat=stat: fmt_ms((ms or {}).get(stat)))
+      for stat in ("median", "mean", "std")),
+    col("tokens/s", "tokens_per_s", fmt_int),
+    col("TFLOP/s", "tflops", fmt(".2f")),
+    MFU, PEAK_MEM, STATUS,
 ]
-
-
-def _ms(r: dict[str, Any], key: str) -> float | None:
-    ms = r.get("ms")
-    return ms.get(key) if isinstance(ms, dict) else None
 
 
 MODEL_NOTES = [
@@ -203,18 +178,11 @@ def _grid(args: Any) -> Iterator[tuple[Any, ...]]:
 def run_model(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
     args = ctx.args
     resolve_grid(args, ctx)
-    results: list[dict[str, Any]] = []
-
-    def sections() -> list[report.Section]:
-        return [report.Section("model", results, MODEL_COLUMNS, MODEL_NOTES)]
-
-    with ctx.memory_snapshot():
-        for size, T, B, precision, comp, attention in _grid(args):
-            for mode in args.modes:
-                results.append(model_cell(ctx, size, T, B, mode, precision, comp == "on",
-                                          attention, args.vocab_size))
-                ctx.save(results, sections())
-    return results, sections()
+    cells = (model_cell(ctx, size, T, B, mode, precision, comp == "on", attention,
+                        args.vocab_size)
+             for size, T, B, precision, comp, attention in _grid(args) for mode in args.modes)
+    return ctx.sweep(cells, lambda results: [
+        report.Section("model", results, MODEL_COLUMNS, MODEL_NOTES)])
 
 
 # --------------------------------------------------------------------------------------
@@ -314,9 +282,7 @@ def component_cells(ctx: Context, size: str, T: int, B: int, precision: str, com
 
             def cell(fwd: Callable[[], Any] = fwd, scalar: bool = scalar,
                      comp: str = comp) -> dict[str, Any]:
-                if compiled:
-                    reset_dynamo()
-                    fwd = torch.compile(fwd, mode=ctx.args.compile_mode)
+                fwd = ctx.compiled(fwd, compiled)
                 fwdbwd = _with_backward(state["model"], fwd, scalar, [state["h_in"]],
                                         state["g_out"])
                 t_f = ctx.time(fwd, label=f"{label}_{comp}_fwd", warmup=warmup)
@@ -347,18 +313,13 @@ def component_cells(ctx: Context, size: str, T: int, B: int, precision: str, com
 
 
 COMPONENT_COLUMNS = [
-    Column("size", lambda r: r["size"], "left"),
-    Column("T", lambda r: str(r["seq_len"])),
-    Column("B", lambda r: str(r["batch_size"])),
-    Column("prec", lambda r: r["precision"], "left"),
-    Column("compile", lambda r: "on" if r["compile"] else "off", "left"),
-    Column("component", lambda r: r["component"], "left"),
-    Column("fwd ms", lambda r: fmt_ms(r.get("fwd_median_ms"))),
-    Column("fwd+bwd ms", lambda r: fmt_ms(r.get("fwdbwd_median_ms"))),
-    Column("share", lambda r: fmt_pct(r.get("share_of_full_fwdbwd"), "-")),
-    Column("peak mem", lambda r: fmt_mem(r.get("peak_mem_bytes")) if r.get("status") == "ok"
-           and not r.get("derived") else "-"),
-    Column("status", status_text, "left"),
+    COL_SIZE, COL_T, COL_B, COL_PREC, COL_COMPILE,
+    col("component", "component", align="left"),
+    col("fwd ms", "fwd_median_ms", fmt_ms),
+    col("fwd+bwd ms", "fwdbwd_median_ms", fmt_ms),
+    col("share", "share_of_full_fwdbwd", lambda x: fmt_pct(x, "-")),
+    Column("peak mem", lambda r: "-" if r.get("derived") else PEAK_MEM.cell(r)),
+    STATUS,
 ]
 
 COMPONENT_NOTES = [
@@ -372,14 +333,7 @@ COMPONENT_NOTES = [
 def run_components(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
     args = ctx.args
     resolve_grid(args, ctx)
-    results: list[dict[str, Any]] = []
-
-    def sections() -> list[report.Section]:
-        return [report.Section("components", results, COMPONENT_COLUMNS, COMPONENT_NOTES)]
-
-    with ctx.memory_snapshot():
-        for size, T, B, precision, comp, attention in _grid(args):
-            results.extend(component_cells(ctx, size, T, B, precision, comp == "on", attention,
-                                           args.vocab_size))
-            ctx.save(results, sections())
-    return results, sections()
+    cells = (component_cells(ctx, size, T, B, precision, comp == "on", attention, args.vocab_size)
+             for size, T, B, precision, comp, attention in _grid(args))
+    return ctx.sweep(cells, lambda results: [
+        report.Section("components", results, COMPONENT_COLUMNS, COMPONENT_NOTES)])

@@ -53,11 +53,14 @@ import numpy as np
 import psutil
 import tiktoken
 
+from gpt.bench.args import standalone_parser
+from gpt.bench.record import REPO, header, write_json
+from gpt.bench.runs import rotated
+from gpt.bench.tables import Column, col, fmt, fmt_x, md_table
+from gpt.errors import UserError
 from gpt.prepare import PrepareConfig, available_cpus, prepare
 from gpt.shards import read_shard
 from gpt.tokenizer import SHAKESPEARE, gpt2_tokenizer
-
-REPO = Path(__file__).resolve().parents[2]
 INPUTS = ("paragraphs", "4k-docs")
 
 
@@ -230,17 +233,15 @@ def measure(method: str, path: Path, workers: int, work: Path) -> dict:
 
 
 def environment() -> dict:
-    """The machine and versions, from the suite's shared helpers. They import torch, so
-    only the parent calls this: the measured children stay torch-free."""
-    from gpt.bench.report import git_commit
+    """The machine and versions. gpt.dist's cpu_name imports torch, so only the parent calls
+    this: the measured children stay torch-free."""
     from gpt.dist import cpu_name
 
-    commit, dirty = git_commit()
     return {
         "machine": {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "usable_cpus": available_cpus(),
                     "platform": platform.platform()},
         "versions": {"python": platform.python_version(), "tiktoken": tiktoken.__version__,
-                     "numpy": np.__version__, "git_commit": commit, "uncommitted_changes": dirty},
+                     "numpy": np.__version__},
     }
 
 
@@ -258,25 +259,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "are only written when named here)")
 
 
+def _both(header: str, key: str, spec: str = "") -> Column:
+    """A figure of the baseline and of ours, side by side."""
+    return Column(header, lambda e: f"{e['baseline'][key]:{spec}} / {e['ours'][key]:{spec}}")
+
+
+COLUMNS = [
+    col("input", "kind", align="left"),
+    Column("docs", lambda e: f"{e['input']['documents']:,}"),
+    Column("mean doc chars", lambda e: str(e["input"]["mean_doc_chars"])),
+    col("tokens", "tokens", fmt(",")),
+    Column("baseline tok/s", lambda e: f"{e['baseline']['tokens_per_s_median']:,}"),
+    Column("ours tok/s", lambda e: f"{e['ours']['tokens_per_s_median']:,}"),
+    col("speedup", "speedup", fmt_x),
+    col("ceiling tok/s", "ceiling_tokens_per_s_median", fmt(",")),
+    _both("tok per CPU-s base / ours", "tokens_per_cpu_s_median", ","),
+    _both("main-process CPU s base / ours", "main_cpu_s_median"),
+    _both("peak RSS MB base / ours", "peak_rss_mb"),
+    _both("peak PSS MB base / ours", "peak_pss_mb"),
+    col("same tokens", "same_tokens", align="left"),
+]
+
+
 def default_out(out: str | None, workers: int) -> Path:
     """Where the result goes: --out, else the scratch folder every benchmark writes to."""
     return Path(out) if out else Path("runs") / "bench" / f"prepare_cpu{workers}.json"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(standalone=run)
+    add_arguments(standalone_parser(sub, "prepare", __doc__, run))
 
 
 def run(args: argparse.Namespace) -> int:
     """The parent: builds the inputs, runs and samples the children, writes the report."""
     if not SHAKESPEARE.is_file():
-        raise SystemExit(f"{SHAKESPEARE} not found: the benchmark input is built from it")
+        raise UserError(f"{SHAKESPEARE} not found: the benchmark input is built from it")
 
     out_path = default_out(args.out, args.workers)
     report = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        **header(args.argv),
         **environment(),
         "workers": args.workers,
         "repeats": args.repeats,
@@ -292,7 +313,7 @@ def run(args: argparse.Namespace) -> int:
             methods = ["baseline", "ours", "ceiling"]
             runs: dict[str, list[dict]] = {m: [] for m in methods}
             for r in range(args.repeats):
-                for method in methods[r % 3 :] + methods[: r % 3]:  # rotate the order
+                for method in rotated(methods, r):
                     res = measure(method, path, args.workers, tmp)
                     res["tokens_per_s"] = res["tokens"] / res["seconds"]
                     runs[method].append(res)
@@ -337,23 +358,11 @@ def run(args: argparse.Namespace) -> int:
                       f"PSS {res['peak_pss_mb']} MB", file=sys.stderr)
             report["memory_scaling"] = scaled
     report["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out_path, report)
 
     print(f"\n{args.workers} workers, {report['machine']['cpu']} ({report['machine']['usable_cpus']} usable CPUs), "
           f"median of {args.repeats}")
-    print("| input | docs | mean doc chars | tokens | baseline tok/s | ours tok/s | speedup | "
-          "ceiling tok/s | tok per CPU-s base / ours | main-process CPU s base / ours | "
-          "peak RSS MB base / ours | peak PSS MB base / ours | same tokens |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for kind, info, e in rows:
-        b, o = e["baseline"], e["ours"]
-        print(f"| {kind} | {info['documents']:,} | {info['mean_doc_chars']} | {e['tokens']:,} | "
-              f"{b['tokens_per_s_median']:,} | {o['tokens_per_s_median']:,} | {e['speedup']:.2f}x | "
-              f"{e['ceiling_tokens_per_s_median']:,} | "
-              f"{b['tokens_per_cpu_s_median']:,} / {o['tokens_per_cpu_s_median']:,} | "
-              f"{b['main_cpu_s_median']} / {o['main_cpu_s_median']} | "
-              f"{b['peak_rss_mb']} / {o['peak_rss_mb']} | {b['peak_pss_mb']} / {o['peak_pss_mb']} | {e['same_tokens']} |")
+    print(md_table([{"kind": kind, **entry} for kind, _, entry in rows], COLUMNS))
     if "memory_scaling" in report:
         m = report["memory_scaling"]
         print(f"\npeak PSS MB, {m['input']} at {args.mb:g} MB -> {args.mb * args.scale:g} MB of input: "

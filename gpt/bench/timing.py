@@ -69,6 +69,19 @@ def summarize(samples: list[float]) -> Stats:
     )
 
 
+def compiled_warmup(warmup: int, compiled: bool) -> int:
+    """Warm-up calls for a cell: at least one when compiled, since the first compiled call
+    is the compilation and must never be measured."""
+    return max(warmup, 1) if compiled else warmup
+
+
+def compile_seconds(first_call_ms: float | None, steady_ms: float) -> float | None:
+    """Compilation time: the first (compiling) call minus one steady-state call, in s."""
+    if first_call_ms is None:
+        return None
+    return max(0.0, first_call_ms - steady_ms) / 1e3
+
+
 @dataclass
 class Timing:
     samples_ms: list[float]
@@ -85,6 +98,11 @@ class Timing:
     @property
     def first_call_ms(self) -> float | None:
         return self.warmup_ms[0] if self.warmup_ms else None
+
+    @property
+    def compile_s(self) -> float | None:
+        """Of a compiled call: its compilation time (compile_seconds)."""
+        return compile_seconds(self.first_call_ms, self.stats.median)
 
     @property
     def launch_bound(self) -> bool | None:

@@ -31,14 +31,14 @@ import argparse
 import json
 import random
 import shlex
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from gpt.bench.record import write_outputs
+from gpt.bench.runs import read_metrics, run_fineweb, run_trainer
+from gpt.bench.tables import Column, col, fmt, md_table
 
 # The GPT-2 recipe is the trainer's defaults. The new recipe, on top of them:
 NEW_RECIPE = ["--rotary", "--rmsnorm", "--qk-norm", "--relu2", "--untied-head",
@@ -102,21 +102,13 @@ def recipe_flags(recipe: str, steps: int, lr: float, args: argparse.Namespace) -
 def train(recipe: str, steps: int, lr: float, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """One run through train_gpt2.py: its validation curve (tokens, loss)."""
     out = work / f"{recipe}-lr{lr:g}-steps{steps}"
-    cmd = [sys.executable, str(REPO / "train_gpt2.py"), *trainer_flags(args, steps),
-           *recipe_flags(recipe, steps, lr, args), "--out-dir", str(out)]
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    if proc.returncode != 0:  # the trainer's own one-line error ends its stderr
-        from gpt.errors import UserError
-        raise UserError(f"the {recipe} recipe's run at lr {lr:g} ({steps} steps) failed: "
-                        f"{proc.stderr.strip()[-2000:]}")
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    curve = [[r["step"] * args.total_batch_tokens, r["val_loss"]] for r in records
-             if r.get("type") == "val"]
+    flags = [*trainer_flags(args, steps), *recipe_flags(recipe, steps, lr, args),
+             "--out-dir", str(out)]
+    seconds = run_trainer(flags, f"the {recipe} recipe's run at lr {lr:g} ({steps} steps)")
+    curve = [[r["step"] * args.total_batch_tokens, r["val_loss"]] for r in read_metrics(out, "val")]
     run = {"recipe": recipe, "lr": lr, "steps": steps, "tokens": steps * args.total_batch_tokens,
            "curve": curve, "final_val_loss": curve[-1][1], "seconds": round(seconds, 1),
-           "flags": cmd[2:]}
+           "flags": flags}
     what = f"--max-lr {lr:g}" if recipe == "gpt2" else f"lr scale x{lr:g}"
     print(f"{recipe:5s} {what:17s} {steps:4d} steps: final val {run['final_val_loss']:.4f} "
           f"({seconds:.0f} s)", flush=True)
@@ -146,7 +138,7 @@ def tokens_to_target(runs: list[dict[str, Any]], target: float) -> tuple[float |
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt.bench.report import run_info, write_outputs
+    from gpt.bench.report import run_info
     from gpt.dist import pick_device
     from gpt.shards import find_shards, shard_num_tokens
 
@@ -207,21 +199,24 @@ def prepare_corpus(corpus: Path, data_dir: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="tokens_corpus_") as tmp:
         jsonl = Path(tmp) / "corpus.jsonl"
         jsonl.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-        subprocess.run([sys.executable, str(REPO / "fineweb.py"), "--source", str(jsonl),
-                        "--out", str(data_dir), "--val-tokens", "250000", "--shard-tokens",
-                        "500000", "--quiet"], check=True, cwd=REPO)
+        run_fineweb(["--source", str(jsonl), "--out", str(data_dir), "--val-tokens", "250000",
+                     "--shard-tokens", "500000", "--quiet"], f"preparing --corpus {corpus}")
+
+
+RUN_COLUMNS = [
+    col("recipe", "recipe", align="left"),
+    Column("learning rate", lambda run: f"{'' if run['recipe'] == 'gpt2' else 'x'}{run['lr']:g}"),
+    col("tokens", "tokens", fmt(",")),
+    col("final val loss", "final_val_loss", fmt(".4f")),
+    col("seconds", "seconds", fmt(".0f")),
+]
 
 
 def summary(r: dict[str, Any]) -> str:
     ratio = f"{r['tokens_ratio']:.2f}" if r["tokens_ratio"] else "n/a"
     lines = [f"# Tokens to the GPT-2 recipe's final validation loss ({r['target_val_loss']:.4f})",
              "", f"`{r['command']}` at {r['commit']} on {r['device']}, torch {r['torch']}",
-             "", "| recipe | learning rate | tokens | final val loss | seconds |",
-             "|---|---|---|---|---|"]
-    for run in r["runs"]:
-        lr = f"{run['lr']:g}" if run["recipe"] == "gpt2" else f"x{run['lr']:g}"
-        lines.append(f"| {run['recipe']} | {lr} | {run['tokens']:,} | "
-                     f"{run['final_val_loss']:.4f} | {run['seconds']:.0f} |")
+             "", md_table(r["runs"], RUN_COLUMNS)]
     lines += ["", f"GPT-2 recipe: {r['baseline_tokens']:,} tokens (best --max-lr "
               f"{r['baseline_best_lr']:g}). New recipe (best scale x{r['new_best_lr_scale']:g}): "
               f"{r['new_tokens_to_target'] or 0:,.0f} tokens ({r['new_tokens_how']}). "
