@@ -221,6 +221,12 @@ class EvalConfig:
     hellaswag_max_examples: int | None = _opt(
         None, "score only the first N HellaSwag examples (default: all 10,042)"
     )
+    eval_tasks: str | None = _opt(
+        None, "lm-evaluation-harness tasks to score during training, comma-separated (e.g. "
+        "hellaswag,arc_easy; needs the eval extra)")
+    eval_tasks_every: int = _opt(0, "score --eval-tasks every N steps and at the end (0 disables)")
+    eval_tasks_limit: int | None = _opt(None, "score only the first N examples of each task")
+    eval_tasks_include: str | None = _opt(None, "a folder of task YAMLs of your own for --eval-tasks")
 
 
 @dataclass(frozen=True)
@@ -416,7 +422,9 @@ def validate(cfg: Config) -> None:
         e.hellaswag_max_examples is None or e.hellaswag_max_examples >= 1,
         f"--hellaswag-max-examples must be >= 1, got {e.hellaswag_max_examples}",
     )
-    for name in ("val_every", "sample_every", "hellaswag_every"):
+    _check(e.eval_tasks_limit is None or e.eval_tasks_limit >= 1,
+           f"--eval-tasks-limit must be >= 1, got {e.eval_tasks_limit}")
+    for name in ("val_every", "sample_every", "hellaswag_every", "eval_tasks_every"):
         _check(getattr(e, name) >= 0, f"{flag(name)} must be >= 0 (0 disables), got {getattr(e, name)}")
     _check(c.checkpoint_every >= 0,
            f"--checkpoint-every must be >= 0 (0 disables), got {c.checkpoint_every}")
