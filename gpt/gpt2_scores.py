@@ -61,6 +61,8 @@ def comparison_lines(scores: dict[str, dict[str, float]]) -> list[str]:
     lines = []
     for task, metrics in scores.items():
         for metric, value in metrics.items():
+            if metric == "sample_len":  # a count, not a score
+                continue
             line = f"{task} {metric} {value:.4f}"
             for size, ref in PUBLISHED.get(task, {}).get(metric, {}).items():
                 line += f" | GPT-2 {size} {ref:.4f}"

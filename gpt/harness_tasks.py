@@ -87,13 +87,14 @@ def run_tasks(lm: Any, tasks: dict[Any, Any], limit: int | None = None
 
 def scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     """The harness's results -> {task: {metric: value}} (metrics of the default filter
-    under their bare names, others as 'metric,filter'; no standard errors, no counts)."""
+    under their bare names, others as 'metric,filter'; sample_len: the examples scored;
+    no standard errors)."""
     table: dict[str, dict[str, float]] = {}
     for task, metrics in results.get("results", {}).items():
         row = {}
         for key, value in metrics.items():
             name, _, filt = key.partition(",")
-            if "_stderr" in name or name == "sample_len" or not isinstance(value, (int, float)) or isinstance(value, bool):
+            if "_stderr" in name or not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
             row[name if filt in ("", "none") else key] = float(value)
         if row:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from gpt.config import model_preset
 from gpt.model import GPT
 from gpt.weights import export_hf
 
-from harness_fixtures import write_tasks
+from harness_fixtures import MC, write_tasks
 from helpers import QUIET, TINY, read_metrics, run_cli
 
 lm_eval = pytest.importorskip("lm_eval", reason='lm-eval is not installed (pip install -e ".[eval]")')
@@ -62,6 +64,7 @@ def test_scores_equal_the_harness_hf_model_on_the_export(tmp_path: Path) -> None
     export scored by the harness's own `hf` model (fp32; log-likelihoods within 1e-4),
     on contexts shorter and longer than the block size."""
     pytest.importorskip("transformers")
+    pytest.importorskip("accelerate", reason="the harness's hf model needs it (the hf extra)")
     from lm_eval.models.huggingface import HFLM
 
     from gpt.harness import GPT2TrainerLM
@@ -124,3 +127,96 @@ def test_training_writes_task_metrics(tmp_path: Path, random_data_dir: Path) -> 
         assert not any(key.startswith("tiny_broken") for key in r)
     val = read_metrics(out, "val")
     assert val and all(math.isfinite(r["val_bpb"]) for r in val)
+
+
+def test_two_ranks_give_the_numbers_of_one_process(tmp_path: Path, capsys: pytest.CaptureFixture
+                                                  ) -> None:
+    """Under torchrun (2 gloo ranks) each rank scores its share and rank 0 alone prints the
+    scores, which are those of one process."""
+    from gpt.evaluate import main
+
+    from helpers import run_torchrun, write_checkpoint
+
+    folder = write_tasks(tmp_path / "tasks")
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt", tiny_model())
+    args = ["--checkpoint", str(ckpt), "--tasks", ",".join(TASKS), "--include-path", str(folder),
+            "--device", "cpu", "--json", "--tasks-batch-size", "2"]
+    assert main(args) == 0
+    single = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tasks"]
+    proc = run_torchrun(*args, target=("-m", "gpt.evaluate"), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1  # rank 0 alone prints
+    double = json.loads(lines[0])["tasks"]
+    assert double.keys() == single.keys()
+    assert single["tiny_mc"]["sample_len"] == double["tiny_mc"]["sample_len"] == len(MC)
+    for task, metrics in single.items():
+        assert double[task] == pytest.approx(metrics, rel=1e-6), task
+
+
+def test_lm_eval_command_finds_the_model(tmp_path: Path) -> None:
+    """gpt2-lm-eval (python -m gpt.harness_cli) is the harness's own command line with
+    --model gpt2-trainer registered."""
+    from helpers import write_checkpoint
+
+    folder = write_tasks(tmp_path / "tasks")
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt", tiny_model())
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpt.harness_cli", "--model", "gpt2-trainer", "--model_args",
+         f"checkpoint={ckpt}", "--device", "cpu", "--tasks", "tiny_mc", "--include_path",
+         str(folder), "--limit", "3"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "gpt2-trainer" in proc.stdout and "tiny_mc" in proc.stdout and "acc_norm" in proc.stdout
+
+
+def test_without_lm_eval_one_line_says_how_to_install(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    from gpt.evaluate import main
+
+    from helpers import write_checkpoint
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt", tiny_model())
+    assert main(["--checkpoint", str(ckpt), "--tasks", "hellaswag", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'pip install -e ".[eval]"' in err[0] and "--tasks" in err[0]
+
+
+def test_a_task_without_its_data_is_named_with_where_the_harness_looks(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from gpt.evaluate import main
+
+    from helpers import write_checkpoint
+
+    folder = write_tasks(tmp_path / "tasks")
+    (folder / "tiny_mc.jsonl").unlink()
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt", tiny_model())
+    assert main(["--checkpoint", str(ckpt), "--tasks", "tiny_mc", "--include-path", str(folder),
+                 "--device", "cpu"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert "task tiny_mc" in err[0] and "HF_DATASETS_CACHE" in err[0]
+    assert "1 of the --tasks could not be loaded" in err[-1]
+
+
+def test_init_from_a_hugging_face_folder_scores_as_its_checkpoint(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--init-from (here a local Hugging Face GPT-2 folder, as OpenAI's weights arrive)
+    scores the same as the checkpoint it was exported from."""
+    from gpt.evaluate import main
+
+    from helpers import write_checkpoint
+
+    folder = write_tasks(tmp_path / "tasks")
+    model = tiny_model()
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt", model)
+    export_hf(model, tmp_path / "hf")
+    common = ["--tasks", "tiny_mc,tiny_rolling", "--include-path", str(folder), "--device",
+              "cpu", "--json"]
+    scores = []
+    for source in (["--checkpoint", str(ckpt)], ["--init-from", str(tmp_path / "hf")]):
+        assert main([*source, *common]) == 0
+        scores.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tasks"])
+    assert scores[0]["tiny_mc"] == scores[1]["tiny_mc"]
+    assert scores[0]["tiny_rolling"] == pytest.approx(scores[1]["tiny_rolling"], rel=1e-5)
