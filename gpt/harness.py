@@ -52,7 +52,8 @@ class GPT2TrainerLM(TemplateLM):
                  model: torch.nn.Module | None = None, device: str | None = None,
                  dtype: str | torch.dtype = "auto", batch_size: int | str = 16,
                  max_gen_toks: int | str = 256, rank: int | None = None,
-                 world_size: int | None = None, seed: int = 1234, **_ignored: Any) -> None:
+                 world_size: int | None = None, seed: int = 1234, quiet: bool = False,
+                 **_ignored: Any) -> None:
         super().__init__()
         from gpt.dist import init_runtime, resolve_dtype
         from gpt.weights import load_model
@@ -79,6 +80,7 @@ class GPT2TrainerLM(TemplateLM):
         # nor generated (a Hugging Face export cuts them; the scores must agree).
         self.vocab = min(gpt.config.vocab_size, GPT2_VOCAB)
         self.generator = torch.Generator().manual_seed(seed)
+        self.quiet = quiet  # no progress bars of ours (the trainer's log stays readable)
 
     # -------------------------------------------------------------- the harness's contract
 
@@ -131,6 +133,10 @@ class GPT2TrainerLM(TemplateLM):
 
     # -------------------------------------------------------------- the three requests
 
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False
+                      ) -> list[tuple[float, bool]]:
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or self.quiet)
+
     def _loglikelihood_tokens(self, requests: list[Request], disable_tqdm: bool = False,
                               **kwargs: Any) -> list[tuple[float, bool]]:
         """(sum of log-probs of the continuation, whether it is the greedy one) of each
@@ -147,13 +153,15 @@ class GPT2TrainerLM(TemplateLM):
             x = torch.zeros(len(rows), width, dtype=torch.long)
             for j, r in enumerate(rows):
                 x[j, :len(r)] = torch.tensor(r)  # right-padded: causal, so the pad is unseen
-            logprobs = self._log_softmax(x.to(self._device))
+            logits = self._logits(x.to(self._device))
             for j, i in enumerate(chunk):
                 cont = requests[i][2]
                 if not cont:
                     raise ValueError("the harness asked for an empty continuation")
                 end = len(rows[j])
-                lp = logprobs[j, end - len(cont):end]  # the positions that predict cont
+                # Only the positions that predict cont, in fp32: a (batch, block, vocab)
+                # fp32 copy of all the logits would be 3 GiB at 16 x 1024 x 50257.
+                lp = F.log_softmax(logits[j, end - len(cont):end, :self.vocab].float(), dim=-1)
                 target = torch.tensor(cont, device=lp.device)
                 out[i] = (lp.gather(1, target[:, None]).sum().item(),
                           bool((lp.argmax(-1) == target).all()))
@@ -204,7 +212,7 @@ class GPT2TrainerLM(TemplateLM):
     # -------------------------------------------------------------- the model itself
 
     @torch.no_grad()
-    def _log_softmax(self, x: torch.Tensor) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
         was_training = self.gpt.training
         self.gpt.eval()
         try:
@@ -212,7 +220,7 @@ class GPT2TrainerLM(TemplateLM):
                 logits, _ = self.model(x)
         finally:
             self.gpt.train(was_training)
-        return F.log_softmax(logits[..., :self.vocab].float(), dim=-1)
+        return logits
 
     def _max_new(self, gen_kwargs: dict[str, Any]) -> int:
         max_new = int(gen_kwargs.get("max_gen_toks", self._max_gen_toks))

@@ -47,7 +47,7 @@ class TrainingTasks:
         from gpt.harness import GPT2TrainerLM
 
         lm = GPT2TrainerLM(model=run.model, dtype=run.autocast_dtype, rank=self.rank,
-                           world_size=self.world_size)
+                           world_size=self.world_size, quiet=True)
         scores = harness_tasks.run_tasks(lm, self.tasks, self.limit)
         if not scores:  # not rank 0
             return
