@@ -157,14 +157,15 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
         if e.hellaswag_every > 0:  # every rank scores its share; rank 0 downloads, once
             examples = hellaswag.load_examples(e.hellaswag_file, None, runtime.rank, None,
                                                e.hellaswag_max_examples)
+        # Before the model: lm-eval missing or a task name unknown stops the run at once.
+        tasks = TrainingTasks(e, runtime, t.parallel == "fsdp") if e.eval_tasks_every else None
         model = build_model(cfg, ckpt, runtime)
         par = parallel.parallelize(model, t, cfg.optim, runtime, autocast_dtype)
         run = Run(cfg=cfg, runtime=runtime, out_dir=checkpointer.out_dir, model=model, par=par,
                   autocast_dtype=autocast_dtype, accum=accum, train_loader=train_loader,
                   val_loader=val_loader, checkpointer=checkpointer,
                   tokenizer=gpt2_tokenizer() if samples else None, hellaswag_examples=examples,
-                  tasks=TrainingTasks(e, runtime, t.parallel == "fsdp") if e.eval_tasks_every
-                  and e.eval_tasks else None)
+                  tasks=tasks)
         if ckpt is not None:
             checkpointer.restore(run.parts(), ckpt)
             run.say(f"resumed from {resume_path} at step {run.state.step}")

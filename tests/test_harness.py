@@ -220,3 +220,28 @@ def test_init_from_a_hugging_face_folder_scores_as_its_checkpoint(
         scores.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["tasks"])
     assert scores[0]["tiny_mc"] == scores[1]["tiny_mc"]
     assert scores[0]["tiny_rolling"] == pytest.approx(scores[1]["tiny_rolling"], rel=1e-5)
+
+
+def test_trainer_without_lm_eval_stops_in_one_line(tmp_path: Path, random_data_dir: Path,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    """--eval-tasks without the eval extra stops before training, in one line that says
+    how to install it."""
+    from gpt.train import main
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
+    out = tmp_path / "run"
+    assert main([*TINY, *QUIET, "--data-dir", str(random_data_dir), "--out-dir", str(out),
+                 "--max-steps", "2", "--eval-tasks", "hellaswag", "--eval-tasks-every", "1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--eval-tasks" in err[0] and 'pip install -e ".[eval]"' in err[0]
+    assert not list(out.glob("ckpt_*.pt"))
+
+
+def test_eval_tasks_every_needs_tasks(capsys: pytest.CaptureFixture) -> None:
+    from gpt.cli import parse_args
+
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--eval-tasks-every", "100"])
+    assert exc.value.code == 2
+    assert "--eval-tasks-every needs --eval-tasks LIST" in capsys.readouterr().err
