@@ -78,3 +78,47 @@ def write_tasks(folder: Path) -> Path:
         "  do_sample: false\n"
         "metric_list:\n  - metric: exact_match\n"))
     return folder
+
+
+# HellaSwag items as the official jsonl has them (activity label, ctx_a, ctx_b, endings,
+# label), 2 of them WikiHow ones with the [header]/[title]/[step] tags the harness strips.
+HELLASWAG = [
+    ("Roof shingle removal", "A man is sitting on a roof.", "he",
+     ["is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
+      "is holding a rubik's cube.", "starts pulling up roofing on a roof."], 3),
+    ("Clean and jerk", "A lady walks to a barbell. She bends down and grabs the pole.", "the lady",
+     ["swings and lands in her arms.", "pulls the barbell forward.",
+      "pulls a rope attached to the barbell.", "stands and lifts the weight over her head."], 3),
+    ("Making a cake", "A woman mixes flour and eggs in a bowl.", "she",
+     ["pours the batter into a pan.", "throws the bowl at the wall.", "paints the bowl blue.",
+      "sings to the eggs."], 0),
+    ("Home and Garden", "[header] How to water a plant [title] Check the soil.", "",
+     ["[step] Push a finger into the soil to feel if it is dry.", "[step] Eat the soil.",
+      "[step] Throw the plant away.", "[step] Paint the pot red."], 0),
+    ("Playing guitar", "A man holds a guitar on stage.", "he",
+     ["starts strumming the strings.", "eats the guitar.", "swims across the stage.",
+      "folds the guitar in half."], 0),
+    ("Personal Care", "[header] How to brush your teeth [title] Wet the brush.", "",
+     ["[step] Put a small amount of toothpaste on it.", "[step] Put it in the oven.",
+      "[step] Plant it in the garden.", "[step] Mail it to a friend."], 0),
+]
+
+
+def write_hellaswag_both_ways(folder: Path, harness_yaml: Path) -> tuple[Path, Path]:
+    """HELLASWAG as gpt/hellaswag.py reads it (ctx = ctx_a + ' ' + ctx_b, as the official
+    jsonl's ctx is) and as the harness's own `hellaswag` task, included from its YAML, on
+    a local JSONL (task hellaswag_local). Returns (our jsonl, the folder for include_path)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ours, theirs = folder / "ours.jsonl", folder / "theirs.jsonl"
+    ours.write_text("".join(json.dumps({"ind": i, "ctx": a + (" " + b if b else ""),
+                                        "endings": e, "label": lab, "split": "val"}) + "\n"
+                            for i, (_, a, b, e, lab) in enumerate(HELLASWAG)))
+    theirs.write_text("".join(json.dumps({"activity_label": act, "ctx_a": a, "ctx_b": b,
+                                          "endings": e, "label": str(lab)}) + "\n"
+                              for act, a, b, e, lab in HELLASWAG))
+    tasks = folder / "tasks"
+    tasks.mkdir(exist_ok=True)
+    (tasks / "hellaswag_local.yaml").write_text(
+        f"include: {harness_yaml}\ntask: hellaswag_local\ntag: []\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    validation: {theirs}\ntraining_split: null\n")
+    return ours, tasks

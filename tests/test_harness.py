@@ -245,3 +245,32 @@ def test_eval_tasks_every_needs_tasks(capsys: pytest.CaptureFixture) -> None:
         parse_args(["--eval-tasks-every", "100"])
     assert exc.value.code == 2
     assert "--eval-tasks-every needs --eval-tasks LIST" in capsys.readouterr().err
+
+
+def test_our_hellaswag_and_the_harness_s_read_the_same_items_differently(tmp_path: Path) -> None:
+    """What the README says of the two HellaSwags, checked on the same items: the harness's
+    own task prefixes the activity label, capitalises ctx_b and strips WikiHow's tags
+    (ours scores ctx as given); both score every item."""
+    from gpt import harness_tasks, hellaswag
+    from gpt.harness import GPT2TrainerLM
+    from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
+
+    from harness_fixtures import HELLASWAG, write_hellaswag_both_ways
+
+    yaml = Path(lm_eval.__file__).parent / "tasks" / "hellaswag" / "hellaswag.yaml"
+    ours_file, folder = write_hellaswag_both_ways(tmp_path, yaml)
+    tasks, failed = harness_tasks.load_tasks(["hellaswag_local"], str(folder))
+    assert not failed
+    (task,) = tasks.values()
+    docs = list(task.validation_docs())
+    assert task.doc_to_text(docs[0]) == "Roof shingle removal: A man is sitting on a roof. He"
+    assert task.doc_to_text(docs[3]) == "Home and Garden: How to water a plant. Check the soil."
+    # The tag goes after the strip: the ending keeps a space (the harness adds its own too).
+    assert task.doc_to_choice(docs[3])[0] == " Push a finger into the soil to feel if it is dry."
+    examples = hellaswag.load_examples(str(ours_file), None, 0)
+    assert gpt2_tokenizer().decode(list(examples[3].context)) == HELLASWAG[3][1]  # as given, tags and all
+    model = tiny_model()
+    ours = hellaswag.evaluate(model, examples, torch.device("cpu"), torch.float32, 0, 1,
+                              valid_vocab=GPT2_VOCAB)
+    theirs = harness_tasks.run_tasks(GPT2TrainerLM(model=model, dtype="fp32"), tasks)
+    assert ours["total"] == theirs["hellaswag_local"]["sample_len"] == len(HELLASWAG)
