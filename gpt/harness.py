@@ -69,6 +69,10 @@ class GPT2TrainerLM(TemplateLM):
         self.model = model  # what is called: under FSDP the sharded module itself
         self.gpt = gpt
         self._device = next(gpt.parameters()).device
+        if isinstance(dtype, str):  # the harness's users write torch's names
+            dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+            if dtype not in ("auto", "fp32", "bf16", "fp16"):
+                raise ValueError(f"dtype={dtype!r}: expected auto, fp32, bf16 or fp16")
         self.dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, self._device)
         self._rank = rank if rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
         self._world_size = world_size if world_size is not None else (
