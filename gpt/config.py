@@ -221,6 +221,12 @@ class EvalConfig:
     hellaswag_max_examples: int | None = _opt(
         None, "score only the first N HellaSwag examples (default: all 10,042)"
     )
+    eval_tasks: str | None = _opt(
+        None, "lm-evaluation-harness tasks to score during training, comma-separated (e.g. "
+        "hellaswag,arc_easy; needs the eval extra)")
+    eval_tasks_every: int = _opt(0, "score --eval-tasks every N steps and at the end (0 disables)")
+    eval_tasks_limit: int | None = _opt(None, "score only the first N examples of each task")
+    eval_tasks_include: str | None = _opt(None, "a folder of task YAMLs of your own for --eval-tasks")
 
 
 @dataclass(frozen=True)

@@ -103,7 +103,11 @@ def validate(cfg: Config) -> None:
         e.hellaswag_max_examples is None or e.hellaswag_max_examples >= 1,
         f"--hellaswag-max-examples must be >= 1, got {e.hellaswag_max_examples}",
     )
-    for name in ("val_every", "sample_every", "hellaswag_every"):
+    _check(e.eval_tasks_limit is None or e.eval_tasks_limit >= 1,
+           f"--eval-tasks-limit must be >= 1, got {e.eval_tasks_limit}")
+    _check(not e.eval_tasks_every or bool(e.eval_tasks),
+           "--eval-tasks-every needs --eval-tasks LIST (e.g. hellaswag,arc_easy)")
+    for name in ("val_every", "sample_every", "hellaswag_every", "eval_tasks_every"):
         _check(getattr(e, name) >= 0, f"{flag(name)} must be >= 0 (0 disables), got {getattr(e, name)}")
     _check(c.checkpoint_every >= 0,
            f"--checkpoint-every must be >= 0 (0 disables), got {c.checkpoint_every}")

@@ -1,12 +1,16 @@
-"""`python -m gpt.evaluate`: HellaSwag accuracy and validation loss of a checkpoint or GPT-2.
+"""`python -m gpt.evaluate`: lm-evaluation-harness tasks, HellaSwag accuracy and validation
+loss (with bits per byte) of a checkpoint or GPT-2.
 
+    python -m gpt.evaluate --checkpoint ckpt.pt --tasks hellaswag,arc_easy,piqa,winogrande,lambada_openai
+    python -m gpt.evaluate --init-from gpt2 --tasks hellaswag --limit 500
     python -m gpt.evaluate --checkpoint runs/x/ckpt_019073.pt --hellaswag hellaswag_val.jsonl
     python -m gpt.evaluate --init-from gpt2 --hellaswag val              # downloads the set
     python -m gpt.evaluate --checkpoint ckpt.pt --data-dir data/fineweb-edu-10B --val-steps 20
     torchrun --standalone --nproc_per_node=8 -m gpt.evaluate --checkpoint ckpt.pt --hellaswag val
 
-Under torchrun each rank scores its share (HellaSwag examples i % world_size, disjoint
-validation windows) and the results are combined; rank 0 prints them. The scoring is
+Under torchrun each rank scores its share (the harness's requests by its rank / world-size
+contract, HellaSwag examples i % world_size, disjoint validation windows) and the results
+are combined; rank 0 prints them. The scoring is gpt/harness.py's (through the harness),
 gpt/hellaswag.py's and gpt/validation.py's; the flags are parsed before torch is imported.
 """
 
@@ -29,7 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--checkpoint", metavar="PATH", help="a checkpoint written by the trainer")
     src.add_argument("--init-from", metavar="NAME|DIR",
                      help="gpt2, gpt2-medium, gpt2-large, gpt2-xl or a Hugging Face GPT-2 folder")
-    h = p.add_argument_group("HellaSwag")
+    t = p.add_argument_group("lm-evaluation-harness (the eval extra)")
+    t.add_argument("--tasks", metavar="LIST",
+                   help="harness tasks, comma-separated, e.g. hellaswag,arc_easy,piqa,"
+                   "winogrande,lambada_openai (their data comes from the Hugging Face Hub)")
+    t.add_argument("--limit", type=int, default=None, help="score only the first N examples of each task")
+    t.add_argument("--include-path", metavar="DIR", help="a folder of task YAMLs of your own")
+    t.add_argument("--tasks-batch-size", type=int, default=16, help="requests per forward")
+    h = p.add_argument_group("HellaSwag (this package's own scoring)")
     h.add_argument("--hellaswag", metavar="FILE|URL|val",
                    help="HellaSwag jsonl: a local file, a URL, or 'val' for the official "
                    "validation set (downloaded once into --cache-dir)")
@@ -53,17 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.hellaswag is None and args.data_dir is None:
-        parser.error("nothing to do: give --hellaswag FILE and/or --data-dir DIR")
+    if args.hellaswag is None and args.data_dir is None and args.tasks is None:
+        parser.error("nothing to do: give --tasks LIST, --hellaswag FILE and/or --data-dir DIR")
     check_at_least_one(parser, args, ("batch_examples", "val_steps", "batch_size", "seq_len",
-                                      "hellaswag_max_examples"))
+                                      "hellaswag_max_examples", "limit", "tasks_batch_size"))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as the arguments say (one process or one torchrun rank); results dict."""
     import torch  # only once the flags are good: --help answers at once
 
-    from gpt import hellaswag
+    from gpt import bpb, harness_tasks, hellaswag
     from gpt.config import ConfigError
     from gpt.data import ShardLoader
     from gpt.dist import all_reduce_mean, init_runtime, resolve_dtype, shutdown
@@ -71,6 +82,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from gpt.validation import val_loss
     from gpt.weights import load_model
 
+    if args.tasks is not None:  # before any model is loaded
+        harness_tasks.require_lm_eval("--tasks")
     runtime = init_runtime(args.device)
     try:
         dtype = resolve_dtype(args.dtype, runtime.device)
@@ -78,6 +91,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            device=runtime.device)
         scored = torch.compile(model) if args.compile else model
         results: dict[str, Any] = {"source": args.checkpoint or args.init_from}
+        if args.tasks is not None:
+            from gpt.harness import GPT2TrainerLM
+
+            tasks, failed = harness_tasks.load_tasks(harness_tasks.parse_tasks(args.tasks),
+                                                     args.include_path)
+            if failed and runtime.rank == 0:
+                print("\n".join(f"error: {line}" for line in failed), file=sys.stderr)
+            if failed:
+                raise harness_tasks.HarnessError(f"{len(failed)} of the --tasks could not be "
+                                                 f"loaded (see above)")
+            lm = GPT2TrainerLM(model=model, dtype=dtype, batch_size=args.tasks_batch_size,
+                               rank=runtime.rank, world_size=runtime.world_size)
+            results["tasks"] = harness_tasks.run_tasks(lm, tasks, args.limit)
         if args.hellaswag is not None:
             examples = hellaswag.load_examples(args.hellaswag, args.cache_dir, runtime.rank,
                                                max_examples=args.hellaswag_max_examples)
@@ -93,9 +119,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                  rank=runtime.rank, world_size=runtime.world_size,
                                  device=runtime.device, max_token=model.config.vocab_size - 1)
             steps = min(args.val_steps, loader.steps_per_pass)
-            loss = all_reduce_mean(val_loss(scored, loader, steps, runtime.device_type, dtype),
-                                   runtime)
-            results["val_loss"] = loss.item()
+            loss, per_token = all_reduce_mean(
+                val_loss(scored, loader, steps, runtime.device_type, dtype,
+                         bpb.token_bytes(model.config.vocab_size, runtime.device)), runtime).tolist()
+            results["val_loss"] = loss
+            results["val_bpb"] = bpb.bits_per_byte(loss, per_token)
             results["val_tokens"] = steps * args.batch_size * seq_len * runtime.world_size
         results["is_master"] = runtime.rank == 0
         return results
@@ -123,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hellaswag: acc {r['acc']:.4f} ({r['correct']}/{r['total']}) | acc_norm "
               f"{r['acc_norm']:.4f} ({r['correct_norm']}/{r['total']})")
     if "val_loss" in results:
-        print(f"val loss: {results['val_loss']:.4f} ({results['val_tokens']:,} tokens)")
+        print(f"val loss: {results['val_loss']:.4f} | {results['val_bpb']:.4f} bits/byte "
+              f"({results['val_tokens']:,} tokens)")
+    if "tasks" in results:
+        from gpt.gpt2_scores import comparison_lines
+
+        print("\n".join(comparison_lines(results["tasks"])))
     return 0
 
 

@@ -17,6 +17,7 @@ from gpt.dist import Runtime
 from gpt.metrics import MetricsLog, Progress
 from gpt.model import GPT
 from gpt.step import SkippedSteps
+from gpt.train_tasks import TrainingTasks
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Run:
     checkpointer: Checkpointer
     tokenizer: Any
     hellaswag_examples: list[Any] = field(default_factory=list)
+    tasks: TrainingTasks | None = None  # --eval-tasks
     trackers: list[Any] = field(default_factory=list)  # TensorBoard / W&B, rank 0 only
     state: LoopState = field(default_factory=LoopState)
     skips: SkippedSteps = field(default_factory=SkippedSteps)  # counted on the device

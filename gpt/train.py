@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
-from gpt import hellaswag, muon, parallel, weights
+from gpt import bpb, hellaswag, muon, parallel, weights
 from gpt.checkpoint import Checkpointer, model_weights
 from gpt.cli import parse_command
 from gpt.compat import old_torch_note
@@ -40,6 +40,7 @@ from gpt.rng import seed_everything
 from gpt.shards import DataError, check_not_being_written, find_shards
 from gpt.step import TrainingDiverged, forward_backward, nonfinite_tensors, optimizer_step
 from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
+from gpt.train_tasks import TrainingTasks
 
 
 class OutOfMemory(UserError):
@@ -116,12 +117,15 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
         if e.hellaswag_every > 0:  # every rank scores its share; rank 0 downloads, once
             examples = hellaswag.load_examples(e.hellaswag_file, None, runtime.rank, None,
                                                e.hellaswag_max_examples)
+        # Before the model: lm-eval missing or a task name unknown stops the run at once.
+        tasks = TrainingTasks(e, runtime, t.parallel == "fsdp") if e.eval_tasks_every else None
         model = build_model(cfg, ckpt, runtime)
         par = parallel.parallelize(model, t, cfg.optim, runtime, autocast_dtype)
         run = Run(cfg=cfg, runtime=runtime, out_dir=checkpointer.out_dir, model=model, par=par,
                   autocast_dtype=autocast_dtype, accum=accum, train_loader=train_loader,
                   val_loader=val_loader, checkpointer=checkpointer,
-                  tokenizer=gpt2_tokenizer() if samples else None, hellaswag_examples=examples)
+                  tokenizer=gpt2_tokenizer() if samples else None, hellaswag_examples=examples,
+                  tasks=tasks)
         if ckpt is not None:
             checkpointer.restore(run.parts(), ckpt)
             run.say(f"resumed from {resume_path} at step {run.state.step}")
@@ -216,6 +220,7 @@ def periodic_work(run: Run, at_end: bool, first: bool) -> bool:
     jobs = [
         (run.val_loader is not None and due(e.val_every), validate),
         (bool(run.hellaswag_examples) and due(e.hellaswag_every), score_hellaswag),
+        (run.tasks is not None and due(e.eval_tasks_every), lambda r: r.tasks.score(r, s.step)),
         (run.cfg.checkpoint.save_checkpoints and not first
          and (at_end or due(run.cfg.checkpoint.checkpoint_every)), save_checkpoint),
         (run.tokenizer is not None and not first and due(e.sample_every), log_samples),
@@ -320,11 +325,13 @@ def account_skips(run: Run, step: int, counts: list[float]) -> None:
 def validate(run: Run) -> None:
     # Every rank scores its own disjoint slice; the mean is over all of them.
     rt, s = run.runtime, run.state
-    s.last_val = all_reduce_mean(
+    s.last_val, per_token = all_reduce_mean(
         val_loss(run.par.eval_model, run.val_loader, run.cfg.eval.val_steps, rt.device_type,
-                 run.autocast_dtype), rt).item()
-    run.say(f"step {s.step:6d} | val loss {s.last_val:.4f}")
-    run.log.write({"type": "val", "step": s.step, "val_loss": s.last_val})
+                 run.autocast_dtype, bpb.token_bytes(run.cfg.model.vocab_size, rt.device)),
+        rt).tolist()
+    bits = bpb.bits_per_byte(s.last_val, per_token)
+    run.say(f"step {s.step:6d} | val loss {s.last_val:.4f} | {bits:.4f} bits/byte")
+    run.log.write({"type": "val", "step": s.step, "val_loss": s.last_val, "val_bpb": bits})
 
 
 def score_hellaswag(run: Run) -> None:
