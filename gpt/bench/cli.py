@@ -36,6 +36,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                    "--cpu-malloc-reuse"),
     "memory": ("memory_bench", "predict a training run's peak memory per device (takes the "
                "trainer's flags or --config)"),
+    "newton-schulz": ("newton_schulz", "Muon's Newton-Schulz orthogonalisation in fp32 vs bf16 "
+                      "on the tokens bench's matrix shapes"),
     "tokens": ("tokens_bench", "tokens each recipe needs to reach the GPT-2 recipe's final "
                "validation loss (GPT-2 vs the speedrun-era recipe, with an LR sweep)"),
 }
