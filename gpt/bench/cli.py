@@ -38,8 +38,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                "trainer's flags or --config)"),
     "newton-schulz": ("newton_schulz", "Muon's Newton-Schulz orthogonalisation in fp32 vs bf16 "
                       "on the tokens bench's matrix shapes"),
-    "tokens": ("tokens_bench", "tokens each recipe needs to reach the GPT-2 recipe's final "
-               "validation loss (GPT-2 vs the speedrun-era recipe, with an LR sweep)"),
+    "tokens": ("tokens_search", "tokens and seconds each recipe needs to reach the GPT-2 "
+               "recipe's validation loss, over seeds (GPT-2 vs the speedrun-era recipe, LR and "
+               "schedule sweeps, the tied-head variant, --ablation)"),
 }
 # The timing subcommands: a runner each, given the shared Context
 RUNNERS = {"model": ("model_bench", "run_model"), "components": ("model_bench", "run_components"),
