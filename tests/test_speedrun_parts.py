@@ -185,3 +185,32 @@ def test_the_trainer_grows_the_window_and_resumes_exactly(tmp_path: Path) -> Non
     data = write_random_shards(tmp_path, seed=0, train=(20_000,), val=(4_000,))
     assert_resume_is_exact([*TINY, *QUIET, *ALL_FLAGS, "--n-layer", "4", "--data-dir",
                             str(data)], tmp_path)
+
+
+def test_a_checkpoint_loads_with_the_window_it_was_last_trained_with(tmp_path: Path) -> None:
+    """gpt.generate / gpt.evaluate read a checkpoint as a model: its window is the one of
+    the last step trained, not the first step's."""
+    from dataclasses import replace
+
+    from gpt.config import Config, TrainConfig, to_dict
+    from gpt.model_load import load_checkpoint_model
+
+    model_cfg = cfg(attn_window=4, attn_window_final=20)
+    config = replace(Config(), model=model_cfg, train=TrainConfig(max_steps=9))
+    torch.save({"model": GPT(model_cfg).state_dict(), "config": to_dict(config), "step": 5},
+               tmp_path / "ckpt.pt")
+    model = load_checkpoint_model(tmp_path / "ckpt.pt")
+    assert model.attn_mask.window.item() == window_at(model_cfg, 4, 9) == 12
+
+
+def test_the_memory_planner_counts_the_value_tables() -> None:
+    from gpt import memory
+    from gpt.cli import parse_args
+
+    gpt2 = memory.plan(parse_args(TINY), device_type="cpu")
+    parts = memory.plan(parse_args([*TINY, *ALL_FLAGS]), device_type="cpu")
+    extra = 50304 * 64 * 4  # tiny has 2 blocks: one table, shared by both; fp32
+    assert parts.components["parameters"] - gpt2.components["parameters"] == \
+        pytest.approx(extra, rel=0.01)
+    assert parts.components["optimizer state"] - gpt2.components["optimizer state"] == \
+        pytest.approx(2 * extra, rel=0.01)

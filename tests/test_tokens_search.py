@@ -71,6 +71,7 @@ def test_seeds_schedules_bracketing_and_the_tied_head(tmp_path: Path, monkeypatc
                if run["label"] == "new, tied head")
     md = (tmp_path / "out" / "tokens.md").read_text()
     assert "tied head (equal parameters)" in md and "+-" in md
+    assert (tmp_path / "out" / "tokens.png").exists()  # both best curves
 
 
 def test_the_ablation_adds_each_part_to_gpt2_and_takes_it_from_the_recipe(
@@ -105,3 +106,4 @@ def test_the_command_trains_both_recipes_for_real(tmp_path: Path) -> None:
     assert all(run["curve"][-1][0] == run["steps"] * 128 and run["train_seconds"] > 0
                for run in r["runs"])
     assert r["commit"] and r["torch"] and "tokens_ratio" in r["best"]
+    assert (out / "tokens.png").stat().st_size > 0

@@ -222,8 +222,11 @@ def run(args: argparse.Namespace) -> int:
               "runs": b.runs}
     markdown = summary(report)
     write_outputs(out, "tokens", report, markdown)
+    first = [p["seeds"][0] for p in (base, best)]  # the first seed's curves of both
+    plotted = tokens_bench.plot(*(dict(r, lr=p["lr"]) for r, p in zip(first, (base, best))),
+                                target, out / "tokens.png")
     print(markdown)
-    print(f"wrote {out}/tokens.json, tokens.md")
+    print(f"wrote {out}/tokens.json, tokens.md{', tokens.png' if plotted else ''}")
     return 0
 
 
