@@ -2,8 +2,11 @@
 training, and documents (no attention across the end-of-text token that separates them).
 
 Both are off by default (GPT-2 attends to every earlier position of its context). With
-either on, GPT builds an AttentionMask, which turns a batch's token ids into one boolean
-mask (True: may attend) shared by every layer, and the attention passes it to SDPA.
+either on, GPT builds an AttentionMask, which turns a batch's token ids into one mask
+shared by every layer, and attend() applies it: under torch.compile on CUDA a
+FlexAttention BlockMask (the kernel skips the masked blocks), elsewhere a boolean mask
+(True: may attend) for SDPA. (FlexAttention has no backward on CPU in torch 2.13, and
+outside torch.compile it runs an unfused fallback; a KV cache and dropout take SDPA too.)
 
 The window is a buffer, not a Python number, so a compiled model reads its current value
 without recompiling; the trainer sets it from the step (window_at), so a resumed run gets
@@ -16,8 +19,14 @@ from typing import Protocol
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from gpt.config import ModelConfig
+
+try:  # torch >= 2.5 has it; without it, SDPA with a mask everywhere
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - the project's minimum torch has it
+    BlockMask = create_block_mask = flex_attention = None  # type: ignore[assignment,misc]
 
 EOT = 50256  # GPT-2's <|endoftext|>, which fineweb.py puts between documents
 
@@ -62,10 +71,13 @@ class AttentionMask(nn.Module):
     def set_step(self, step: int, max_steps: int) -> None:
         self.window.fill_(window_at(self.cfg, step, max_steps))
 
-    def forward(self, idx: torch.Tensor, kv_cache: Cache | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, kv_cache: Cache | None = None) -> "torch.Tensor | BlockMask":
         """idx: (B, T) new tokens, at positions kv_cache.length onwards with a cache (whose
-        document ids this extends). Returns the mask, (B or 1, 1, T, cached + T)."""
+        document ids this extends). Returns the mask: a BlockMask where FlexAttention is
+        used, else booleans (B or 1, 1, T, cached + T)."""
         start, T = (0 if kv_cache is None else kv_cache.length), idx.size(1)
+        if kv_cache is None and self.cfg.dropout == 0 and flex_wanted(idx):
+            return self.block_mask(idx)
         q = torch.arange(start, start + T, device=idx.device).unsqueeze(1)
         k = torch.arange(start + T, device=idx.device).unsqueeze(0)
         mask = q >= k
@@ -83,6 +95,37 @@ class AttentionMask(nn.Module):
             kv_cache.docs = docs
         same = docs[:, -T:].unsqueeze(2) == docs.unsqueeze(1)  # (B, T, S)
         return mask & same.unsqueeze(1)
+
+
+    def block_mask(self, idx: torch.Tensor) -> "BlockMask":
+        """The same mask as a FlexAttention BlockMask, for a pass without a cache."""
+        B, T = idx.shape
+        windowed, window = self.cfg.attn_window > 0, self.window
+        docs = torch.cumsum(idx == EOT, dim=1) if self.cfg.doc_mask else None
+
+        def allowed(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+            ok = q >= k
+            if windowed:
+                ok = ok & (q - k < window)
+            if docs is not None:
+                ok = ok & (docs[b, q] == docs[b, k])
+            return ok
+
+        return create_block_mask(allowed, B if docs is not None else None, None, T, T,
+                                 device=idx.device)
+
+
+def flex_wanted(idx: torch.Tensor) -> bool:
+    """FlexAttention where it has a fused kernel with a backward: CUDA, under torch.compile."""
+    return flex_attention is not None and idx.is_cuda and torch.compiler.is_compiling()
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: object,
+           dropout_p: float) -> torch.Tensor:
+    """Attention of q over k, v under an AttentionMask's mask (either kind)."""
+    if BlockMask is not None and isinstance(mask, BlockMask):
+        return flex_attention(q, k, v, block_mask=mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 class CausalOnly(nn.Module):

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from gpt.attention_mask import AttentionMask, CausalOnly, masked
+from gpt.attention_mask import AttentionMask, CausalOnly, attend, masked
 from gpt.config import ModelConfig
 from gpt.unet import skips
 from gpt.value_embeds import ValueMix, table_of, value_embeddings
@@ -124,7 +124,7 @@ class CausalSelfAttention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0,
-        mask: torch.Tensor | None = None, ve: torch.Tensor | None = None,
+        mask: object = None, ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """mask: which keys each query may see (None: causal only); ve: this block's value
         embedding, for a block with a value_mix."""
@@ -140,7 +140,7 @@ class CausalSelfAttention(nn.Module):
         if mask is not None:  # a window or documents (gpt/attention_mask.py): over all keys
             if kv_cache is not None:
                 k, v = kv_cache.update(layer, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            y = attend(q, k, v, mask, dropout_p)
         elif kv_cache is None:
             # SDPA picks a fused kernel (flash / memory-efficient / cuDNN) where one fits, and
             # never materialises the T x T score matrix in that case.
@@ -207,7 +207,7 @@ class Block(nn.Module):
 
     def forward(
         self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0,
-        mask: torch.Tensor | None = None, ve: torch.Tensor | None = None,
+        mask: object = None, ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), kv_cache, layer, mask, ve)
         x = x + self.mlp(self.ln_2(x))

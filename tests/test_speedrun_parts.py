@@ -214,3 +214,38 @@ def test_the_memory_planner_counts_the_value_tables() -> None:
         pytest.approx(extra, rel=0.01)
     assert parts.components["optimizer state"] - gpt2.components["optimizer state"] == \
         pytest.approx(2 * extra, rel=0.01)
+
+
+def test_the_flex_attention_block_mask_is_the_sdpa_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The BlockMask used under torch.compile on CUDA allows exactly what the boolean mask
+    does: forward only here (FlexAttention has no backward on CPU), eager."""
+    from gpt import attention_mask
+
+    torch.manual_seed(0)
+    model = GPT(cfg(rotary=True, **ALL)).eval()
+    model.attn_mask.set_step(3, 10)
+    x = tokens()
+    with torch.no_grad():
+        want, _ = model(x)
+        monkeypatch.setattr(attention_mask, "flex_wanted", lambda idx: True)
+        assert isinstance(model.attn_mask(x), attention_mask.BlockMask)
+        got, _ = model(x)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_flex_attention_trains_as_sdpa_on_cuda(graph_backend) -> None:
+    """On CUDA under torch.compile the mask is a BlockMask for FlexAttention: the same loss
+    and gradients as the eager SDPA path, and no graph break."""
+    torch.manual_seed(0)
+    model = GPT(cfg(rotary=True, **ALL)).cuda()
+    x = tokens().cuda()
+    _, want = model(x, x)
+    want.backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    _, got = torch.compile(model, fullgraph=True)(x, x)
+    got.backward()
+    assert torch.allclose(got, want, atol=1e-4) and graph_breaks() == 0
+    for p, g in zip(model.parameters(), ref):
+        assert torch.allclose(p.grad, g, atol=1e-4)
