@@ -27,7 +27,8 @@ def stand_in(speed: dict[str, float]):
         run = {"label": label, "seed": seed, "steps": steps, "lr": lr, "parts": parts,
                "curve": [[steps * self.args.total_batch_tokens, loss]], "final_val_loss": loss,
                "train_seconds": 0.01 * steps * (2 if "muon" in parts else 1),
-               "wall_seconds": 1.0, "flags": recipes.flags(parts, steps, lr)}
+               "wall_seconds": 1.0, "flags": recipes.flags(parts, steps, lr),
+               "peak_mem_gb": 0.5 + 0.5 * ("untied_head" in parts)}
         self.runs.append(run)
         return run
     return train
@@ -72,6 +73,8 @@ def test_seeds_schedules_bracketing_and_the_tied_head(tmp_path: Path, monkeypatc
     md = (tmp_path / "out" / "tokens.md").read_text()
     assert "tied head (equal parameters)" in md and "+-" in md
     assert (tmp_path / "out" / "tokens.png").exists()  # both best curves
+    peaks = {p["label"]: p["peak_mem_gb"] for p in r["points"]}
+    assert peaks["new"] == 1.0 and peaks["new, tied head"] == 0.5 and "peak GiB" in md
 
 
 def test_the_ablation_adds_each_part_to_gpt2_and_takes_it_from_the_recipe(
@@ -104,6 +107,6 @@ def test_the_command_trains_both_recipes_for_real(tmp_path: Path) -> None:
         ("new, tied head", 4), ("new, tied head", 2)]
     assert len(r["runs"]) == 12 and {run["seed"] for run in r["runs"]} == {1337, 1338}
     assert all(run["curve"][-1][0] == run["steps"] * 128 and run["train_seconds"] > 0
-               for run in r["runs"])
+               and run["peak_mem_gb"] > 0 for run in r["runs"])
     assert r["commit"] and r["torch"] and "tokens_ratio" in r["best"]
     assert (out / "tokens.png").stat().st_size > 0

@@ -23,7 +23,7 @@ Tokens to the target: between the largest budget whose mean run ends above it an
 smallest that ends at or below, interpolated (gpt.bench.tokens_bench.tokens_to_target),
 per seed too, for the spread of the ratio. Seconds to the target come the same way from
 the runs' training time (the trainer's own step times: no start-up, no evaluation), and
-their wall time is kept beside it. tokens_ratio = the GPT-2 recipe's full budget / the
+their wall time and peak memory are kept beside it. tokens_ratio = the GPT-2 recipe's full budget / the
 new recipe's tokens to the target; time_ratio the same in training seconds.
 """
 
@@ -80,7 +80,7 @@ class Bench:
                 "final_val_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
                 "train_seconds": statistics.mean(r["train_seconds"] for r in seeds),
                 "wall_seconds": statistics.mean(r["wall_seconds"] for r in seeds),
-                "seeds": seeds}
+                "peak_mem_gb": max(r["peak_mem_gb"] for r in seeds), "seeds": seeds}
             print(f"{label:28s} {steps:5d} steps, lr {lr:g}: final val "
                   f"{self.points[key]['final_val_loss']:.4f} +- "
                   f"{self.points[key]['final_val_loss_std']:.4f}", flush=True)
@@ -105,7 +105,10 @@ class Bench:
                  if r.get("type") == "val"]
         run = {"label": label, "seed": seed, "steps": steps, "lr": lr, "curve": curve,
                "final_val_loss": curve[-1][1], "train_seconds": round(train_seconds(records), 3),
-               "wall_seconds": round(wall, 2), "flags": cmd[2:]}
+               "wall_seconds": round(wall, 2), "flags": cmd[2:],
+               # the process's peak resident memory on CPU (the allocator's on a GPU)
+               "peak_mem_gb": max((r.get("peak_mem_gb") or 0.0 for r in records
+                                   if r.get("type") == "train"), default=0.0)}
         self.runs.append(run)
         return run
 
@@ -272,7 +275,9 @@ def summary(r: dict[str, Any]) -> str:
         tokens = f"{c['tokens_to_target']:,.0f} ({c['how']})" if c["tokens_to_target"] else c["how"]
         lines.append(f"| {name} | {tokens} | {_ratio(c, 'tokens_ratio')} | "
                      f"{_ratio(c, 'time_ratio')} |")
-    lines += ["", "| point | steps | lr | final val loss | train s |", "|---|---|---|---|---|"]
+    lines += ["", "| point | steps | lr | final val loss | train s | peak GiB |",
+              "|---|---|---|---|---|---|"]
     lines += [f"| {p['label']} | {p['steps']} | {p['lr']:g} | {p['final_val_loss']:.4f} +- "
-              f"{p['final_val_loss_std']:.4f} | {p['train_seconds']:.1f} |" for p in r["points"]]
+              f"{p['final_val_loss_std']:.4f} | {p['train_seconds']:.1f} | "
+              f"{p['peak_mem_gb']:.2f} |" for p in r["points"]]
     return "\n".join(lines) + "\n"
