@@ -249,3 +249,15 @@ def test_flex_attention_trains_as_sdpa_on_cuda(graph_backend) -> None:
     assert torch.allclose(got, want, atol=1e-4) and graph_breaks() == 0
     for p, g in zip(model.parameters(), ref):
         assert torch.allclose(p.grad, g, atol=1e-4)
+
+
+def test_generation_with_the_cache_equals_generation_without() -> None:
+    """All four parts, sampled past the block size (the context is cropped and the cache
+    rebuilt), with end-of-text tokens in the prompt."""
+    from gpt.sampling import sample
+
+    torch.manual_seed(0)
+    model = GPT(cfg(rotary=True, **ALL)).eval()
+    runs = [sample(model, [1, EOT, 2, 3, EOT, 4], 40, num_samples=2, top_k=5, use_cache=cache,
+                   generator=torch.Generator().manual_seed(3)) for cache in (True, False)]
+    assert torch.equal(runs[0], runs[1])
