@@ -99,7 +99,8 @@ def test_the_command_trains_both_recipes_for_real(tmp_path: Path) -> None:
     out = tmp_path / "out"
     code = bench_main(["tokens", "--data-dir", str(data), "--out", str(out), *ARGS, "--steps", "4",
                        "--baseline-lrs", "3e-3", "--new-lr-scales", "1", "--new-budgets", "0.5",
-                       "--seeds", "2", "--max-halvings", "0"])
+                       "--seeds", "2", "--max-halvings", "0", "--new-max-lr", "5e-3",
+                       "--new-muon-lr", "0.03"])
     assert code == 0
     r = json.loads((out / "tokens.json").read_text())
     assert [(p["label"], p["steps"]) for p in r["points"]] == [
@@ -108,5 +109,8 @@ def test_the_command_trains_both_recipes_for_real(tmp_path: Path) -> None:
     assert len(r["runs"]) == 12 and {run["seed"] for run in r["runs"]} == {1337, 1338}
     assert all(run["curve"][-1][0] == run["steps"] * 128 and run["train_seconds"] > 0
                and run["peak_mem_gb"] > 0 for run in r["runs"])
+    new = [run["flags"] for run in r["runs"] if run["label"] == "new"]
+    assert all("--max-lr" in f and f[f.index("--max-lr") + 1] == "0.005" and
+               f[f.index("--muon-lr") + 1] == "0.03" for f in new)
     assert r["commit"] and r["torch"] and "tokens_ratio" in r["best"]
     assert (out / "tokens.png").stat().st_size > 0

@@ -56,11 +56,12 @@ def fields(parts: tuple[str, ...] | list[str], steps: int) -> dict[str, Any]:
     return out
 
 
-def lr_fields(parts: tuple[str, ...] | list[str], lr: float) -> dict[str, Any]:
-    """The learning rates: `lr` is --max-lr for AdamW alone, and a scale of (NEW_MAX_LR,
-    NEW_MUON_LR) with Muon."""
+def lr_fields(parts: tuple[str, ...] | list[str], lr: float, max_lr: float = NEW_MAX_LR,
+              muon_lr: float = NEW_MUON_LR) -> dict[str, Any]:
+    """The learning rates: `lr` is --max-lr for AdamW alone, and with Muon a scale of
+    (max_lr, muon_lr), the rates at scale 1."""
     if "muon" in parts:
-        return {"max_lr": NEW_MAX_LR * lr, "muon_lr": NEW_MUON_LR * lr}
+        return {"max_lr": max_lr * lr, "muon_lr": muon_lr * lr}
     return {"max_lr": lr}
 
 
@@ -78,6 +79,8 @@ def to_flags(values: dict[str, Any]) -> list[str]:
     return out
 
 
-def flags(parts: tuple[str, ...] | list[str], steps: int, lr: float) -> list[str]:
-    """train_gpt2.py's flags for GPT-2 plus `parts` over `steps` at learning rate `lr`."""
-    return to_flags({**fields(parts, steps), **lr_fields(parts, lr)})
+def flags(parts: tuple[str, ...] | list[str], steps: int, lr: float, max_lr: float = NEW_MAX_LR,
+          muon_lr: float = NEW_MUON_LR) -> list[str]:
+    """train_gpt2.py's flags for GPT-2 plus `parts` over `steps` at learning rate `lr`
+    (see lr_fields)."""
+    return to_flags({**fields(parts, steps), **lr_fields(parts, lr, max_lr, muon_lr)})

@@ -55,8 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="at most this many budgets below the smallest of --new-budgets")
     p.add_argument("--ablation", action="store_true",
                    help="also each part alone on GPT-2 and the full recipe without each")
-    p.add_argument("--parts", nargs="+", choices=list(recipes.PARTS),
-                   help="the ablation's parts (default: all of gpt/bench/recipes.py's)")
+    p.add_argument("--parts", nargs="+", choices=list(recipes.PARTS), metavar="PART",
+                   help=f"the ablation's parts (default: all: {', '.join(recipes.PARTS)})")
     p.set_defaults(standalone=run)
 
 
@@ -92,7 +92,8 @@ class Bench:
         args.seed = seed
         out = self.work / f"run{len(self.runs):04d}"
         cmd = [sys.executable, str(REPO / "train_gpt2.py"), *trainer_flags(args, steps),
-               *recipes.flags(parts, steps, lr), "--out-dir", str(out)]
+               *recipes.flags(parts, steps, lr, args.new_max_lr, args.new_muon_lr),
+               "--out-dir", str(out)]
         started = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         wall = time.perf_counter() - started
