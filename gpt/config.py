@@ -53,6 +53,18 @@ class ModelConfig:
     zero_init_proj: bool = _opt(False, "zero-initialise each block's two output projections "
                                 "(and an untied head)")
     logit_softcap: float = _opt(0.0, "soft-cap the logits at +-C (C * tanh(z / C)); 0: off")
+    # The speedrun's further parts (off in the new recipe unless gpt.bench tokens --ablation
+    # shows they help; README "Sample efficiency")
+    value_embeds: bool = _opt(False, "value embeddings: token tables of their own mixed into "
+                              "the attention values of the first and last min(3, n_layer/2) blocks")
+    unet_skips: bool = _opt(False, "U-net skips: each late block also gets its mirror early "
+                            "block's output, times a learned weight")
+    attn_window: int = _opt(0, "sliding-window attention: each query sees at most this many "
+                            "positions (itself included) at the first step; 0: off")
+    attn_window_final: int = _opt(0, "the window at the last step, reached linearly from "
+                                  "--attn-window (0: the block size)")
+    doc_mask: bool = _opt(False, "document-aware attention: no attention across the "
+                          "end-of-text token (50256) that separates documents")
 
 
 # ModelConfig's fields that only choose the starting weights, not the model: a resume may

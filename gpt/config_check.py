@@ -62,6 +62,15 @@ def validate(cfg: Config) -> None:
     _check(m.logit_softcap >= 0 and math.isfinite(m.logit_softcap),
            f"--logit-softcap {m.logit_softcap}: must be 0 (off) or a positive cap")
     _check(0.0 <= m.dropout < 1.0, f"--dropout must be in [0, 1), got {m.dropout}")
+    for name in ("attn_window", "attn_window_final"):
+        _check(0 <= getattr(m, name) <= m.block_size,
+               f"{flag(name)} {getattr(m, name)}: must be in [0, --block-size {m.block_size}]")
+    _check(not m.attn_window_final or 0 < m.attn_window <= m.attn_window_final,
+           f"--attn-window-final {m.attn_window_final} needs an --attn-window from 1 up to it, "
+           f"got {m.attn_window}")
+    _check(not m.value_embeds or m.n_layer >= 2,
+           f"--value-embeds shares tables between the first and last blocks: needs --n-layer "
+           f">= 2, got {m.n_layer}")
     for name in ("batch_size", "seq_len", "total_batch_tokens"):
         _check(getattr(d, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(d, name)}")
     _check(

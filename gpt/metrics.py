@@ -94,7 +94,10 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     embedding, which is the LM head's matmul; the position embedding is a lookup, not a
     matmul, and is left out. The second term is attention's QK^T and AV products
     (2 * 2 * T * d per layer forward, x3 for forward + backward), counted without the
-    causal mask's saving, as is the convention for MFU.
+    causal mask's saving, as is the convention for MFU; nor an attention window's or
+    document mask's (--attn-window, --doc-mask), so with them this is an upper bound.
+    Value embeddings are lookups (no matmul) and U-net skips and value mixing a few
+    element-wise products per token: none is counted, as the position embedding is not.
     """
     d, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
     per_block = 4 * d * d + 4 * d + 8 * d * d + 5 * d + 4 * d  # attn, mlp (w + b), 2 LayerNorms

@@ -7,8 +7,11 @@ h.N.attn.c_attn, ...) so their weights map onto this model name for name.
 ModelConfig can swap in the parts of today's fast small-model recipes, each off by
 default: rotary positions (Su et al., RoFormer) in place of the learned ones, RMSNorm,
 QK-norm, a ReLU^2 MLP, an untied head, zero-initialised output projections and soft-capped
-logits. A block is composed from the chosen parts when it is built (norm(), MLP.act,
-the attention's qk_parts), so forward() reads the same either way.
+logits; and the speedrun's further parts: value embeddings (gpt/value_embeds.py), U-net
+skips (gpt/unet.py), and a growing sliding window and document masks for attention
+(gpt/attention_mask.py). A block is composed from the chosen parts when it is built
+(norm(), MLP.act, the attention's qk_parts and value_mix, GPT's value_embeds, skips and
+attn_mask), so forward() reads the same either way.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from gpt.attention_mask import AttentionMask, CausalOnly, attend, masked
 from gpt.config import ModelConfig
+from gpt.unet import skips
+from gpt.value_embeds import ValueMix, table_of, value_embeddings
 
 
 class KVCache:
@@ -39,6 +45,7 @@ class KVCache:
             raise ValueError(f"KVCache max_len must be >= 1, got {max_len}")
         self.max_len = max_len
         self.length = 0
+        self.docs: torch.Tensor | None = None  # (B, length) document ids, with --doc-mask
         self.keys: list[torch.Tensor | None] = [None] * n_layer
         self.values: list[torch.Tensor | None] = [None] * n_layer
 
@@ -99,7 +106,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.n_head = cfg.n_head
         self.n_embd = cfg.n_embd
@@ -112,18 +119,29 @@ class CausalSelfAttention(nn.Module):
         # What happens to queries and keys before attention, in order (none for GPT-2)
         parts: list[nn.Module] = ([QKNorm()] if cfg.qk_norm else []) + ([Rotary()] if cfg.rotary else [])
         self.qk_parts = nn.ModuleList(parts)
+        # Mixes a value embedding into the values (only blocks that have one: gpt/value_embeds.py)
+        self.value_mix = ValueMix() if table_of(cfg, layer) is not None else None
 
     def forward(
-        self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0
+        self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0,
+        mask: object = None, ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """mask: which keys each query may see (None: causal only); ve: this block's value
+        embedding, for a block with a value_mix."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         # (B, T, C) -> (B, heads, T, head_dim)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         for part in self.qk_parts:
             q, k = part(q, k, 0 if kv_cache is None else kv_cache.length)
+        if self.value_mix is not None and ve is not None:
+            v = self.value_mix(v, ve.view(B, T, self.n_head, C // self.n_head).transpose(1, 2))
         dropout_p = self.dropout if self.training else 0.0
-        if kv_cache is None:
+        if mask is not None:  # a window or documents (gpt/attention_mask.py): over all keys
+            if kv_cache is not None:
+                k, v = kv_cache.update(layer, k, v)
+            y = attend(q, k, v, mask, dropout_p)
+        elif kv_cache is None:
             # SDPA picks a fused kernel (flash / memory-efficient / cuDNN) where one fits, and
             # never materialises the T x T score matrix in that case.
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
@@ -180,17 +198,18 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.ln_1 = norm(cfg, cfg.n_embd)
-        self.attn = CausalSelfAttention(cfg)
+        self.attn = CausalSelfAttention(cfg, layer)
         self.ln_2 = norm(cfg, cfg.n_embd)
         self.mlp = MLP(cfg)
 
     def forward(
-        self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0
+        self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0,
+        mask: object = None, ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, layer)
+        x = x + self.attn(self.ln_1(x), kv_cache, layer, mask, ve)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -205,10 +224,14 @@ class GPT(nn.Module):
                 # learned positions (GPT-2); rotary ones live in the attention instead
                 **({} if cfg.rotary else {"wpe": nn.Embedding(cfg.block_size, cfg.n_embd)}),
                 drop=nn.Dropout(cfg.dropout),
-                h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
+                h=nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer)),
                 ln_f=norm(cfg, cfg.n_embd),
             )
         )
+        # The speedrun's further parts; with them off, modules without weights that change nothing
+        self.value_embeds = value_embeddings(cfg)
+        self.skips = skips(cfg)
+        self.attn_mask = AttentionMask(cfg) if masked(cfg) else CausalOnly()
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.untied_head:
             self.lm_head.zero_init = cfg.zero_init_proj  # type: ignore[attr-defined]
@@ -243,6 +266,8 @@ class GPT(nn.Module):
             module.bias.zero_()
         elif isinstance(module, nn.RMSNorm):
             module.weight.fill_(1.0)
+        elif hasattr(module, "init_values"):  # a part's own scalars (value_mix, skips, mask)
+            module.init_values()
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -264,10 +289,13 @@ class GPT(nn.Module):
 
     def to_empty(self, *, device: torch.device | str | None, recurse: bool = True) -> "GPT":
         """nn.Module.to_empty, with the head tied to the embedding again (moving a
-        meta-device model gives each module a tensor of its own)."""
+        meta-device model gives each module a tensor of its own) and the attention window
+        at its first step's value."""
         super().to_empty(device=device, recurse=recurse)
         if not self.config.untied_head:
             self.lm_head.weight = self.transformer.wte.weight
+        if isinstance(self.attn_mask, AttentionMask):  # a buffer no state dict restores
+            self.attn_mask.init_values()
         return self
 
     def num_params(self, exclude_position_embedding: bool = False) -> int:
@@ -307,8 +335,11 @@ class GPT(nn.Module):
         if "wpe" in self.transformer:  # learned positions; rotary ones are the attention's
             x = x + self.transformer.wpe(torch.arange(start, start + T, device=idx.device))
         x = self.transformer.drop(x)
+        mask, ves = self.attn_mask(idx, kv_cache), self.value_embeds(idx)
+        outputs: list[torch.Tensor] = []
         for i, block in enumerate(self.transformer.h):
-            x = block(x) if kv_cache is None else block(x, kv_cache, i)
+            x = block(self.skips(i, x, outputs), kv_cache, i, mask, ves[i])
+            outputs.append(x)
         if kv_cache is not None:
             kv_cache.length += T
         if targets is None:

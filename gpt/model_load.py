@@ -10,9 +10,10 @@ import os
 
 import torch
 
+from gpt.attention_mask import set_attention_step
 from gpt.checkpoint import CheckpointError, model_weights
 from gpt.checkpoint import load as load_checkpoint_file
-from gpt.config import ModelConfig
+from gpt.config import ModelConfig, from_dict
 from gpt.errors import UserError
 from gpt.model import GPT
 from gpt.step import count_nonfinite
@@ -67,8 +68,16 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, tor
 
 
 def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> GPT:
-    cfg, sd = read_checkpoint(path)
+    try:
+        ckpt = load_checkpoint_file(path, required=("model", "config"))
+        cfg, sd = model_weights(ckpt, path)
+    except CheckpointError as e:
+        raise PretrainedError(f"--checkpoint {e}") from None
     sd = dict(sd)
     if "lm_head.weight" not in sd and "transformer.wte.weight" in sd and not cfg.untied_head:
         sd["lm_head.weight"] = sd["transformer.wte.weight"]  # tied; a writer may list it once
-    return build_model(cfg, sd, f"--checkpoint {path}", device)
+    model = build_model(cfg, sd, f"--checkpoint {path}", device)
+    if isinstance(ckpt.get("step"), int) and ckpt["step"] > 0:
+        # A growing attention window: the one its weights were last trained with
+        set_attention_step(model, ckpt["step"] - 1, from_dict(ckpt["config"]).train.max_steps)
+    return model

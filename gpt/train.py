@@ -30,6 +30,7 @@ from gpt.validation import val_loss
 from gpt.sampling import sample
 from gpt.metrics import (Progress, StepTimer, check_tracking, close_trackers, flops_per_token, mfu,
                          open_trackers, peak_memory)
+from gpt.attention_mask import set_attention_step
 from gpt.model import GPT
 from gpt.optim import lr_at
 from gpt.profiling import Profiler
@@ -153,6 +154,7 @@ def run_loop(run: Run) -> dict[str, Any]:
         timer.reset()
         while True:
             at_end = s.step >= end
+            set_attention_step(run.model, s.step, cfg.train.max_steps)  # a growing window
             with stop_at_bad_data(run):  # a val shard can fail too
                 if periodic_work(run, at_end, first=s.step == start):
                     timer.reset()  # evaluation and checkpoint time is not training time

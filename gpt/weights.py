@@ -248,6 +248,8 @@ def load_pretrained(name_or_path: str | os.PathLike, *, vocab_size: int | None =
 
 # GPT-2's weights that a model with these parts has no place for
 NO_PLACE_FOR = {"rotary": "learned position embeddings", "rmsnorm": "LayerNorm biases"}
+# and weights of these parts that GPT-2's checkpoints do not have
+NOT_IN_GPT2 = {"value_embeds": "value embedding tables", "unet_skips": "U-net skip weights"}
 
 
 def with_pretrained_shape(cfg: Config) -> Config:
@@ -263,6 +265,13 @@ def with_pretrained_shape(cfg: Config) -> Config:
         raise PretrainedError(
             f"--init-from {cfg.train.init_from}: a model with {flags} has no place for "
             f"GPT-2's {' and '.join(NO_PLACE_FOR[part] for part in parts)}; drop {flags}, "
+            f"or train from scratch without --init-from")
+    new = [part for part in NOT_IN_GPT2 if getattr(cfg.model, part)]
+    if new:
+        flags = " and ".join(flag(part) for part in new)
+        raise PretrainedError(
+            f"--init-from {cfg.train.init_from}: GPT-2's weights have no "
+            f"{' or '.join(NOT_IN_GPT2[part] for part in new)} for {flags}; drop {flags}, "
             f"or train from scratch without --init-from")
     folder = resolve(cfg.train.init_from)
     pre = model_config_from_hf(read_hf_config(folder), str(folder),
@@ -347,13 +356,15 @@ def gpt_to_hf_state_dict(state_dict: dict[str, torch.Tensor],
 
 # ModelConfig's parts that GPT-2's architecture does not have (not config.INIT_ONLY's:
 # they change the initial weights, not the model, and their runs export as any other)
-NOT_GPT2 = ("rotary", "rmsnorm", "qk_norm", "relu2", "untied_head")
+NOT_GPT2 = ("rotary", "rmsnorm", "qk_norm", "relu2", "untied_head", "value_embeds",
+            "unet_skips", "doc_mask")
 
 
 def not_gpt2_parts(cfg: ModelConfig) -> list[str]:
     """The flags of cfg's parts that GPT-2's architecture does not have."""
     return [flag(p) for p in NOT_GPT2 if getattr(cfg, p)] + (
-        [f"--logit-softcap {cfg.logit_softcap}"] if cfg.logit_softcap else [])
+        [f"--logit-softcap {cfg.logit_softcap}"] if cfg.logit_softcap else []) + (
+        [f"--attn-window {cfg.attn_window}"] if cfg.attn_window else [])
 
 
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")  # what an export writes

@@ -35,3 +35,23 @@ def test_recipe_loads_and_validates(path: Path) -> None:
 def test_recipes_write_to_their_own_folders() -> None:
     outs = [parse_args(["--config", str(p)]).train.out_dir for p in RECIPES]
     assert len(set(outs)) == len(outs)
+
+
+@pytest.mark.parametrize("name", ["cpu-speedrun", "gpt2-124m-speedrun"])
+def test_the_speedrun_files_are_the_tokens_benchs_new_recipe(name: str) -> None:
+    """The recipe a user runs is the one the bench measured: every field of
+    gpt/bench/recipes.py's new recipe (the CPU file's length and learning rates too)."""
+    from dataclasses import asdict
+
+    from gpt.bench import recipes
+
+    cfg = parse_args(["--config", str(REPO / "configs" / f"{name}.toml")])
+    got = {**asdict(cfg.model), **asdict(cfg.optim)}
+    want = recipes.fields(recipes.NEW_PARTS, cfg.train.max_steps)
+    if name == "cpu-speedrun":  # the bench's recipe at scale 1; the 124M run has its own rates
+        want.update(recipes.lr_fields(recipes.NEW_PARTS, 1.0))
+    else:
+        del want["muon_momentum_warmup"]  # the speedrun's own 300 steps
+    assert {k: got[k] for k in want} == want
+    extra = {k for part in recipes.EXTRA_PARTS for k in recipes.PARTS[part]}
+    assert all(got[k] == getattr(type(cfg.model)(), k) for k in extra & got.keys())

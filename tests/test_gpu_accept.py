@@ -142,8 +142,9 @@ def test_stage6_smoke(tmp_path: Path) -> None:
     tokens = run_stage(6, tmp_path)["tokens-tiny"]
     assert tokens["status"] == "ok", tokens
     result = tokens["result"]
-    assert [r["recipe"] for r in result["runs"]] == ["gpt2", "new", "new"]
-    assert "--no-compile" in result["runs"][0]["flags"] and "tokens_ratio" in result
+    assert [r["label"] for r in result["runs"]] == ["gpt2 cosine", "gpt2 trapezoid", "new", "new",
+                                                    "new, tied head", "new, tied head"]
+    assert "--no-compile" in result["runs"][0]["flags"] and "tokens_ratio" in result["best"]
 
 
 def test_stage6_without_its_corpus_fails_before_running_anything(tmp_path: Path, monkeypatch,

@@ -144,3 +144,20 @@ def test_two_ranks_match_one_process_under_muon(mode: str, data_dir: Path, tmp_p
         assert diff.max() < 3.5e-3 and diff.mean() < 1e-4, (name, diff.max(), diff.mean())
     assert ref["optimizer"]["state"].keys() == got["optimizer"]["state"].keys()
     assert "momentum_buffer" in got["optimizer"]["state"]["transformer.h.0.attn.c_attn.weight"]
+
+
+def test_the_newton_schulz_bench_times_torchs_iteration() -> None:
+    """gpt.bench newton-schulz compares fp32 with bf16 on its own copy of Muon's iteration:
+    in bf16 it must be torch.optim.Muon's, bit for bit, or the comparison means nothing."""
+    from torch.optim import _muon
+
+    from gpt.bench.newton_schulz import newton_schulz
+
+    torch.manual_seed(0)
+    for shape in ((48, 16), (16, 64), (32, 32)):
+        g = torch.randn(shape)
+        want = _muon._zeropower_via_newtonschulz(g, (3.4445, -4.775, 2.0315), 5, 1e-7)
+        got = newton_schulz(g, torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want), shape
+        fp32 = newton_schulz(g, torch.float32)
+        assert fp32.dtype == torch.float32 and (fp32 - want.float()).abs().max() < 0.1

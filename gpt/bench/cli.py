@@ -36,8 +36,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                    "--cpu-malloc-reuse"),
     "memory": ("memory_bench", "predict a training run's peak memory per device (takes the "
                "trainer's flags or --config)"),
-    "tokens": ("tokens_bench", "tokens each recipe needs to reach the GPT-2 recipe's final "
-               "validation loss (GPT-2 vs the speedrun-era recipe, with an LR sweep)"),
+    "newton-schulz": ("newton_schulz", "Muon's Newton-Schulz orthogonalisation in fp32 vs bf16 "
+                      "on the tokens bench's matrix shapes"),
+    "tokens": ("tokens_search", "tokens and seconds each recipe needs to reach the GPT-2 "
+               "recipe's validation loss, over seeds (GPT-2 vs the speedrun-era recipe, LR and "
+               "schedule sweeps, the tied-head variant, --ablation)"),
 }
 # The timing subcommands: a runner each, given the shared Context
 RUNNERS = {"model": ("model_bench", "run_model"), "components": ("model_bench", "run_components"),

@@ -138,7 +138,11 @@ STAGES: dict[int, Stage] = {
 # other stages use, have no loss to compare); benchmarks/gpu/README.md says how.
 TOKENS_DATA = REPO / ".carry" / "tokens-data"
 TOKENS_STEPS, TOKENS_BATCH_TOKENS = 40, 2**16  # 2.6M tokens: below the corpus's 3.3M
-TOKENS_RUNS = 3  # the GPT-2 recipe, the new one, the new one over half the tokens (1.5 runs' work)
+TOKENS_SEEDS = 2  # each point over 2 seeds: a spread within the device's time
+# Per seed: the GPT-2 recipe under both schedules, the new one and its tied-head variant
+# each over the full, half and (if still below the target) a quarter budget: 8 processes,
+# 5.5 full runs' work
+TOKENS_RUNS, TOKENS_WORK = 8 * TOKENS_SEEDS, 5.5 * TOKENS_SEEDS
 EAGER_SLOWDOWN = 2.0  # stage 6 runs eagerly (three compiles would cost more than its steps)
 
 
@@ -238,7 +242,7 @@ def xl_cell(s: Sizes, data: Path, work: Path) -> Cell:
 
 def tokens_cell(s: Sizes, data: Path, tmp: Path) -> Cell:
     """python -m gpt.bench tokens at 124M, T=1024: one learning rate per recipe (the GPT-2
-    recipe's own, the CPU sweep's best scale for the new one) over a fixed budget."""
+    recipe's own, the CPU sweep's best scale for the new one), TOKENS_SEEDS seeds."""
     steps = 4 if s.smoke else TOKENS_STEPS
     batch_tokens = s.seq_len * 2 if s.smoke else TOKENS_BATCH_TOKENS
     cmd = [sys.executable, "-m", "gpt.bench", "tokens", "--out", str(tmp / "tokens"),
@@ -247,10 +251,12 @@ def tokens_cell(s: Sizes, data: Path, tmp: Path) -> Cell:
            "--total-batch-tokens", str(batch_tokens), "--steps", str(steps),
            "--val-every", str(2 if s.smoke else 5), "--val-steps", "2" if s.smoke else "8",
            "--baseline-lrs", "6e-4", "--new-lr-scales", "1", "--new-budgets", "0.5",
+           "--seeds", "1" if s.smoke else str(TOKENS_SEEDS),
+           "--max-halvings", "0" if s.smoke else "1",
            "--device", "cpu" if s.smoke else "cuda", "--trainer-flags=--no-compile"]
     cmd += ["--n-layer", "2", "--n-head", "2", "--n-embd", "64"] if s.smoke else \
         ["--n-layer", "12", "--n-head", "12", "--n-embd", "768"]
-    work = 1.5 * TOKENS_STEPS * step_seconds("gpt2", TOKENS_BATCH_TOKENS, 1024) * EAGER_SLOWDOWN
+    work = TOKENS_WORK * TOKENS_STEPS * step_seconds("gpt2", TOKENS_BATCH_TOKENS, 1024) * EAGER_SLOWDOWN
     estimate = 0.0 if s.smoke else TOKENS_RUNS * PROCESS_START_S + work
     return Cell(f"tokens-{s.model}", "tokens", estimate, cmd,
                 {"data_dir": str(data if s.smoke else TOKENS_DATA), "steps": steps})

@@ -57,11 +57,13 @@ class NaiveCausalSelfAttention(nn.Module):
         self.nvtx = nvtx
         self.register_buffer("mask", mask, persistent=False)
 
-    def forward(self, x: torch.Tensor, kv_cache: object = None, layer: int = 0) -> torch.Tensor:
-        # Same call signature as the model's attention; the KV cache (generation) is not
-        # something this benchmark module supports.
-        if kv_cache is not None:
-            raise NotImplementedError("naive attention (gpt.bench) has no KV-cache path")
+    def forward(self, x: torch.Tensor, kv_cache: object = None, layer: int = 0,
+                mask: object = None, ve: object = None) -> torch.Tensor:
+        # Same call signature as the model's attention; the KV cache (generation), masks
+        # and value embeddings are not something this benchmark module supports.
+        if kv_cache is not None or mask is not None or ve is not None:
+            raise NotImplementedError("naive attention (gpt.bench) is GPT-2's causal attention "
+                                      "only: no KV cache, window, document mask or value embeddings")
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))

@@ -39,14 +39,12 @@ from typing import Any
 from gpt.bench.record import write_outputs
 from gpt.bench.runs import read_metrics, run_fineweb, run_trainer
 from gpt.bench.tables import Column, col, fmt, md_table
+from gpt.bench.recipes import GPT2_WARMUP, MOMENTUM_WARMUP, NEW_PARTS, PARTS, to_flags
 
-# The GPT-2 recipe is the trainer's defaults. The new recipe, on top of them:
-NEW_RECIPE = ["--rotary", "--rmsnorm", "--qk-norm", "--relu2", "--untied-head",
-              "--zero-init-proj", "--logit-softcap", "15", "--optimizer", "muon",
-              "--lr-schedule", "trapezoid", "--cooldown-frac", "0.4", "--warmup-steps", "0",
-              "--weight-decay", "0", "--min-lr-ratio", "0"]
-GPT2_WARMUP = 715 / 19073  # the GPT-2 recipe's warm-up, as a fraction of its steps
-MOMENTUM_WARMUP = 300 / 1750  # the speedrun's momentum warm-up, as a fraction of its steps
+# The GPT-2 recipe is the trainer's defaults. The new recipe, on top of them (its parts
+# and warm-ups are gpt/bench/recipes.py's):
+NEW_RECIPE = [*to_flags({k: v for p in NEW_PARTS for k, v in PARTS[p].items()}),
+              "--warmup-steps", "0"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

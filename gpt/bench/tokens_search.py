@@ -1,0 +1,277 @@
+"""`tokens` with seeds: the GPT-2 recipe's target, the new recipe's tokens and seconds to it,
+the crossing bracketed, the equal-parameter (tied-head) variant, and the ablation.
+
+    python -m gpt.bench tokens --data-dir data/pydoc --out benchmarks/tokens [--ablation]
+
+Every point (a recipe at a budget and learning rate) is trained with --seeds seeds (init
+and data order: --seed, --seed + 1, ...), and reported as the mean and standard deviation.
+
+1. The GPT-2 recipe over --baseline-lrs under both schedules (cosine to 10%, and the new
+   recipe's trapezoid to 0) at the full budget (--steps). The best mean final validation
+   loss is the target.
+2. The new recipe over --new-lr-scales at the full budget; at its best scale, whole
+   schedules over fewer steps (--new-budgets, fractions of --steps), and smaller ones
+   (halving the smallest) until one ends above the target, so the crossing is bracketed
+   by the bench itself (at most --max-halvings more).
+3. The same budgets for the new recipe with a tied head (the equal-parameter variant).
+4. With --ablation: each part alone on top of the GPT-2 recipe (at its best learning
+   rate and schedule; Muon at the new recipe's best scale) and the full recipe without
+   each part (the further parts of gpt/bench/recipes.py: with each), tokens to the
+   target for each, over the same budgets and seeds.
+
+Tokens to the target: between the largest budget whose mean run ends above it and the
+smallest that ends at or below, interpolated (gpt.bench.tokens_bench.tokens_to_target),
+per seed too, for the spread of the ratio. Seconds to the target come the same way from
+the runs' training time (the trainer's own step times: no start-up, no evaluation), and
+their wall time and peak memory are kept beside it. tokens_ratio = the GPT-2 recipe's full budget / the
+new recipe's tokens to the target; time_ratio the same in training seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gpt.bench import recipes, tokens_bench
+from gpt.bench.record import write_outputs
+from gpt.bench.runs import read_metrics, run_trainer
+from gpt.bench.tokens_bench import tokens_to_target, trainer_flags
+
+TIED = tuple(p for p in recipes.NEW_PARTS if p != "untied_head")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    tokens_bench.add_parser(sub)
+    p = sub.choices["tokens"]
+    p.description = __doc__  # this flow replaces tokens_bench.run's single-seed one
+    p.add_argument("--seeds", type=int, default=3, help="runs per point, seeds --seed, --seed + 1, ...")
+    p.add_argument("--max-halvings", type=int, default=4,
+                   help="at most this many budgets below the smallest of --new-budgets")
+    p.add_argument("--ablation", action="store_true",
+                   help="also each part alone on GPT-2 and the full recipe without each")
+    p.add_argument("--parts", nargs="+", choices=list(recipes.PARTS), metavar="PART",
+                   help=f"the ablation's parts (default: all: {', '.join(recipes.PARTS)})")
+    p.set_defaults(standalone=run)
+
+
+class Bench:
+    """Runs points (parts, steps, learning rate) over seeds, each once, in a work folder."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args, self.work, self.runs = args, work, []
+        self.points: dict[tuple, dict[str, Any]] = {}
+
+    def point(self, label: str, parts: tuple[str, ...], steps: int, lr: float) -> dict[str, Any]:
+        key = (tuple(sorted(parts)), steps, lr)
+        if key not in self.points:
+            seeds = [self.train(label, parts, steps, lr, self.args.seed + i)
+                     for i in range(self.args.seeds)]
+            losses = [r["final_val_loss"] for r in seeds]
+            self.points[key] = {
+                "label": label, "parts": list(parts), "steps": steps, "lr": lr,
+                "tokens": steps * self.args.total_batch_tokens,
+                "final_val_loss": statistics.mean(losses),
+                "final_val_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+                "train_seconds": statistics.mean(r["train_seconds"] for r in seeds),
+                "wall_seconds": statistics.mean(r["wall_seconds"] for r in seeds),
+                "peak_mem_gb": max(r["peak_mem_gb"] for r in seeds), "seeds": seeds}
+            print(f"{label:28s} {steps:5d} steps, lr {lr:g}: final val "
+                  f"{self.points[key]['final_val_loss']:.4f} +- "
+                  f"{self.points[key]['final_val_loss_std']:.4f}", flush=True)
+        return self.points[key]
+
+    def train(self, label: str, parts: tuple[str, ...], steps: int, lr: float,
+              seed: int) -> dict[str, Any]:
+        args = copy.copy(self.args)
+        args.seed = seed
+        out = self.work / f"run{len(self.runs):04d}"
+        flags = [*trainer_flags(args, steps),
+                 *recipes.flags(parts, steps, lr, args.new_max_lr, args.new_muon_lr),
+                 "--out-dir", str(out)]
+        wall = run_trainer(flags, f"{label} ({steps} steps, lr {lr:g}, seed {seed})")
+        records = read_metrics(out)
+        curve = [[r["step"] * args.total_batch_tokens, r["val_loss"]] for r in records
+                 if r.get("type") == "val"]
+        run = {"label": label, "seed": seed, "steps": steps, "lr": lr, "curve": curve,
+               "final_val_loss": curve[-1][1], "train_seconds": round(train_seconds(records), 3),
+               "wall_seconds": round(wall, 2), "flags": flags,
+               # the process's peak resident memory on CPU (the allocator's on a GPU)
+               "peak_mem_gb": max((r.get("peak_mem_gb") or 0.0 for r in records
+                                   if r.get("type") == "train"), default=0.0)}
+        self.runs.append(run)
+        return run
+
+    def budgets(self, label: str, parts: tuple[str, ...], lr: float, target: float,
+                full: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The points at --new-budgets and the full budget, then halving the smallest until
+        one ends above the target."""
+        args = self.args
+        steps = sorted({max(1, round(f * args.steps)) for f in args.new_budgets} - {args.steps})
+        points = [full or self.point(label, parts, args.steps, lr)]
+        points += [self.point(label, parts, s, lr) for s in steps]
+        for _ in range(args.max_halvings):
+            smallest = min(points, key=lambda p: p["steps"])
+            if smallest["final_val_loss"] > target or smallest["steps"] == 1:
+                break
+            points.append(self.point(label, parts, max(1, smallest["steps"] // 2), lr))
+        return sorted(points, key=lambda p: p["steps"])
+
+
+def train_seconds(records: list[dict[str, Any]]) -> float:
+    """A run's training time from its step records: each gives the mean step time since
+    the one before (the trainer leaves evaluation and checkpoints out of it)."""
+    total, prev = 0.0, -1
+    for r in records:
+        if r.get("type") == "train":
+            total += r["ms"] / 1000 * (r["step"] - prev)
+            prev = r["step"]
+    return total
+
+
+def to_target(points: list[dict[str, Any]], target: float, seed: int | None = None,
+              what: str = "tokens") -> tuple[float | None, str]:
+    """Tokens (or training seconds) to the target from whole runs at several budgets: of
+    the means, or of one seed's runs."""
+    rows = []
+    for p in points:
+        loss = p["final_val_loss"] if seed is None else p["seeds"][seed]["final_val_loss"]
+        secs = p["train_seconds"] if seed is None else p["seeds"][seed]["train_seconds"]
+        rows.append({"tokens": p["tokens"] if what == "tokens" else secs, "final_val_loss": loss})
+    return tokens_to_target(rows, target)
+
+
+def spread(values: list[float | None]) -> dict[str, Any]:
+    got = [v for v in values if v is not None]
+    return {"values": values, "mean": statistics.mean(got) if got else None,
+            "std": statistics.stdev(got) if len(got) > 1 else 0.0 if got else None,
+            "reached": f"{len(got)}/{len(values)}"}
+
+
+def crossing(points: list[dict[str, Any]], target: float, base: dict[str, Any],
+             seeds: int) -> dict[str, Any]:
+    """Tokens and seconds to the target, and the ratios to the GPT-2 recipe's, with spread."""
+    tokens, how = to_target(points, target)
+    secs, _ = to_target(points, target, what="seconds")
+    per_seed = [to_target(points, target, s)[0] for s in range(seeds)]
+    per_seed_s = [to_target(points, target, s, "seconds")[0] for s in range(seeds)]
+    base_s = [r["train_seconds"] for r in base["seeds"]]
+    return {"tokens_to_target": tokens, "how": how, "seconds_to_target": secs,
+            "tokens_ratio": base["tokens"] / tokens if tokens else None,
+            "time_ratio": base["train_seconds"] / secs if secs else None,
+            "tokens_ratio_per_seed": spread([base["tokens"] / t if t else None for t in per_seed]),
+            "time_ratio_per_seed": spread([b / s if s else None for b, s in zip(base_s, per_seed_s)]),
+            "points": [{k: p[k] for k in ("steps", "tokens", "final_val_loss",
+                                          "final_val_loss_std", "train_seconds")} for p in points]}
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpt.bench.report import run_info
+    from gpt.dist import pick_device
+    from gpt.errors import UserError
+    from gpt.shards import find_shards, shard_num_tokens
+
+    if args.seeds < 1:
+        raise UserError(f"--seeds {args.seeds}: must be >= 1")
+    device = pick_device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.corpus and not (Path(args.data_dir) / "metadata.json").exists():
+        tokens_bench.prepare_corpus(Path(args.corpus), Path(args.data_dir))
+    train_tokens = sum(shard_num_tokens(p) for p in find_shards(args.data_dir, "train"))
+    full = args.steps * args.total_batch_tokens
+    if full > train_tokens:
+        print(f"warning: --steps {args.steps} x {args.total_batch_tokens} tokens = {full:,} is "
+              f"more than the {train_tokens:,} train tokens: runs repeat data", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="tokens_bench_") as tmp:
+        b = Bench(args, Path(tmp))
+        gpt2 = [b.point(f"gpt2 {sched}", parts, args.steps, lr)
+                for sched, parts in (("cosine", ()), ("trapezoid", ("schedule",)))
+                for lr in args.baseline_lrs]
+        base = min(gpt2, key=lambda p: p["final_val_loss"])
+        target = base["final_val_loss"]
+        new = [b.point("new", recipes.NEW_PARTS, args.steps, s) for s in args.new_lr_scales]
+        best = min(new, key=lambda p: p["final_val_loss"])
+        scale = best["lr"]
+        report: dict[str, Any] = {
+            "target_val_loss": target, "target_val_loss_std": base["final_val_loss_std"],
+            "baseline": {"parts": base["parts"], "lr": base["lr"], "tokens": base["tokens"],
+                         "train_seconds": base["train_seconds"]},
+            "new_best_lr_scale": scale,
+            "best": crossing(b.budgets("new", recipes.NEW_PARTS, scale, target, best),
+                             target, base, args.seeds),
+            "tied_head": crossing(b.budgets("new, tied head", TIED, scale, target),
+                                  target, base, args.seeds),
+        }
+        if args.ablation:
+            report["ablation"] = ablation(b, args, base, scale, target)
+    report = {**run_info("tokens", device, args.argv), "data_dir": args.data_dir,
+              "train_tokens": train_tokens, "seeds": args.seeds,
+              "model": {"preset": args.model, "n_layer": args.n_layer, "n_head": args.n_head,
+                        "n_embd": args.n_embd, "seq_len": args.seq_len},
+              "tokens_per_step": args.total_batch_tokens, "full_budget_tokens": full,
+              "new_recipe_parts": list(recipes.NEW_PARTS), **report,
+              "points": [{k: v for k, v in p.items() if k != "seeds"} for p in b.points.values()],
+              "runs": b.runs}
+    markdown = summary(report)
+    write_outputs(out, "tokens", report, markdown)
+    first = [p["seeds"][0] for p in (base, best)]  # the first seed's curves of both
+    plotted = tokens_bench.plot(*(dict(r, lr=p["lr"]) for r, p in zip(first, (base, best))),
+                                target, out / "tokens.png")
+    print(markdown)
+    print(f"wrote {out}/tokens.json, tokens.md{', tokens.png' if plotted else ''}")
+    return 0
+
+
+def ablation(b: Bench, args: argparse.Namespace, base: dict[str, Any], scale: float,
+             target: float) -> list[dict[str, Any]]:
+    """Each part alone on the GPT-2 recipe and the full recipe without it (with it, for a
+    part the recipe lacks): tokens to the target over the same budgets and seeds."""
+    rows = []
+    base_parts = tuple(base["parts"])
+    for part in args.parts or list(recipes.PARTS):
+        variants = [] if part in base_parts else [(f"gpt2 + {part}", (*base_parts, part))]
+        if part in recipes.NEW_PARTS:
+            variants.append((f"new - {part}", tuple(p for p in recipes.NEW_PARTS if p != part)))
+        else:
+            variants.append((f"new + {part}", (*recipes.NEW_PARTS, part)))
+        for label, parts in variants:
+            lr = scale if "muon" in parts else base["lr"]
+            rows.append({"variant": label, "part": part, "parts": list(parts),
+                         **crossing(b.budgets(label, parts, lr, target), target, base, args.seeds)})
+    return rows
+
+
+def _ratio(c: dict[str, Any], key: str) -> str:
+    s = c[f"{key}_per_seed"]
+    if s["mean"] is None:
+        return "not reached"
+    return f"{s['mean']:.2f} +- {s['std']:.2f} ({s['reached']} seeds)"
+
+
+def summary(r: dict[str, Any]) -> str:
+    base = r["baseline"]
+    lines = [f"# Tokens and time to the GPT-2 recipe's validation loss "
+             f"({r['target_val_loss']:.4f} +- {r['target_val_loss_std']:.4f}, {r['seeds']} seeds)",
+             "", f"`{r['command']}` at {r['commit']} on {r['device']}, torch {r['torch']}", "",
+             f"Target: GPT-2 recipe ({' + '.join(base['parts']) or 'cosine'} schedule, --max-lr "
+             f"{base['lr']:g}) after {base['tokens']:,} tokens, {base['train_seconds']:.1f} s "
+             f"of training. New recipe at lr scale x{r['new_best_lr_scale']:g}.", "",
+             "| variant | tokens to target | tokens_ratio | time_ratio |", "|---|---|---|---|"]
+    rows = [("new recipe (best)", r["best"]), ("new recipe, tied head (equal parameters)",
+                                               r["tied_head"])]
+    rows += [(a["variant"], a) for a in r.get("ablation", [])]
+    for name, c in rows:
+        tokens = f"{c['tokens_to_target']:,.0f} ({c['how']})" if c["tokens_to_target"] else c["how"]
+        lines.append(f"| {name} | {tokens} | {_ratio(c, 'tokens_ratio')} | "
+                     f"{_ratio(c, 'time_ratio')} |")
+    lines += ["", "| point | steps | lr | final val loss | train s | peak GiB |",
+              "|---|---|---|---|---|---|"]
+    lines += [f"| {p['label']} | {p['steps']} | {p['lr']:g} | {p['final_val_loss']:.4f} +- "
+              f"{p['final_val_loss_std']:.4f} | {p['train_seconds']:.1f} | "
+              f"{p['peak_mem_gb']:.2f} |" for p in r["points"]]
+    return "\n".join(lines) + "\n"
