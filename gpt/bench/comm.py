@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt.bench.report import git_commit
+from gpt.cli import finite_float
 from gpt.config import PRESETS, model_preset
 from gpt.dist import Runtime, autocast, device_name, init_runtime, shutdown, synchronize
 from gpt.model import GPT, unwrap
@@ -147,7 +148,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("comm", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("allreduce", "ddp"))
-    p.add_argument("--sizes-mb", type=float, nargs="+", default=list(SIZES_MB),
+    p.add_argument("--sizes-mb", type=finite_float(0, above=True), nargs="+", default=list(SIZES_MB),
                    help="allreduce: message sizes in MB (default: 1 MB to 1 GB)")
     p.add_argument("--model", default=None, choices=list(PRESETS),
                    help="ddp: model preset (default gpt2 on CUDA, tiny on CPU)")

@@ -18,6 +18,7 @@ import torch.nn as nn
 from gpt.bench import report
 from gpt.bench.naive import use_naive_attention
 from gpt.bench.timing import Timing, bind_setup, time_fn
+from gpt.cli import finite_float
 from gpt.config import PRESETS, ConfigError, ModelConfig, model_preset
 from gpt.dist import bf16_supported, pick_device
 from gpt.dist import autocast as _autocast
@@ -263,7 +264,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--out", default="runs/bench", help="folder for <name>.json and <name>.md")
     g.add_argument("--name", default=None,
                    help="file stem of the outputs (default: <subcommand>_<device>_<time>)")
-    g.add_argument("--peak-tflops", type=float, default=None,
+    g.add_argument("--peak-tflops", type=finite_float(0, above=True), default=None,
                    help="the device's bf16 dense peak in TFLOP/s for MFU (default: looked up "
                         "from the device name; unknown on CPU)")
     g.add_argument("--seed", type=int, default=0, help="seed for weights and random inputs")

@@ -53,6 +53,7 @@ import numpy as np
 import psutil
 import tiktoken
 
+from gpt.cli import finite_float
 from gpt.prepare import PrepareConfig, available_cpus, prepare
 from gpt.shards import read_shard
 from gpt.tokenizer import SHAKESPEARE, gpt2_tokenizer
@@ -245,11 +246,11 @@ def environment() -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mb", type=float, default=30.0, help="input size per kind in MB (default 30)")
+    p.add_argument("--mb", type=finite_float(0, above=True), default=30.0, help="input size per kind in MB (default 30)")
     p.add_argument("--workers", type=int, default=2, help="worker processes for both methods (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="runs per method and input (default 3)")
     p.add_argument("--inputs", nargs="+", choices=INPUTS, default=list(INPUTS))
-    p.add_argument("--scale", type=float, default=3.0,
+    p.add_argument("--scale", type=finite_float(0), default=3.0,
                    help="memory check: one more run of each method on the first input made this "
                         "many times larger (default 3; 0 skips it)")
     p.add_argument("--out", default=None,
