@@ -5,8 +5,8 @@ memory its parameters alone need against the device's.
 
 The trainer (gpt/train.py), its dry run (gpt/dry_run.py) and the memory planner
 (gpt/memory.py) all call these functions (the planner those that need no device or
-data), so a dry run's "would start" and a plan are
-answers the run agrees with: none of them can accept what another refuses.
+data), so a dry run's "would start" and a plan are answers the run agrees with: none of
+them can accept what another refuses.
 The memory test is arithmetic on the config (no model is built, nothing is traced), so
 an absurd size is refused in milliseconds, not after minutes of building it.
 """
@@ -55,15 +55,15 @@ def least_bytes(cfg: Config, world_size: int) -> int:
 
 
 def device_memory(device: torch.device) -> int | None:
-    """The device's memory: the GPU's, or (CPU, and MPS's unified memory) the host's
-    physical memory and swap; None where it cannot be read."""
+    """The device's memory: the GPU's, or (CPU, and MPS's unified memory) the host's;
+    None where it cannot be read."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     try:
         import psutil
     except ImportError:
         return None
-    return int(psutil.virtual_memory().total + psutil.swap_memory().total)
+    return int(psutil.virtual_memory().total)
 
 
 def most_memory(device_type: str, gpus: Iterable[int]) -> tuple[int | None, str]:
