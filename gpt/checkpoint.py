@@ -9,6 +9,8 @@ objects), so loading it never runs code:
     loader          the training loader's state of every rank, in rank order
     rng             python/numpy/torch/cuda RNG states of every rank, in rank order
     config          the resolved Config as a dict (gpt.config.to_dict)
+    config_schema   gpt.config.SCHEMA_VERSION when it was written (absent in older files:
+                    their configs are read as before, a missing field taking its default)
     step            optimizer steps completed
     val_loss        the last validation loss, or None
     best_val_loss   the best validation loss so far, or None
@@ -38,9 +40,9 @@ import torch
 import torch.nn as nn
 
 from gpt import parallel
-from gpt.config import (INIT_ONLY, CheckpointConfig, Config, ConfigError, ModelConfig, from_dict,
-                        to_dict, upgrade_dict)
-from gpt.checkpoint_contents import BadContents, check_contents, stored_step
+from gpt.config import (INIT_ONLY, SCHEMA_VERSION, CheckpointConfig, Config, ConfigError,
+                        ModelConfig, to_dict, upgrade_dict)
+from gpt.checkpoint_contents import BadContents, check_contents, check_weights_fit, stored_step
 from gpt.data import ShardLoader
 from gpt.dist import Runtime, all_reduce_mean, broadcast_object, gather_objects
 from gpt.errors import UserError
@@ -50,6 +52,7 @@ from gpt.step import TrainingDiverged, nonfinite_tensors
 
 CKPT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
 REQUIRED_KEYS = ("model", "optimizer", "config", "step", "loader")
+SCHEMA_KEY = "config_schema"  # config.SCHEMA_VERSION of the "config" entry; absent before it
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -120,17 +123,31 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu",
     return ckpt
 
 
-def model_weights(ckpt: Any, path: str | os.PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """The model's config and weights in a loaded checkpoint (all that evaluating, sampling
-    and exporting read), or a one-line error naming the file."""
+def saved_config(ckpt: Any, path: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint's config as a dict in today's sections (config.upgrade_dict, told the
+    schema it was written with), or a one-line error naming the file."""
     try:
-        model_cfg = from_dict(ckpt["config"]).model
+        return upgrade_dict(ckpt["config"], ckpt.get(SCHEMA_KEY))
     except (ConfigError, TypeError, AttributeError, KeyError) as e:
+        raise CheckpointError(f"{path}: its config cannot be read ({e})") from None
+
+
+def model_weights(ckpt: Any, path: str | os.PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The model's config and weights in a loaded checkpoint, checked against each other,
+    or a one-line error naming the file. Every reader comes here (resume, generate,
+    evaluate, export), so none builds a model the weights do not fit."""
+    try:
+        model_cfg = ModelConfig(**saved_config(ckpt, path)["model"])
+    except TypeError as e:
         raise CheckpointError(f"{path}: its config cannot be read ({e})") from None
     weights = ckpt.get("model")
     if not isinstance(weights, dict) or not all(isinstance(k, str) and torch.is_tensor(v)
                                                 for k, v in weights.items()):
         raise CheckpointError(f"{path}: 'model' is not a dict of tensors")
+    try:
+        check_weights_fit(model_cfg, weights)
+    except BadContents as e:
+        raise CheckpointError(f"{path}: {e}") from None
     return model_cfg, weights
 
 
@@ -393,7 +410,8 @@ class Checkpointer:
             if is_best:
                 loop.update(best_val_loss=s.last_val, best_checkpoint=path.name)
             state = {"model": model_sd, "optimizer": optim_sd, "scaler": parts.scaler.state_dict(),
-                     "loader": loaders, "rng": rngs, "config": to_dict(parts.config), **loop}
+                     "loader": loaders, "rng": rngs, "config": to_dict(parts.config),
+                     SCHEMA_KEY: SCHEMA_VERSION, **loop}
             try:
                 save_atomic(state, path)
             except CheckpointError as e:
@@ -442,10 +460,7 @@ class Checkpointer:
 
 def check_resume_config(ckpt: dict[str, Any], cfg: Config, path: Path) -> list[str]:
     """Refuse a checkpoint of another model; return notes on other settings that changed."""
-    try:
-        saved = upgrade_dict(ckpt["config"])
-    except ConfigError as e:
-        raise CheckpointError(f"{path}: the checkpoint's config cannot be read here: {e}") from None
+    saved = saved_config(ckpt, path)
     current = to_dict(cfg)
     diffs = model_differences(saved["model"], current["model"])
     if diffs:

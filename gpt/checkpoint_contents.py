@@ -47,6 +47,35 @@ def stored_step(ckpt: Any) -> int:
     return step
 
 
+def check_weights_fit(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> None:
+    """The weights' names and shapes are those of cfg's model (a rotary one has no
+    position embedding, an untied head a weight of its own), and a tied head is the
+    embedding; a tied head may be listed once. What weights cannot show (--relu2,
+    --qk-norm, --logit-softcap) the config schema's version guards (config.upgrade_dict)."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in GPT(cfg).state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in weights.items()}
+    if not cfg.untied_head and "lm_head.weight" not in got:
+        got["lm_head.weight"] = expected.get("lm_head.weight")  # type: ignore[assignment]
+    if got != expected:
+        missing = sorted(set(expected) - set(got))
+        extra = sorted(set(got) - set(expected))
+        shapes = [f"{k} {got[k]} (the config's model: {expected[k]})"
+                  for k in sorted(set(got) & set(expected)) if got[k] != expected[k]]
+        what = "; ".join(p for p in (
+            f"missing {', '.join(missing[:3])}" if missing else "",
+            f"unexpected {', '.join(extra[:3])}" if extra else "",
+            f"shapes {', '.join(shapes[:2])}" if shapes else "") if p)
+        raise BadContents(f"its weights do not fit the model its config describes ({what}): "
+                          f"the config or the weights were changed")
+    head, wte = weights.get("lm_head.weight"), weights.get("transformer.wte.weight")
+    if (not cfg.untied_head and head is not None and wte is not None
+            and head.data_ptr() != wte.data_ptr() and not torch.equal(head, wte)):
+        raise BadContents("its head (lm_head.weight) is not its token embedding, but its "
+                          "config ties them (untied_head is off): the config lost "
+                          "--untied-head, or the weights were changed")
+
+
 def check_contents(ckpt: dict[str, Any], model_cfg: ModelConfig) -> None:
     """Types and shapes of everything a resume reads, a step its data position allows, and
     finite weights and optimizer state, so a wrong file is a one-line error."""

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import math
 import sys
 import typing
 from dataclasses import fields
@@ -47,7 +48,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def parse_args(self, args: typing.Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
-        argv = list(sys.argv[1:] if args is None else args)
+        argv = self._glue_flag_values(list(sys.argv[1:] if args is None else args))
         flags = self._all_flags(argv)
         # An unknown flag first: a typo is usually why a required one then looks missing.
         for token in argv[: argv.index("--") if "--" in argv else len(argv)]:
@@ -59,17 +60,41 @@ class OneLineParser(argparse.ArgumentParser):
             self.error(f"unrecognized argument {unknown[0]!r}")
         return parsed
 
-    def _all_flags(self, argv: list[str]) -> list[str]:
-        """Every option string: this parser's, and those of the subcommand named in argv
-        (of every subcommand, if none is named yet)."""
-        flags = [o for a in self._actions for o in a.option_strings]
+    def _glue_flag_values(self, argv: list[str]) -> list[str]:
+        """`--opt VALUE` as `--opt=VALUE` for the options marked by takes_flags(): argparse
+        would take a VALUE such as "--no-compile" for a flag of its own."""
+        marked = {o for a in self._every_action(argv) if getattr(a, "takes_flags", False)
+                  for o in a.option_strings}
+        out: list[str] = []
+        tokens = iter(argv)
+        for token in tokens:
+            value = next(tokens, None) if token in marked else None
+            out.append(token if value is None else f"{token}={value}")
+        return out
+
+    def _every_action(self, argv: list[str]) -> list[argparse.Action]:
+        """This parser's actions, and those of the subcommand named in argv (of every
+        subcommand, if none is named yet)."""
+        actions = list(self._actions)
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
                 named = next((a for a in argv if a in action.choices), None)
                 subs = [action.choices[named]] if named else action.choices.values()
                 for sub in subs:
-                    flags += [o for a in sub._actions for o in a.option_strings]
-        return flags
+                    actions += sub._actions
+        return actions
+
+    def _all_flags(self, argv: list[str]) -> list[str]:
+        """Every option string: this parser's, and those of the subcommand named in argv
+        (of every subcommand, if none is named yet)."""
+        return [o for a in self._every_action(argv) for o in a.option_strings]
+
+
+def takes_flags(action: argparse.Action) -> argparse.Action:
+    """Mark an option whose value is itself a string of flags (e.g. '--no-compile'), so
+    that `--opt '--no-compile'` parses as `--opt=--no-compile` does."""
+    action.takes_flags = True  # type: ignore[attr-defined]
+    return action
 
 
 def check_at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace,
@@ -79,6 +104,28 @@ def check_at_least_one(parser: argparse.ArgumentParser, args: argparse.Namespace
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def finite_float(low: float | None = None, high: float | None = None,
+                 above: bool = False) -> typing.Callable[[str], float]:
+    """An argparse type for a float flag: a finite number in [low, high] ((low, high] if
+    `above`), else argparse's one-line error naming the flag. Python's float() takes
+    "nan" and "inf", and neither is ever a setting."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number")
+        if low is not None and (value <= low if above else value < low):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {'>' if above else '>='} {low:g}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be at most {high:g}")
+        return value
+
+    parse.__name__ = "float"  # argparse's metavar and messages name the type
+    return parse
 
 
 def suggest(name: str, options: typing.Iterable[str]) -> str:

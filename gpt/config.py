@@ -26,8 +26,19 @@ class ConfigError(UserError, ValueError):
     exit_code = 2  # argparse's status for a bad command line
 
 
-def _opt(default: Any, help: str, choices: tuple[Any, ...] | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
+# The config schema's version, written with every checkpoint (gpt/checkpoint.py). It tells
+# a field that a saved config lacks because it did not exist yet (it takes its default:
+# what the code did before) from one that was removed from a config that had it (an
+# error: read with its default, a --relu2 model would load as a GELU one). Adding a field
+# raises it, and the field's `since` says from which version on configs hold it.
+SCHEMA_VERSION = 1
+
+
+def _opt(default: Any, help: str, choices: tuple[Any, ...] | None = None,
+         since: int = 1) -> Any:
+    """A config field: its default, its help (the flag's), its allowed values, and the
+    SCHEMA_VERSION from which every saved config holds it."""
+    return field(default=default, metadata={"help": help, "choices": choices, "since": since})
 
 
 @dataclass(frozen=True)
@@ -349,29 +360,51 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def upgrade_dict(d: dict[str, Any]) -> dict[str, Any]:
+def upgrade_dict(d: dict[str, Any], schema: int | None = None) -> dict[str, Any]:
     """A saved config dict in today's sections: fields that an older layout kept under
     "train" move to their own section, and fields added since it was saved take their
     defaults (a new option's default is what the code did before it existed). Unknown
-    sections or fields are an error."""
+    sections or fields are an error, and so is a value outside its field's choices.
+
+    `schema` is the SCHEMA_VERSION the config was written with (None: written before
+    versions were, when nothing can tell a removed field from a newer one). A field that
+    version always wrote, missing, is an error: the config would describe another model."""
     unknown = set(d) - {"preset", *SECTIONS}
     if unknown:
         raise ConfigError(f"unknown config sections: {', '.join(sorted(unknown))}")
+    if schema is not None and (isinstance(schema, bool) or not isinstance(schema, int)
+                               or not 1 <= schema <= SCHEMA_VERSION):
+        raise ConfigError(f"config schema {schema!r}: this trainer reads versions 1 to "
+                          f"{SCHEMA_VERSION} (a newer trainer wrote it?)")
     out: dict[str, Any] = {"preset": d.get("preset", Config.preset)}
     out.update({name: dataclasses.asdict(cls()) for name, cls in SECTIONS.items()})
+    given: set[str] = set()
     for section in SECTIONS:
         values = d.get(section, {})
         extra = set(values) - section_names(section)
         if extra:
             raise ConfigError(f"unknown [{section}] config fields: {', '.join(sorted(extra))}")
         for name, value in values.items():
+            choices = field_index()[name][1].metadata.get("choices")
+            if choices and value not in choices:
+                raise ConfigError(f"{name} = {value!r} is not one of {', '.join(choices)}")
             out[field_index()[name][0]][name] = value
+            given.add(name)
+    if schema is not None:
+        lost = [name for name, (_, f) in field_index().items()
+                if f.metadata["since"] <= schema and name not in given]
+        if lost:
+            raise ConfigError(
+                f"its config lacks {', '.join(lost)}, which every config of schema {schema} "
+                f"holds: the file was edited or damaged, and with the defaults it would be "
+                f"read as another model")
     return out
 
 
-def from_dict(d: dict[str, Any]) -> Config:
-    """Inverse of to_dict (e.g. a checkpoint's saved config, in any earlier layout)."""
-    d = upgrade_dict(d)
+def from_dict(d: dict[str, Any], schema: int | None = None) -> Config:
+    """Inverse of to_dict (e.g. a checkpoint's saved config, in any earlier layout; see
+    upgrade_dict for `schema`)."""
+    d = upgrade_dict(d, schema)
     return Config(preset=d["preset"], **{name: cls(**d[name]) for name, cls in SECTIONS.items()})
 
 

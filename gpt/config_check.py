@@ -14,6 +14,14 @@ from gpt.config import SECTIONS, Config, ConfigError, field_index, flag, model_p
 MAX_LR = 1.0  # see validate()
 MAX_DIST_TIMEOUT = 7 * 24 * 3600.0  # seconds: no collective should wait longer than a week
 MAX_SAMPLES, MAX_SAMPLE_TOKENS = 64, 4096
+# Tokens of one micro-batch (--batch-size x --seq-len): 2**31 already needs terabytes of
+# logits; beyond it torch's 32-bit index arithmetic and the planner's shapes overflow.
+MAX_MICRO_TOKENS = 2**31
+MAX_STEP_TOKENS = 2**40  # --total-batch-tokens: a thousand times GPT-3's 3.2M-token batch
+# A soft cap C bounds the logits to +-C: below 1 every softmax is nearly uniform and the
+# gradient vanishes (1e-40 trained with gradient norm 0). The speedrun's is 15.
+MIN_SOFTCAP = 1.0
+MIN_EPS, MAX_EPS = 1e-30, 1.0  # AdamW divides by sqrt(v) + eps: 0 in fp32 gives 0/0
 
 
 def resolve(values: dict[str, Any]) -> Config:
@@ -54,13 +62,22 @@ def validate(cfg: Config) -> None:
         _check(getattr(o, name) >= 0 and math.isfinite(getattr(o, name)),
                f"{flag(name)} {getattr(o, name)}: must be a finite number >= 0")
     _check(o.muon_momentum < 1, f"--muon-momentum {o.muon_momentum}: must be below 1")
+    # Muon's update has about unit spectral norm whatever the gradient: its rate is a step
+    # size, and the speedrun's is 0.02-0.05
+    _check(o.muon_lr <= MAX_LR, f"--muon-lr must be <= {MAX_LR}, got {o.muon_lr} (the speedrun "
+           f"used 0.05)")
+    _check(o.muon_lr * o.muon_weight_decay < 1,
+           f"--muon-weight-decay {o.muon_weight_decay} x --muon-lr {o.muon_lr} must be < 1 "
+           f"(each step multiplies the weights by 1 - lr x weight decay)")
     _check(o.muon_momentum_warmup >= 0,
            f"--muon-momentum-warmup {o.muon_momentum_warmup}: must be >= 0")
     _check(not m.rotary or (m.n_embd // max(m.n_head, 1)) % 2 == 0,
            f"--rotary rotates channel pairs: the head size --n-embd {m.n_embd} / --n-head "
            f"{m.n_head} must be even")
-    _check(m.logit_softcap >= 0 and math.isfinite(m.logit_softcap),
-           f"--logit-softcap {m.logit_softcap}: must be 0 (off) or a positive cap")
+    _check(m.logit_softcap == 0 or MIN_SOFTCAP <= m.logit_softcap < math.inf,
+           f"--logit-softcap {m.logit_softcap}: must be 0 (off) or a cap of at least "
+           f"{MIN_SOFTCAP:g} (logits are bounded to +-cap: below 1 the softmax is nearly "
+           f"uniform and nothing is learned; the speedrun uses 15)")
     _check(0.0 <= m.dropout < 1.0, f"--dropout must be in [0, 1), got {m.dropout}")
     for name in ("attn_window", "attn_window_final"):
         _check(0 <= getattr(m, name) <= m.block_size,
@@ -73,6 +90,12 @@ def validate(cfg: Config) -> None:
            f">= 2, got {m.n_layer}")
     for name in ("batch_size", "seq_len", "total_batch_tokens"):
         _check(getattr(d, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(d, name)}")
+    _check(d.batch_size * d.seq_len <= MAX_MICRO_TOKENS,
+           f"--batch-size {d.batch_size} x --seq-len {d.seq_len} = {d.batch_size * d.seq_len} "
+           f"tokens per micro-batch: must be at most 2**31 (GPT-2 124M used 64 x 1024)")
+    _check(d.total_batch_tokens <= MAX_STEP_TOKENS,
+           f"--total-batch-tokens must be at most 2**40, got {d.total_batch_tokens} (GPT-2 "
+           f"124M used 524288)")
     _check(
         d.seq_len <= m.block_size,
         f"--seq-len {d.seq_len} exceeds the model's --block-size {m.block_size}",
@@ -90,7 +113,8 @@ def validate(cfg: Config) -> None:
            f"must be < 1 (each step multiplies the weights by 1 - lr x weight decay)")
     for name in ("beta1", "beta2"):
         _check(0.0 <= getattr(o, name) < 1.0, f"{flag(name)} must be in [0, 1), got {getattr(o, name)}")
-    _check(o.eps > 0, f"--eps must be > 0, got {o.eps}")
+    _check(MIN_EPS <= o.eps <= MAX_EPS, f"--eps must be a finite number in [{MIN_EPS:g}, {MAX_EPS:g}], got "
+           f"{o.eps} (AdamW divides by sqrt(v) + eps; GPT-2 used 1e-8)")
     _check(o.grad_clip >= 0, f"--grad-clip must be >= 0 (0 disables), got {o.grad_clip}")
     _check(t.max_steps >= 1, f"--max-steps must be >= 1, got {t.max_steps}")
     _check(t.log_every >= 1, f"--log-every must be >= 1, got {t.log_every}")

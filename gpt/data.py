@@ -83,6 +83,21 @@ def windows_passed(state: dict) -> int:
     return state["epoch"] * per_pass + state["step"] * state["world_size"]
 
 
+def steps_per_pass(folder: str | os.PathLike, split: str, num_tokens: int, batch_size: int,
+                   seq_len: int, world_size: int) -> int:
+    """Steps one pass over a split of num_tokens serves (see the module docstring), or a
+    DataError if not even one: the loader's rule, which the dry run applies as well."""
+    per_step = batch_size * seq_len * world_size
+    steps = (num_tokens - 1) // per_step
+    if steps <= 0:
+        raise DataError(
+            f"{folder}: split {split!r} has {num_tokens} tokens but one step needs "
+            f"batch_size*seq_len*world_size+1 = {per_step + 1}; use a smaller "
+            f"--batch-size/--seq-len or more data"
+        )
+    return steps
+
+
 class ShardLoader:
     """Serves (x, y) int64 batches of shape (B, T) from a split's shards.
 
@@ -128,14 +143,8 @@ class ShardLoader:
         else:
             self._counts = [read_shard(p, vocab_size).size for p in self._paths]
         self._num_tokens = sum(self._counts)
-        per_step = self._B * self._T * self._world_size
-        self._steps_per_pass = (self._num_tokens - 1) // per_step
-        if self._steps_per_pass <= 0:
-            raise DataError(
-                f"{self._folder}: split {split!r} has {self._num_tokens} tokens but one "
-                f"step needs batch_size*seq_len*world_size+1 = {per_step + 1}; "
-                f"use a smaller batch_size/seq_len or more data"
-            )
+        self._steps_per_pass = steps_per_pass(self._folder, split, self._num_tokens, self._B,
+                                              self._T, self._world_size)
         self._open: dict[int, Shard] = {}  # shard index -> open shard, opened on first read
         self._layout_epoch = -1
         self._order = np.zeros(0, dtype=np.int64)

@@ -176,6 +176,17 @@ def restart_store_warning(env: Mapping[str, str]) -> str | None:
     return None
 
 
+def planned_runtime(requested_device: str = "auto") -> Runtime:
+    """This process's Runtime as init_runtime will make it (rank, world size, device), but
+    with no process group started: what the checks before any rendezvous (gpt/preflight.py,
+    the dry run) look at. A broken launch environment is the same ConfigError."""
+    launch = launch_environment(os.environ)
+    if launch is None:
+        return Runtime(device=pick_device(requested_device))
+    return Runtime(device=pick_device(requested_device, launch.local_rank), rank=launch.rank,
+                   local_rank=launch.local_rank, world_size=launch.world_size, distributed=True)
+
+
 def init_runtime(requested_device: str = "auto", timeout_s: float = 600.0) -> Runtime:
     """A plain single process, or one rank of a torchrun job (RANK/LOCAL_RANK/WORLD_SIZE).
 

@@ -12,8 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt.cli import OneLineParser, check_at_least_one
+from gpt.cli import OneLineParser, check_at_least_one, finite_float
 from gpt.errors import UserError
+
+# The logits are divided by the temperature in fp32 (at most 3.4e38): a logit of 1e4 over
+# 1e-35 is inf, and the probabilities NaN. Above 100 a sample is as good as uniform noise.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 100.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: \"Hello, I'm a language model,\")")
     p.add_argument("--max-new-tokens", type=int, default=64,
                    help="tokens generated per sample (default: 64)")
-    p.add_argument("--temperature", type=float, default=1.0,
-                   help="softmax temperature; 0 is greedy decoding (default: 1.0)")
+    p.add_argument("--temperature", type=finite_float(0, MAX_TEMPERATURE), default=1.0,
+                   help=f"softmax temperature, 0 (greedy decoding) or {MIN_TEMPERATURE:g} to "
+                   f"{MAX_TEMPERATURE:g} (default: 1.0)")
     p.add_argument("--top-k", type=int, default=50,
                    help="sample among the k likeliest tokens; 0: all (default: 50)")
     p.add_argument("--num-samples", type=int, default=1,
@@ -56,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_at_least_one(parser, args, ("max_new_tokens", "num_samples"))
-    if args.temperature < 0:
-        parser.error(f"--temperature must be >= 0, got {args.temperature}")
+    if 0 < args.temperature < MIN_TEMPERATURE:
+        parser.error(f"--temperature {args.temperature}: must be 0 (greedy) or at least "
+                     f"{MIN_TEMPERATURE:g} (the logits divided by it overflow below that)")
     if args.top_k < 0:
         parser.error(f"--top-k must be >= 0 (0 keeps every token), got {args.top_k}")
     if not 0 <= args.seed < 2**63:

@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from gpt import preflight
 from gpt.config import Config, ConfigError
 from gpt.dist import Runtime
 
@@ -110,8 +111,10 @@ class MemoryPlan:
 def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryPlan:
     """The predicted peak memory per device of training `cfg` on `world_size` devices of
     `device_type` (cuda, mps or cpu: which autocast dtype "auto" means)."""
-    if world_size < 1:
-        raise ConfigError(f"--world-size {world_size}: must be at least 1")
+    # The trainer's own checks first (gpt/preflight.py): no plan for a run it refuses, and
+    # an absurd model is refused by arithmetic before anything is traced
+    preflight.check_world(cfg, world_size)
+    preflight.check_fits(cfg, world_size, *preflight.most_memory(device_type, CAPACITIES.values()))
     d, t = cfg.data, cfg.train
     dtype = _planned_dtype(t.dtype, device_type)
     # Only whether there is accumulation matters here (the trainer checks the division)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from gpt.cli import OneLineParser
+from gpt.cli import OneLineParser, finite_float
 
 PLOTTED = ("train", "val", "hellaswag")
 MATPLOTLIB_HINT = "pip install matplotlib (or pip install gpt2-trainer[plot])"
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("metrics", nargs="+", help="metrics.jsonl files or run folders (overlaid)")
     p.add_argument("-o", "--output", default=None,
                    help="image file (default: curves.png next to the first metrics file)")
-    p.add_argument("--smooth", type=float, default=0.0,
+    p.add_argument("--smooth", type=finite_float(0, 1), default=0.0,
                    help="EMA factor in [0, 1) for the train loss (default: 0, the raw loss)")
     p.add_argument("--log-loss", action="store_true", help="log scale for the loss")
     p.add_argument("--title", default=None, help="the figure's title (default: none)")

@@ -21,10 +21,9 @@ from gpt.checkpoint import Checkpointer, model_weights
 from gpt.cli import parse_command
 from gpt.compat import old_torch_note
 from gpt.config import Config, to_dict
-from gpt.config_check import grad_accum_steps
 from gpt.data import ShardLoader
-from gpt.dist import (Runtime, all_reduce_mean, init_runtime, is_oom, peer_lost, resolve_dtype,
-                      reuse_freed_memory, set_matmul_precision, shutdown)
+from gpt.dist import (Runtime, all_reduce_mean, init_runtime, is_oom, peer_lost, planned_runtime,
+                      resolve_dtype, reuse_freed_memory, set_matmul_precision, shutdown)
 from gpt.errors import UserError
 from gpt.validation import val_loss
 from gpt.sampling import sample
@@ -33,6 +32,7 @@ from gpt.metrics import (Progress, StepTimer, check_tracking, close_trackers, fl
 from gpt.attention_mask import set_attention_step
 from gpt.model import GPT
 from gpt.optim import lr_at
+from gpt.preflight import check_data, check_start
 from gpt.profiling import Profiler
 from gpt.run import Run
 from gpt.run_record import open_log, run_peak
@@ -103,9 +103,7 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
     t, e = cfg.train, cfg.eval
     if runtime.is_master and (note := old_torch_note()):
         print(note)
-    parallel.check_mode(t.parallel, runtime)
-    accum = grad_accum_steps(cfg.data.total_batch_tokens, cfg.data.batch_size, cfg.data.seq_len,
-                             runtime.world_size)
+    accum = check_start(cfg, runtime)  # the dry run's and the memory planner's checks too
     autocast_dtype = resolve_dtype(t.dtype, runtime.device)
     seed_everything(t.seed)
     set_matmul_precision(runtime, t.tf32)
@@ -393,6 +391,11 @@ def train(cfg: Config) -> dict[str, Any]:
     """Run training as configured (one process, or one rank under torchrun)."""
     check_tracking(cfg.train.tensorboard, cfg.train.wandb_project)
     cfg = weights.with_pretrained_shape(cfg)
+    # Before the ranks meet, as the dry run does: a refusal is one line, not a rendezvous
+    # that waits for --dist-timeout
+    planned = planned_runtime(cfg.train.device)
+    check_start(cfg, planned)
+    check_data(cfg, planned.world_size)
     runtime = init_runtime(cfg.train.device, cfg.train.dist_timeout)
     if runtime.device_type == "cpu" and cfg.train.cpu_malloc_reuse:
         reuse_freed_memory()

@@ -336,7 +336,7 @@ def test_cli_bad_choices(capsys: pytest.CaptureFixture[str]) -> None:
         (["--weight-decay", "-0.1"], "--weight-decay must be >= 0, got -0.1"),
         (["--beta1", "-0.5"], "--beta1 must be in [0, 1), got -0.5"),
         (["--beta2", "1.0"], "--beta2 must be in [0, 1), got 1.0"),
-        (["--eps", "0"], "--eps must be > 0, got 0.0"),
+        (["--eps", "0"], "--eps must be a finite number in [1e-30, 1], got 0.0"),
         (["--dropout", "1.0"], "--dropout must be in [0, 1), got 1.0"),
         (["--grad-clip", "-1"], "--grad-clip must be >= 0 (0 disables), got -1.0"),
         (["--max-steps", "0"], "--max-steps must be >= 1, got 0"),

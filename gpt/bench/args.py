@@ -11,6 +11,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from gpt.cli import finite_float
+
 
 @dataclass(frozen=True)
 class DeviceDefault:
@@ -52,7 +54,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--out", default="runs/bench", help="folder for <name>.json and <name>.md")
     g.add_argument("--name", default=None,
                    help="file stem of the outputs (default: <subcommand>_<device>_<time>)")
-    g.add_argument("--peak-tflops", type=float, default=None,
+    g.add_argument("--peak-tflops", type=finite_float(0, above=True), default=None,
                    help="the device's bf16 dense peak in TFLOP/s for MFU (default: looked up "
                         "from the device name; unknown on CPU)")
     g.add_argument("--seed", type=int, default=0, help="seed for weights and random inputs")

@@ -32,6 +32,7 @@ from gpt.bench.args import standalone_parser
 from gpt.bench.record import header, write_json
 from gpt.bench.report import machine
 from gpt.bench.tables import col, fmt, text_table
+from gpt.cli import finite_float
 from gpt.config import PRESETS, model_preset
 from gpt.dist import Runtime, autocast, init_runtime, shutdown, synchronize
 from gpt.errors import UserError
@@ -149,7 +150,8 @@ def format_table(result: dict[str, Any]) -> str:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = standalone_parser(sub, "comm", __doc__, run)
     p.add_argument("what", choices=("allreduce", "ddp"))
-    p.add_argument("--sizes-mb", type=float, nargs="+", default=list(SIZES_MB),
+    p.add_argument("--sizes-mb", type=finite_float(0, above=True), nargs="+",
+                   default=list(SIZES_MB),
                    help="allreduce: message sizes in MB (default: 1 MB to 1 GB)")
     p.add_argument("--model", default=None, choices=list(PRESETS),
                    help="ddp: model preset (default gpt2 on CUDA, tiny on CPU)")

@@ -54,6 +54,7 @@ from gpt.bench.record import command_line, git_commit, now, write_json, write_te
 from gpt.bench.report import machine
 from gpt.bench.runs import run_group
 from gpt.dist import device_name
+from gpt.cli import finite_float
 from gpt.errors import UserError
 from gpt.metrics import peak_tflops
 from gpt.shards import write_shard
@@ -259,7 +260,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="with --plan: the plan as one JSON object")
     p.add_argument("--out", help="folder for gpu_stage<N>.json, .md and .log ($OUT)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU: checks the plumbing")
-    p.add_argument("--budget", type=float, default=float(STAGE_BUDGET_S),
+    p.add_argument("--budget", type=finite_float(0, above=True), default=float(STAGE_BUDGET_S),
                    help=f"seconds for the stage's cells; those that would not fit are skipped "
                         f"(default {STAGE_BUDGET_S}: a 10-minute call less its own start and report)")
     p.add_argument("--only", nargs="+", metavar="CELL", help="run only these cells of the stage")

@@ -57,6 +57,7 @@ from gpt.bench.args import standalone_parser
 from gpt.bench.record import REPO, header, write_json
 from gpt.bench.runs import rotated
 from gpt.bench.tables import Column, col, fmt, fmt_x, md_table
+from gpt.cli import finite_float
 from gpt.errors import UserError
 from gpt.prepare import PrepareConfig, available_cpus, prepare
 from gpt.shards import read_shard
@@ -246,11 +247,11 @@ def environment() -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mb", type=float, default=30.0, help="input size per kind in MB (default 30)")
+    p.add_argument("--mb", type=finite_float(0, above=True), default=30.0, help="input size per kind in MB (default 30)")
     p.add_argument("--workers", type=int, default=2, help="worker processes for both methods (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="runs per method and input (default 3)")
     p.add_argument("--inputs", nargs="+", choices=INPUTS, default=list(INPUTS))
-    p.add_argument("--scale", type=float, default=3.0,
+    p.add_argument("--scale", type=finite_float(0), default=3.0,
                    help="memory check: one more run of each method on the first input made this "
                         "many times larger (default 3; 0 skips it)")
     p.add_argument("--out", default=None,

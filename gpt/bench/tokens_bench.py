@@ -40,6 +40,8 @@ from gpt.bench.record import write_outputs
 from gpt.bench.runs import read_metrics, run_fineweb, run_trainer
 from gpt.bench.tables import Column, col, fmt, md_table
 from gpt.bench.recipes import GPT2_WARMUP, MOMENTUM_WARMUP, NEW_PARTS, PARTS, to_flags
+from gpt.cli import finite_float, takes_flags
+from gpt.errors import UserError
 
 # The GPT-2 recipe is the trainer's defaults. The new recipe, on top of them (its parts
 # and warm-ups are gpt/bench/recipes.py's):
@@ -64,17 +66,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=120, help="the full budget, in steps")
     p.add_argument("--val-every", type=int, default=10)
     p.add_argument("--val-steps", type=int, default=16)
-    p.add_argument("--baseline-lrs", type=float, nargs="+", default=[1.5e-3, 3e-3, 6e-3])
-    p.add_argument("--new-max-lr", type=float, default=6e-3,
+    lr = finite_float(0, 1, above=True)  # a learning rate: (0, 1], as the trainer's --max-lr
+    p.add_argument("--baseline-lrs", type=lr, nargs="+", default=[1.5e-3, 3e-3, 6e-3])
+    p.add_argument("--new-max-lr", type=lr, default=6e-3,
                    help="the new recipe's AdamW learning rate at scale 1")
-    p.add_argument("--new-muon-lr", type=float, default=0.02,
+    p.add_argument("--new-muon-lr", type=lr, default=0.02,
                    help="the new recipe's Muon learning rate at scale 1")
-    p.add_argument("--new-lr-scales", type=float, nargs="+", default=[0.5, 1.0, 2.0])
-    p.add_argument("--new-budgets", type=float, nargs="+", default=[0.25, 0.375, 0.5, 0.75])
+    p.add_argument("--new-lr-scales", type=finite_float(0, 100, above=True), nargs="+",
+                   default=[0.5, 1.0, 2.0])
+    p.add_argument("--new-budgets", type=finite_float(0, 1, above=True), nargs="+",
+                   default=[0.25, 0.375, 0.5, 0.75])
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--trainer-flags", default="",
-                   help="more train_gpt2.py flags for every run, in one string (e.g. '--no-compile')")
+    takes_flags(p.add_argument(
+        "--trainer-flags", default="",
+        help="more train_gpt2.py flags for every run, in one string (e.g. '--no-compile')"))
     p.set_defaults(standalone=run)
 
 
@@ -190,9 +196,12 @@ def prepare_corpus(corpus: Path, data_dir: Path) -> None:
     """Every .txt file under corpus is a document; shuffled (seed 0), so that the val split
     (the first 250,000 tokens) is not one topic, then sharded by fineweb.py."""
     files = sorted(corpus.rglob("*.txt"))
-    if not files:
-        raise SystemExit(f"error: --corpus {corpus}: no .txt files there")
-    docs = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+    docs = [d for d in (f.read_text(encoding="utf-8", errors="replace") for f in files)
+            if d.strip()]
+    if not docs:
+        raise UserError(f"--corpus {corpus}: no .txt file there holds any text "
+                        f"({len(files)} file(s) found); add text files, or pass shards as "
+                        f"--data-dir alone")
     random.Random(0).shuffle(docs)
     with tempfile.TemporaryDirectory(prefix="tokens_corpus_") as tmp:
         jsonl = Path(tmp) / "corpus.jsonl"
