@@ -1,28 +1,15 @@
-"""`tokens`: how many training tokens each recipe needs to reach the same validation loss.
+"""The pieces of `tokens` that gpt/bench/tokens_search.py (the measurement itself) builds
+on: its flags (the model, the budget, the learning-rate sweeps, --corpus), the trainer's
+flags of one run, where a validation curve reaches a target and the tokens to a target
+from whole runs at several budgets, the corpus prepared into shards, and the plot of the
+best curves.
 
-    python -m gpt.bench tokens --data-dir data/pydoc --out benchmarks/tokens_cpu
+    python -m gpt.bench tokens --data-dir data/pydoc --out benchmarks/tokens
 
-Trains the GPT-2 recipe (learned positions, LayerNorm, GELU, tied head, AdamW, warm-up
-and cosine) and the speedrun-era recipe (rotary, RMSNorm, QK-norm, ReLU^2, an untied
-zero-initialised head, soft-capped logits, Muon + AdamW, a trapezoid schedule with
-Muon's momentum warm-up) at the same model size, on the same token stream (the same
-data folder and seed: the same batches in the same order), each through train_gpt2.py.
-
-1. A learning-rate sweep per recipe at the full budget (--steps): the GPT-2 recipe over
-   --baseline-lrs (its --max-lr), the new one over --new-lr-scales (x its --max-lr and
-   --muon-lr together). The best GPT-2 run's final validation loss is the target.
-2. The new recipe at its best learning rate, with whole schedules over fewer tokens
-   (--new-budgets, fractions of the full budget): the fewest tokens whose run ends at or
-   below the target (interpolated between the two budgets around it) are its tokens to
-   the target. A schedule that ends there is how a recipe is used; reading the crossing
-   off a longer run's curve (also reported) catches it before its learning rate decays.
-
-tokens_ratio = the GPT-2 recipe's tokens to its final validation loss / the new recipe's
-tokens to that same loss. The JSON keeps every run's validation curve, the command, the
-device, torch and the commit; a markdown summary and (with matplotlib) a plot of both
-best curves go beside it. Validation uses the same --val-steps batches of the val split
-at every evaluation. Use a corpus whose train split exceeds the full budget, so that no
-run sees a token twice.
+Both recipes train at the same model size on the same token stream (the same data folder
+and seed: the same batches in the same order), each through train_gpt2.py; the recipes'
+parts are gpt/bench/recipes.py's. Use a corpus whose train split exceeds the full budget,
+so that no run sees a token twice.
 """
 
 from __future__ import annotations
@@ -31,22 +18,13 @@ import argparse
 import json
 import random
 import shlex
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpt.bench.record import write_outputs
-from gpt.bench.runs import read_metrics, run_fineweb, run_trainer
-from gpt.bench.tables import Column, col, fmt, md_table
-from gpt.bench.recipes import GPT2_WARMUP, MOMENTUM_WARMUP, NEW_PARTS, PARTS, to_flags
+from gpt.bench.runs import run_fineweb
 from gpt.cli import finite_float, takes_flags
 from gpt.errors import UserError
-
-# The GPT-2 recipe is the trainer's defaults. The new recipe, on top of them (its parts
-# and warm-ups are gpt/bench/recipes.py's):
-NEW_RECIPE = [*to_flags({k: v for p in NEW_PARTS for k, v in PARTS[p].items()}),
-              "--warmup-steps", "0"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -81,7 +59,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     takes_flags(p.add_argument(
         "--trainer-flags", default="",
         help="more train_gpt2.py flags for every run, in one string (e.g. '--no-compile')"))
-    p.set_defaults(standalone=run)
 
 
 def trainer_flags(args: argparse.Namespace, steps: int) -> list[str]:
@@ -93,30 +70,6 @@ def trainer_flags(args: argparse.Namespace, steps: int) -> list[str]:
             "--sample-every", "0", "--no-save-checkpoints", "--log-every", str(args.val_every),
             "--data-dir", args.data_dir, "--device", args.device, "--seed", str(args.seed),
             *shlex.split(args.trainer_flags)]
-
-
-def recipe_flags(recipe: str, steps: int, lr: float, args: argparse.Namespace) -> list[str]:
-    if recipe == "gpt2":
-        return ["--max-lr", str(lr), "--warmup-steps", str(max(1, round(GPT2_WARMUP * steps)))]
-    return [*NEW_RECIPE, "--max-lr", str(args.new_max_lr * lr),
-            "--muon-lr", str(args.new_muon_lr * lr),
-            "--muon-momentum-warmup", str(round(MOMENTUM_WARMUP * steps))]
-
-
-def train(recipe: str, steps: int, lr: float, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """One run through train_gpt2.py: its validation curve (tokens, loss)."""
-    out = work / f"{recipe}-lr{lr:g}-steps{steps}"
-    flags = [*trainer_flags(args, steps), *recipe_flags(recipe, steps, lr, args),
-             "--out-dir", str(out)]
-    seconds = run_trainer(flags, f"the {recipe} recipe's run at lr {lr:g} ({steps} steps)")
-    curve = [[r["step"] * args.total_batch_tokens, r["val_loss"]] for r in read_metrics(out, "val")]
-    run = {"recipe": recipe, "lr": lr, "steps": steps, "tokens": steps * args.total_batch_tokens,
-           "curve": curve, "final_val_loss": curve[-1][1], "seconds": round(seconds, 1),
-           "flags": flags}
-    what = f"--max-lr {lr:g}" if recipe == "gpt2" else f"lr scale x{lr:g}"
-    print(f"{recipe:5s} {what:17s} {steps:4d} steps: final val {run['final_val_loss']:.4f} "
-          f"({seconds:.0f} s)", flush=True)
-    return run
 
 
 def crossing(curve: list[list[float]], target: float) -> float | None:
@@ -141,57 +94,6 @@ def tokens_to_target(runs: list[dict[str, Any]], target: float) -> tuple[float |
     return None, "no budget reached the target"
 
 
-def run(args: argparse.Namespace) -> int:
-    from gpt.bench.report import run_info
-    from gpt.dist import pick_device
-    from gpt.shards import find_shards, shard_num_tokens
-
-    device = pick_device(args.device)  # a device this machine lacks: one line, before any run
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.corpus and not (Path(args.data_dir) / "metadata.json").exists():
-        prepare_corpus(Path(args.corpus), Path(args.data_dir))
-    train_tokens = sum(shard_num_tokens(p) for p in find_shards(args.data_dir, "train"))
-    full = args.steps * args.total_batch_tokens
-    if full > train_tokens:
-        print(f"warning: --steps {args.steps} x {args.total_batch_tokens} tokens = {full:,} is "
-              f"more than the {train_tokens:,} train tokens: runs repeat data", file=sys.stderr)
-    runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="tokens_bench_") as tmp:
-        work = Path(tmp)
-        base = [train("gpt2", args.steps, lr, args, work) for lr in args.baseline_lrs]
-        new = [train("new", args.steps, s, args, work) for s in args.new_lr_scales]
-        best_base = min(base, key=lambda r: r["final_val_loss"])
-        best_new = min(new, key=lambda r: r["final_val_loss"])
-        target = best_base["final_val_loss"]
-        budgets = [max(1, round(f * args.steps)) for f in sorted(args.new_budgets)]
-        short = [train("new", b, best_new["lr"], args, work) for b in budgets if b < args.steps]
-        runs = [*base, *new, *short]
-    at_best = [r for r in runs if r["recipe"] == "new" and r["lr"] == best_new["lr"]]
-    new_tokens, how = tokens_to_target(at_best, target)
-    base_tokens = best_base["tokens"]
-    report = {
-        **run_info("tokens", device, args.argv), "data_dir": args.data_dir, "train_tokens": train_tokens,
-        "model": {"preset": args.model, "n_layer": args.n_layer, "n_head": args.n_head,
-                  "n_embd": args.n_embd, "seq_len": args.seq_len},
-        "tokens_per_step": args.total_batch_tokens, "full_budget_tokens": full,
-        "new_recipe_flags": NEW_RECIPE,
-        "target_val_loss": target, "baseline_best_lr": best_base["lr"],
-        "baseline_tokens": base_tokens, "new_best_lr_scale": best_new["lr"],
-        "new_final_val_loss_full_budget": best_new["final_val_loss"],
-        "new_tokens_to_target": new_tokens, "new_tokens_how": how,
-        "new_tokens_to_target_on_full_curve": crossing(best_new["curve"], target),
-        "tokens_ratio": base_tokens / new_tokens if new_tokens else None,
-        "runs": runs,
-    }
-    markdown = summary(report)
-    write_outputs(out, "tokens", report, markdown)
-    plotted = plot(best_base, best_new, target, out / "tokens.png")
-    print(markdown)
-    print(f"wrote {out}/tokens.json, tokens.md{', tokens.png' if plotted else ''}")
-    return 0
-
-
 def prepare_corpus(corpus: Path, data_dir: Path) -> None:
     """Every .txt file under corpus is a document; shuffled (seed 0), so that the val split
     (the first 250,000 tokens) is not one topic, then sharded by fineweb.py."""
@@ -208,27 +110,6 @@ def prepare_corpus(corpus: Path, data_dir: Path) -> None:
         jsonl.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
         run_fineweb(["--source", str(jsonl), "--out", str(data_dir), "--val-tokens", "250000",
                      "--shard-tokens", "500000", "--quiet"], f"preparing --corpus {corpus}")
-
-
-RUN_COLUMNS = [
-    col("recipe", "recipe", align="left"),
-    Column("learning rate", lambda run: f"{'' if run['recipe'] == 'gpt2' else 'x'}{run['lr']:g}"),
-    col("tokens", "tokens", fmt(",")),
-    col("final val loss", "final_val_loss", fmt(".4f")),
-    col("seconds", "seconds", fmt(".0f")),
-]
-
-
-def summary(r: dict[str, Any]) -> str:
-    ratio = f"{r['tokens_ratio']:.2f}" if r["tokens_ratio"] else "n/a"
-    lines = [f"# Tokens to the GPT-2 recipe's final validation loss ({r['target_val_loss']:.4f})",
-             "", f"`{r['command']}` at {r['commit']} on {r['device']}, torch {r['torch']}",
-             "", md_table(r["runs"], RUN_COLUMNS)]
-    lines += ["", f"GPT-2 recipe: {r['baseline_tokens']:,} tokens (best --max-lr "
-              f"{r['baseline_best_lr']:g}). New recipe (best scale x{r['new_best_lr_scale']:g}): "
-              f"{r['new_tokens_to_target'] or 0:,.0f} tokens ({r['new_tokens_how']}). "
-              f"**tokens_ratio {ratio}**.", ""]
-    return "\n".join(lines)
 
 
 def plot(base: dict[str, Any], new: dict[str, Any], target: float, path: Path) -> bool:

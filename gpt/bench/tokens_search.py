@@ -48,7 +48,7 @@ TIED = tuple(p for p in recipes.NEW_PARTS if p != "untied_head")
 def add_parser(sub: argparse._SubParsersAction) -> None:
     tokens_bench.add_parser(sub)
     p = sub.choices["tokens"]
-    p.description = __doc__  # this flow replaces tokens_bench.run's single-seed one
+    p.description = __doc__
     p.add_argument("--seeds", type=int, default=3, help="runs per point, seeds --seed, --seed + 1, ...")
     p.add_argument("--max-halvings", type=int, default=4,
                    help="at most this many budgets below the smallest of --new-budgets")
