@@ -35,8 +35,12 @@ def param_count(m: ModelConfig) -> int:
     # attention: qkv (C x 3C + 3C) and its projection (C x C + C); MLP: C x 4C + 4C and
     # 4C x C + C; two norms. Q/K-norm and rotary hold no parameters.
     block = 12 * C * C + 9 * C + 2 * norm
+    # value embeddings: k tables shared by the first and the last k blocks, each of those
+    # blocks with two mixing scalars; U-net skips: a weight for each mirrored pair
+    k = min(3, m.n_layer // 2) if m.value_embeds else 0
     return (V * C + (0 if m.rotary else m.block_size * C) + m.n_layer * block + norm
-            + (V * C if m.untied_head else 0))
+            + (V * C if m.untied_head else 0) + k * (V * C + 2 * 2)
+            + (m.n_layer // 2 if m.unet_skips else 0))
 
 
 def least_bytes(cfg: Config, world_size: int) -> int:

@@ -161,11 +161,13 @@ def test_the_planner_names_a_world_size_below_one(capsys) -> None:
 # ---- 3: absurd model sizes are answered by arithmetic, before anything is built
 
 
-@pytest.mark.parametrize("rotary, rmsnorm, untied", list(itertools.product([False, True], repeat=3)))
-def test_the_parameter_formula_is_the_models_count(rotary: bool, rmsnorm: bool,
-                                                    untied: bool) -> None:
+@pytest.mark.parametrize("rotary, rmsnorm, untied, value_embeds, unet",
+                         list(itertools.product([False, True], repeat=5)))
+def test_the_parameter_formula_is_the_models_count(rotary: bool, rmsnorm: bool, untied: bool,
+                                                    value_embeds: bool, unet: bool) -> None:
     m = model_preset("mini", rotary=rotary, rmsnorm=rmsnorm, untied_head=untied,
-                     qk_norm=True, relu2=True, vocab_size=1000, block_size=77)
+                     value_embeds=value_embeds, unet_skips=unet, qk_norm=True, relu2=True,
+                     vocab_size=1000, block_size=77)
     with torch.device("meta"):
         assert preflight.param_count(m) == GPT(m).num_params()
 
