@@ -285,6 +285,23 @@ def test_a_schema_from_a_newer_trainer_is_refused(beyond_gpt2_run: Path, tmp_pat
         read_checkpoint(tmp_path / "new.pt")
 
 
+# The fields each schema version always holds, frozen: a field added without raising
+# config.SCHEMA_VERSION (and giving it `since=` the new version) would make every
+# checkpoint written before it "lack" it, and be refused. Add the new version's line here.
+FIELDS_OF_SCHEMA = {1: 84}
+
+
+def test_a_new_config_field_raises_the_schema_version() -> None:
+    from gpt.config import SCHEMA_VERSION, field_index
+
+    assert set(FIELDS_OF_SCHEMA) == set(range(1, SCHEMA_VERSION + 1))
+    for version, count in FIELDS_OF_SCHEMA.items():
+        names = [n for n, (_, f) in field_index().items() if f.metadata["since"] <= version]
+        assert len(names) == count, (
+            f"schema {version} holds {len(names)} fields, not {count}: a field added since "
+            f"needs since={SCHEMA_VERSION + 1} and SCHEMA_VERSION raised (gpt/config.py)")
+
+
 # ---- 6: every float a command takes is finite and in range where it is typed
 
 
