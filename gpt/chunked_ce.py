@@ -67,9 +67,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                softcap: float, compute_dtype: torch.dtype, rows: int) -> torch.Tensor:
+                softcap: float, compute_dtype: torch.dtype, rows: int,
+                need_grads: bool) -> torch.Tensor:
         n = h.size(0)
-        need_grads = h.requires_grad or weight.requires_grad
         w = weight.to(compute_dtype)  # what autocast's F.linear would cast it to
         loss_sum = torch.zeros((), dtype=torch.float32, device=h.device)
         grad_h = torch.empty_like(h) if need_grads else None
@@ -95,7 +95,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         scale = grad_loss.float() / ctx.n
         gh = (grad_h * scale).to(ctx.h_dtype) if ctx.needs_input_grad[0] else None
         gw = (grad_w * scale).to(ctx.w_dtype) if ctx.needs_input_grad[1] else None
-        return gh, gw, None, None, None, None
+        return gh, gw, None, None, None, None, None
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -118,6 +118,9 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
         compute_dtype = torch.promote_types(h.dtype, weight.dtype)
     if rows is None:
         rows = chunk_rows(h2.size(0), h2.size(1), weight.size(0))
+    # Under no_grad (validation) the inputs may still require grad: no gradient buffers then.
+    need_grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     # The function runs outside autocast: it casts exactly where F.linear would have.
     with torch.autocast(h.device.type, enabled=False):
-        return _LinearCrossEntropy.apply(h2, weight, t, float(softcap), compute_dtype, rows)
+        return _LinearCrossEntropy.apply(h2, weight, t, float(softcap), compute_dtype, rows,
+                                         need_grads)
