@@ -8,7 +8,9 @@ prepares first. Reported per variant: the median step time after WARMUP steps (f
 trainer's own per-step log) and the peak resident memory of the process, with every run's
 figures. Variants: `reuse` (the default: mallopt keeps freed blocks for reuse), `no-reuse`
 (--no-cpu-malloc-reuse: glibc's defaults) and `env` (glibc's MALLOC_MMAP_THRESHOLD_ and
-MALLOC_TRIM_THRESHOLD_ set before the process starts, the same settings from outside).
+MALLOC_TRIM_THRESHOLD_ set before the process starts, the same settings from outside),
+and `unchunked` / `no-reuse-unchunked` (the same two with --no-chunked-loss: the whole logits,
+as before the chunked loss). `--variants` picks some of them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt.bench.report import git_commit
+from gpt.config import ConfigError
 from gpt.dist import cpu_name
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,18 +37,24 @@ VARIANTS = {
     "no-reuse": (["--no-cpu-malloc-reuse"], {}),
     "env": (["--no-cpu-malloc-reuse"], {"MALLOC_MMAP_THRESHOLD_": str(1 << 30),
                                          "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}),
+    "unchunked": (["--no-chunked-loss"], {}),
+    "no-reuse-unchunked": (["--no-cpu-malloc-reuse", "--no-chunked-loss"], {}),
 }
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    names = args.variants.split(",") if args.variants else list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or "no-reuse" not in names:
+        raise ConfigError(f"--variants {args.variants}: choose among {', '.join(VARIANTS)}, "
+                         f"no-reuse included (the speed-ups are against it)")
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in names}
     with tempfile.TemporaryDirectory(prefix="cpu_malloc_") as tmp:
         data = Path(tmp) / "data"
         subprocess.run([sys.executable, str(REPO / "fineweb.py"), "--source", "demo", "--out", str(data),
                         "--val-tokens", "30000", "--quiet"], check=True, cwd=REPO, capture_output=True)
-        names = list(VARIANTS)
         for rep in range(args.repeats):
             for name in names[rep % len(names):] + names[: rep % len(names)]:  # rotate the order
                 flags, env = VARIANTS[name]
@@ -92,4 +101,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=3, help="runs per variant (default 3)")
     p.add_argument("--steps", type=int, default=30, help="steps per run (default 30)")
     p.add_argument("--out", default="runs/bench", help="folder for cpu_malloc.json and .md")
+    p.add_argument("--variants", default=None,
+                   help=f"comma-separated, among {', '.join(VARIANTS)} (default: all)")
     p.set_defaults(standalone=run)
