@@ -165,7 +165,7 @@ def test_the_switch_reaches_the_model_and_the_planner(tmp_path: Path) -> None:
         parallel.parallelize(model, TrainConfig(chunked_loss=on, compile=False), parse_args([]).optim,
                              Runtime(device=torch.device("cpu")))
         assert model.chunked_loss is on
-    small = ["--model", "tiny", "--block-size", "64", "--seq-len", "64", "--batch-size", "8"]
+    small = ["--model", "tiny", "--block-size", "64", "--seq-len", "64", "--batch-size", "32"]
     on, off = (memory.plan(parse_args([*small, *flag]), device_type="cpu")
                for flag in ([], ["--no-chunked-loss"]))
     assert on.peak_bytes < off.peak_bytes / 2
