@@ -35,9 +35,11 @@ MIN_CHUNK_ELEMENTS = 2**25  # 128 MiB of fp32 logits: 667 rows of 50,304
 
 def chunk_rows(n_rows: int, n_embd: int, vocab: int) -> int:
     """Rows per chunk: the chunk's logits (rows x vocab) hold about as many elements as the
-    hidden states (n_rows x n_embd), and at least MIN_CHUNK_ELEMENTS."""
+    hidden states (n_rows x n_embd), and at least MIN_CHUNK_ELEMENTS (or all the rows);
+    then evened out over the chunks that makes."""
     target = max(n_rows * n_embd, MIN_CHUNK_ELEMENTS)
-    return max(1, min(n_rows, math.ceil(target / vocab)))
+    rows = max(1, min(n_rows, math.ceil(target / vocab)))
+    return math.ceil(n_rows / math.ceil(n_rows / rows))  # equal chunks: no small last one
 
 
 def _chunk_loss(z: torch.Tensor, targets: torch.Tensor, softcap: float,

@@ -133,8 +133,12 @@ def test_a_chunk_of_the_logits_at_a_time_and_none_without_gradients() -> None:
 def test_chunk_rows_keep_a_chunk_near_the_hidden_states_and_above_the_floor() -> None:
     # GPT-2 124M at B=64, T=1024: about 1,000 rows (a chunk's logits ~ the hidden states)
     rows = chunk_rows(64 * 1024, 768, 50304)
-    assert rows * 50304 >= 64 * 1024 * 768 and (rows - 1) * 50304 < 64 * 1024 * 768
-    assert chunk_rows(4096, 64, 50304) * 50304 >= 2**25  # a small model: the floor
+    assert abs(rows * 50304 / (64 * 1024 * 768) - 1) < 0.02
+    chunks = -(-64 * 1024 // rows)
+    assert 64 * 1024 - (chunks - 1) * rows >= rows - chunks  # equal chunks, bar rounding
+    # a small model: the floor's 667 rows, as 7 equal chunks (not 6 of 667 and one of 94)
+    assert chunk_rows(4096, 64, 50304) == 586
+    assert chunk_rows(1024, 64, 50304) == 512  # two equal chunks, not 667 + 357 rows
     assert chunk_rows(10, 64, 50304) == 10  # never more rows than there are
 
 
