@@ -1,3 +1,6 @@
+"""The CPU demo recipe's optimizer step with and without the chunked loss, alternating step
+by step in one process (so both see the same machine load): PYTHONPATH=. python
+benchmarks/chunked_loss/cpu_demo_step.py STEPS. Random tokens (the data folder is not read)."""
 import torch, time, statistics, sys, json
 from gpt.dist import reuse_freed_memory, Runtime
 from gpt.cli import parse_args
@@ -5,7 +8,7 @@ from gpt import parallel
 from gpt.model import GPT
 from gpt.step import forward_backward, optimizer_step
 reuse_freed_memory()
-cfg = parse_args(["--config", "configs/cpu-demo.toml", "--data-dir", "/tmp/loss/shakespeare"])
+cfg = parse_args(["--config", "configs/cpu-demo.toml", "--data-dir", "unused"])
 torch.manual_seed(0)
 model = GPT(cfg.model)
 par = parallel.parallelize(model, cfg.train, cfg.optim, Runtime(device=torch.device("cpu")), torch.float32)
