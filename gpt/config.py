@@ -215,6 +215,11 @@ class TrainConfig:
         "back to the OS every step; about 2x faster small-model steps for more resident memory "
         "(benchmarks/cpu_malloc.md)"
     )
+    chunked_loss: bool = _opt(
+        True, "the head and cross-entropy fused and computed a chunk of rows at a time, so "
+        "the whole logits and their gradient are never held (gpt/chunked_ce.py); "
+        "--no-chunked-loss: the plain head and F.cross_entropy"
+    )
     init_from: str | None = _opt(
         None, "start from OpenAI's GPT-2 weights (gpt2, gpt2-medium, gpt2-large, gpt2-xl; "
         "downloaded) or a local Hugging Face GPT-2 folder; the model shape comes from them"

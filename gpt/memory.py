@@ -294,6 +294,7 @@ def _head_and_loss(cfg: Config, dtype: torch.dtype) -> int:
 
     with torch.device("meta"):
         head = GPT(dataclasses.replace(cfg.model, n_layer=0))
+    head.chunked_loss = cfg.train.chunked_loss  # as gpt.parallel sets it for the trainer
     B, T, C = cfg.data.batch_size, cfg.data.seq_len, cfg.model.n_embd
     with FakeTensorMode(allow_non_fake_inputs=True):
         head.to_empty(device="cpu")

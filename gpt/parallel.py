@@ -95,6 +95,7 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
             f"--compile-mode {compile_mode} captures CUDA graphs, which cannot hold FSDP's "
             f"all-gathers between the blocks: use --compile-mode default or "
             f"max-autotune-no-cudagraphs with --parallel fsdp")
+    model.chunked_loss = train.chunked_loss  # before compile: traced into the graph
     if train.activation_checkpointing:
         apply_activation_checkpointing(model)
     if train.parallel == "fsdp":

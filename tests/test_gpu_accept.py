@@ -104,12 +104,15 @@ def run_stage(stage: int, out: Path) -> dict:
 @pytest.mark.slow
 def test_stage1_smoke(tmp_path: Path) -> None:
     cells = run_stage(1, tmp_path)
-    assert list(cells) == ["pytest-cuda", "ours-b8-default", "build-nanogpt-b8"]
+    assert list(cells) == ["pytest-cuda", "ours-b8-default", "build-nanogpt-b8",
+                           "ours-b8-default-unchunked"]
     tests = cells["pytest-cuda"]["result"]
     assert tests["tests"] >= 10 and tests["skipped"] == tests["tests"]  # no GPU here
     train = cells["ours-b8-default"]["result"]
     assert FIGURES <= train.keys() and train["step_ms"]["n"] == SMOKE.steps - gpu_plan.WARMUP
     assert train["peak_mem_gb"] > 0 and train["peak_mem_source"] == "peak RSS"
+    unchunked = cells["ours-b8-default-unchunked"]
+    assert "--no-chunked-loss" in unchunked["command"] and unchunked["result"]["peak_mem_gb"] > 0
     assert cells["build-nanogpt-b8"]["status"] == "skipped"
     assert "--smoke" in cells["build-nanogpt-b8"]["reason"]
 

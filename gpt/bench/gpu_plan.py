@@ -6,7 +6,8 @@ machine starts bare and compiles everything anew. The acceptance is three calls,
 first, that fit 25 minutes with the machine's start:
 
   call 1  stage 1  the CUDA tests (pytest -m cuda); GPT-2 124M through train_gpt2.py at the
-                   trainer's micro-batch (64), and build-nanogpt at the same micro-batch
+                   trainer's micro-batch (64), and build-nanogpt at the same micro-batch;
+                   then ours again with --no-chunked-loss (peak memory without the chunked loss)
   call 2  stage 2  GPT-2 XL on one GPU: torchrun, --parallel fsdp --activation-checkpointing
   call 3  stage 3  the rest of the 124M grid: ours and build-nanogpt at micro-batch 16 and 32
 
@@ -190,8 +191,10 @@ def pytest_workers() -> int:
 def stage_cells(stage: int, s: Sizes, data: Path, work: Path, tmp: Path, workers: int) -> list[Cell]:
     if stage == 1:
         b = s.batches[-1]
+        # last, the same cell with the whole logits (--no-chunked-loss): the peak memory
+        # and step time the chunked loss saves, measured side by side
         return [pytest_cell(tmp, workers, s.smoke), ours_cell(s, data, work, b),
-                nanogpt_cell(s, b)]
+                nanogpt_cell(s, b), ours_cell(s, data, work, b, chunked=False)]
     if stage == 2:
         return [xl_cell(s, data, work)]
     if stage == 3:
@@ -214,11 +217,13 @@ def pytest_cell(tmp: Path, workers: int, smoke: bool) -> Cell:
                 [*cmd, str(REPO / "tests")], {"workers": workers})
 
 
-def ours_cell(s: Sizes, data: Path, work: Path, batch: int, mode: str = "default") -> Cell:
+def ours_cell(s: Sizes, data: Path, work: Path, batch: int, mode: str = "default",
+              chunked: bool = True) -> Cell:
     estimate = 0.0 if s.smoke else run_estimate(s.model, s.steps, s.tokens_per_step, s.seq_len,
                                                 mode=mode)
-    return trainer_cell(f"ours-b{batch}-{mode}", s, data, work, batch=batch, mode=mode,
-                        steps=s.steps, estimate=estimate)
+    return trainer_cell(f"ours-b{batch}-{mode}{'' if chunked else '-unchunked'}", s, data, work,
+                        batch=batch, mode=mode, steps=s.steps, estimate=estimate,
+                        extra=None if chunked else ["--no-chunked-loss"])
 
 
 def nanogpt_cell(s: Sizes, batch: int) -> Cell:

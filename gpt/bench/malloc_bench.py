@@ -8,7 +8,9 @@ prepares first. Reported per variant: the median step time after WARMUP steps (f
 trainer's own per-step log) and the peak resident memory of the process, with every run's
 figures. Variants: `reuse` (the default: mallopt keeps freed blocks for reuse), `no-reuse`
 (--no-cpu-malloc-reuse: glibc's defaults) and `env` (glibc's MALLOC_MMAP_THRESHOLD_ and
-MALLOC_TRIM_THRESHOLD_ set before the process starts, the same settings from outside).
+MALLOC_TRIM_THRESHOLD_ set before the process starts, the same settings from outside),
+and `unchunked` / `no-reuse-unchunked` (the same two with --no-chunked-loss: the whole logits,
+as before the chunked loss). `--variants` picks some of them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gpt.bench.args import standalone_parser
 from gpt.bench.record import REPO, header, write_json, write_text
 from gpt.bench.runs import read_metrics, rotated, run_fineweb, run_trainer
 from gpt.bench.tables import col, fmt, fmt_x, md_table
+from gpt.config import ConfigError
 from gpt.dist import cpu_name
 
 WARMUP = 5
@@ -32,6 +35,8 @@ VARIANTS = {
     "no-reuse": (["--no-cpu-malloc-reuse"], {}),
     "env": (["--no-cpu-malloc-reuse"], {"MALLOC_MMAP_THRESHOLD_": str(1 << 30),
                                          "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}),
+    "unchunked": (["--no-chunked-loss"], {}),
+    "no-reuse-unchunked": (["--no-cpu-malloc-reuse", "--no-chunked-loss"], {}),
 }
 COLUMNS = [
     col("variant", "variant", align="left"),
@@ -44,13 +49,18 @@ COLUMNS = [
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    names = args.variants.split(",") if args.variants else list(VARIANTS)
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or "no-reuse" not in names:
+        raise ConfigError(f"--variants {args.variants}: choose among {', '.join(VARIANTS)}, "
+                          f"no-reuse included (the speed-ups are against it)")
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in names}
     with tempfile.TemporaryDirectory(prefix="cpu_malloc_") as tmp:
         data = Path(tmp) / "data"
         run_fineweb(["--source", "demo", "--out", str(data), "--val-tokens", "30000", "--quiet"],
                     "preparing tiny shakespeare's shards")
         for rep in range(args.repeats):
-            for name in rotated(VARIANTS, rep):
+            for name in rotated(names, rep):
                 flags, env = VARIANTS[name]
                 run_dir = Path(tmp) / f"{name}_{rep}"
                 run_trainer(["--config", str(REPO / "configs" / "cpu-demo.toml"), "--data-dir",
@@ -86,3 +96,5 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=3, help="runs per variant (default 3)")
     p.add_argument("--steps", type=int, default=30, help="steps per run (default 30)")
     p.add_argument("--out", default="runs/bench", help="folder for cpu_malloc.json and .md")
+    p.add_argument("--variants", default=None,
+                   help=f"comma-separated, among {', '.join(VARIANTS)} (default: all)")
