@@ -137,11 +137,13 @@ def test_two_ranks_match_one_process_under_muon(mode: str, data_dir: Path, tmp_p
     for name, value in ref["model"].items():
         # Muon's Newton-Schulz runs in bf16, so the reduction order's fp32 rounding can
         # flip a bf16 rounding; and AdamW moves an element whose gradient is tiny by up to
-        # its learning rate (3e-3) whichever way that rounding tips it. A real error (a
-        # missed all-reduce, another batch) moves most elements by about Muon's step (~2e-3
-        # each, x3 steps): bound the mean well below that.
+        # its learning rate (3e-3) whichever way that rounding tips it, at each of the 3
+        # steps (the chunked loss sums the head's gradient in another order than one
+        # matmul: a tied embedding's element moved 4.6e-3 apart, the mean 2e-6). A real
+        # error (a missed all-reduce, another batch) moves most elements by about Muon's
+        # step (~2e-3 each, x3 steps): the mean, bounded well below that, catches it.
         diff = (got["model"][name] - value).abs()
-        assert diff.max() < 3.5e-3 and diff.mean() < 1e-4, (name, diff.max(), diff.mean())
+        assert diff.max() < 3 * 3e-3 and diff.mean() < 1e-4, (name, diff.max(), diff.mean())
     assert ref["optimizer"]["state"].keys() == got["optimizer"]["state"].keys()
     assert "momentum_buffer" in got["optimizer"]["state"]["transformer.h.0.attn.c_attn.weight"]
 
