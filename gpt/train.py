@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import torch
 
 from gpt import bpb, hellaswag, muon, parallel, weights
+from gpt.attention_mask import set_attention_step
 from gpt.checkpoint import Checkpointer, model_weights
 from gpt.cli import parse_command
 from gpt.compat import old_torch_note
@@ -29,7 +30,6 @@ from gpt.validation import val_loss
 from gpt.sampling import sample
 from gpt.metrics import (Progress, StepTimer, check_tracking, close_trackers, flops_per_token, mfu,
                          open_trackers, peak_memory)
-from gpt.attention_mask import set_attention_step
 from gpt.model import GPT
 from gpt.optim import lr_at
 from gpt.preflight import check_data, check_start

@@ -259,20 +259,15 @@ def with_pretrained_shape(cfg: Config) -> Config:
     a copy of the embedding) take GPT-2's weights as a starting point."""
     if not cfg.train.init_from:
         return cfg
-    parts = [part for part in NO_PLACE_FOR if getattr(cfg.model, part)]
-    if parts:
-        flags = " and ".join(flag(part) for part in parts)
-        raise PretrainedError(
-            f"--init-from {cfg.train.init_from}: a model with {flags} has no place for "
-            f"GPT-2's {' and '.join(NO_PLACE_FOR[part] for part in parts)}; drop {flags}, "
-            f"or train from scratch without --init-from")
-    new = [part for part in NOT_IN_GPT2 if getattr(cfg.model, part)]
-    if new:
-        flags = " and ".join(flag(part) for part in new)
-        raise PretrainedError(
-            f"--init-from {cfg.train.init_from}: GPT-2's weights have no "
-            f"{' or '.join(NOT_IN_GPT2[part] for part in new)} for {flags}; drop {flags}, "
-            f"or train from scratch without --init-from")
+    for table, words in ((NO_PLACE_FOR, "a model with {flags} has no place for GPT-2's {what}"),
+                         (NOT_IN_GPT2, "GPT-2's weights have no {what} for {flags}")):
+        parts = [part for part in table if getattr(cfg.model, part)]
+        if parts:
+            flags = " and ".join(flag(part) for part in parts)
+            what = " and ".join(table[part] for part in parts)
+            raise PretrainedError(
+                f"--init-from {cfg.train.init_from}: {words.format(flags=flags, what=what)}; "
+                f"drop {flags}, or train from scratch without --init-from")
     folder = resolve(cfg.train.init_from)
     pre = model_config_from_hf(read_hf_config(folder), str(folder),
                                           cfg.model.vocab_size, cfg.model.block_size)

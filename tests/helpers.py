@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -145,3 +146,24 @@ def assert_two_ranks_match_one(args: Sequence[str], mode: str, tmp_path: Path) -
     assert [r["loss"] for r in read_metrics(two, "train")] == \
         pytest.approx([r["loss"] for r in read_metrics(one, "train")], rel=1e-5)
     return one, two
+
+
+def meta_build_and_reference(cfg: Any) -> tuple[Any, Any]:
+    """(a GPT of cfg built on the meta device, moved to the CPU and initialised; one built
+    on the CPU directly), each from seed 0, after checking that their weights are equal:
+    the trainer builds big models the first way, and must get the same start."""
+    import torch
+
+    from gpt.model import GPT
+
+    torch.manual_seed(0)
+    ref = GPT(cfg)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    model.init_weights()
+    assert model.state_dict().keys() == ref.state_dict().keys()
+    for key, value in ref.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
+    return model, ref

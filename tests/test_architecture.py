@@ -14,8 +14,8 @@ from gpt.checkpoint import load
 from gpt.config import ModelConfig, model_preset
 from gpt.model import GPT, Rotary
 from gpt.weights import PretrainedError, export_hf
-from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one, run_cli,
-                     write_random_shards)
+from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one,
+                     meta_build_and_reference, run_cli, write_random_shards)
 from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
 
 OPTIONS: dict[str, dict[str, object]] = {
@@ -35,17 +35,7 @@ def tiny(**options: object) -> ModelConfig:
 
 @pytest.mark.parametrize("name", [*OPTIONS, "all"])
 def test_a_meta_build_initialises_like_a_cpu_build(name: str) -> None:
-    cfg = tiny(**(ALL if name == "all" else OPTIONS[name]))
-    torch.manual_seed(0)
-    ref = GPT(cfg)
-    with torch.device("meta"):
-        model = GPT(cfg)
-    model.to_empty(device="cpu")
-    torch.manual_seed(0)
-    model.init_weights()
-    assert model.state_dict().keys() == ref.state_dict().keys()
-    for key, value in ref.state_dict().items():
-        assert torch.equal(model.state_dict()[key], value), key
+    model, _ = meta_build_and_reference(tiny(**(ALL if name == "all" else OPTIONS[name])))
     x = torch.randint(0, 50257, (2, 16))
     _, loss = model(x, x)
     loss.backward()

@@ -14,7 +14,8 @@ from gpt.attention_mask import EOT, AttentionMask, window_at
 from gpt.config import ModelConfig, model_preset
 from gpt.model import GPT
 from gpt.weights import PretrainedError, export_hf
-from helpers import QUIET, TINY, assert_resume_is_exact, run_cli, write_random_shards
+from helpers import (QUIET, TINY, assert_resume_is_exact, meta_build_and_reference, run_cli,
+                     write_random_shards)
 from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
 
 PARTS: dict[str, dict[str, object]] = {
@@ -116,16 +117,7 @@ def test_kv_cache_decoding_equals_the_full_forward(name: str) -> None:
 @pytest.mark.parametrize("name", [*PARTS, "all"])
 def test_a_meta_build_initialises_like_a_cpu_build(name: str) -> None:
     config = cfg(**(ALL if name == "all" else PARTS[name]))
-    torch.manual_seed(0)
-    ref = GPT(config)
-    with torch.device("meta"):
-        model = GPT(config)
-    model.to_empty(device="cpu")
-    torch.manual_seed(0)
-    model.init_weights()
-    assert model.state_dict().keys() == ref.state_dict().keys()
-    for key, value in ref.state_dict().items():
-        assert torch.equal(model.state_dict()[key], value), key
+    model, ref = meta_build_and_reference(config)
     if isinstance(model.attn_mask, AttentionMask):  # a buffer outside the state dict
         assert model.attn_mask.window.item() == ref.attn_mask.window.item() == window_at(config, 0, 1)
 
