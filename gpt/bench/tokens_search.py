@@ -23,8 +23,8 @@ Tokens to the target: between the largest budget whose mean run ends above it an
 smallest that ends at or below, interpolated (gpt.bench.tokens_bench.tokens_to_target),
 per seed too, for the spread of the ratio. Seconds to the target come the same way from
 the runs' training time (the trainer's own step times: no start-up, no evaluation), and
-their wall time and peak memory are kept beside it. tokens_ratio = the GPT-2 recipe's full budget / the
-new recipe's tokens to the target; time_ratio the same in training seconds.
+their wall time and peak memory are kept beside it. tokens_ratio = the GPT-2 recipe's full
+budget / the new recipe's tokens to the target; time_ratio the same in training seconds.
 """
 
 from __future__ import annotations
