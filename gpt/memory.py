@@ -113,12 +113,10 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
     `device_type` (cuda, mps or cpu: which autocast dtype "auto" means)."""
     # The trainer's own checks first (gpt/preflight.py): no plan for a run it refuses, and
     # an absurd model is refused by arithmetic before anything is traced
-    preflight.check_world(cfg, world_size)
+    accum = preflight.check_world(cfg, world_size)  # the trainer's accumulation steps
     preflight.check_fits(cfg, world_size, *preflight.most_memory(device_type, CAPACITIES.values()))
     d, t = cfg.data, cfg.train
     dtype = _planned_dtype(t.dtype, device_type)
-    # Only whether there is accumulation matters here (the trainer checks the division)
-    accum = max(1, d.total_batch_tokens // (d.batch_size * d.seq_len * world_size))
     fused = cfg.optim.fused if cfg.optim.fused is not None else device_type in ("cuda", "cpu", "mps")
     if t.parallel == "fsdp" and dtype is torch.float16:
         fused = False  # as gpt.parallel does: the sharded fp16 scaler needs the unfused AdamW

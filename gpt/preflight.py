@@ -17,6 +17,7 @@ from typing import Iterable
 
 import torch
 
+from gpt import value_embeds
 from gpt.config import Config, ConfigError, ModelConfig
 from gpt.config_check import grad_accum_steps
 from gpt.data import steps_per_pass
@@ -37,7 +38,7 @@ def param_count(m: ModelConfig) -> int:
     block = 12 * C * C + 9 * C + 2 * norm
     # value embeddings: k tables shared by the first and the last k blocks, each of those
     # blocks with two mixing scalars; U-net skips: a weight for each mirrored pair
-    k = min(3, m.n_layer // 2) if m.value_embeds else 0
+    k = value_embeds.tables(m)
     return (V * C + (0 if m.rotary else m.block_size * C) + m.n_layer * block + norm
             + (V * C if m.untied_head else 0) + k * (V * C + 2 * 2)
             + (m.n_layer // 2 if m.unet_skips else 0))
