@@ -6,8 +6,9 @@ torch.optim.Muon runs its Newton-Schulz iterations in bf16, which is what a GPU 
 a CPU without bf16 matmul units may do them faster in fp32. This times the iterations
 (5 of them, torch's coefficients) on the weight shapes of the tokens bench's model (the
 blocks' matrices, d = --n-embd), each --repeats times after a warm-up, and reports the
-median per shape and the sum over one optimizer step's matrices, so gpt/muon.py's choice
-of dtype per device rests on a measurement (benchmarks/tokens/newton_schulz.json).
+median per shape and the sum over one optimizer step's matrices: whether a CPU should
+leave torch's bf16 iterations rests on a measurement (benchmarks/tokens/
+newton_schulz_1threads.json found bf16 faster on this CI's CPU, so gpt/muon.py keeps torch's).
 """
 
 from __future__ import annotations
