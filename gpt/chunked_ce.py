@@ -50,9 +50,13 @@ def _chunk_loss(z: torch.Tensor, targets: torch.Tensor, softcap: float,
     second (rows, V) buffer, unseen by the memory planner's fake tensors)."""
     slope = None
     if softcap:  # in fp32, as GPT.logits does
-        z = z.div_(softcap).tanh_()
-        slope = 1.0 - z.square() if grads else None  # d(cap * tanh(u / cap))/du
-        z = z.mul_(softcap)
+        # cap * tanh(u / cap) as 2 cap * sigmoid(2u / cap) - cap: on CPU torch's tanh took
+        # 71 ms over a 667 x 50,304 chunk, sigmoid 7 ms (one thread); the logits move by
+        # ~1e-6 at most, far below what the loss can see
+        s = z.mul_(2.0 / softcap).sigmoid_()
+        # d(cap * tanh(u / cap))/du = 1 - tanh^2 = 4 s (1 - s); 1 - s is exact for s >= 0.5
+        slope = (1.0 - s).mul_(s).mul_(4.0) if grads else None
+        z = s.mul_(2.0 * softcap).sub_(softcap)
     picked = z.gather(1, targets.unsqueeze(1)).squeeze(1)
     top = z.amax(dim=1, keepdim=True)
     e = z.sub_(top).exp_()
