@@ -31,7 +31,7 @@ class ConfigError(UserError, ValueError):
 # what the code did before) from one that was removed from a config that had it (an
 # error: read with its default, a --relu2 model would load as a GELU one). Adding a field
 # raises it, and the field's `since` says from which version on configs hold it.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _opt(default: Any, help: str, choices: tuple[Any, ...] | None = None,
@@ -219,6 +219,11 @@ class TrainConfig:
         True, "the head and cross-entropy fused and computed a chunk of rows at a time, so "
         "the whole logits and their gradient are never held (gpt/chunked_ce.py); "
         "--no-chunked-loss: the plain head and F.cross_entropy"
+    )
+    loss_kernel: str = _opt(
+        "ours", "whose fused head + loss the chunked loss runs: ours (gpt/chunked_ce.py, every "
+        "device), liger (Liger Kernel) or cce (Cut Cross-Entropy), both CUDA-only and "
+        "installed apart (gpt/loss_kernels.py)", choices=("ours", "liger", "cce"), since=2
     )
     init_from: str | None = _opt(
         None, "start from OpenAI's GPT-2 weights (gpt2, gpt2-medium, gpt2-large, gpt2-xl; "

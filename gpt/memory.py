@@ -115,6 +115,9 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
     # an absurd model is refused by arithmetic before anything is traced
     accum = preflight.check_world(cfg, world_size)  # the trainer's accumulation steps
     preflight.check_fits(cfg, world_size, *preflight.most_memory(device_type, CAPACITIES.values()))
+    library_kernel = cfg.train.loss_kernel != "ours"
+    if library_kernel:  # a library's Triton kernel cannot run on fake CPU tensors
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, loss_kernel="ours"))
     d, t = cfg.data, cfg.train
     dtype = _planned_dtype(t.dtype, device_type)
     fused = cfg.optim.fused if cfg.optim.fused is not None else device_type in ("cuda", "cpu", "mps")
@@ -128,6 +131,9 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
     assumptions = list(_ALWAYS)
     if t.dtype == "fp16" or dtype is torch.float16:
         assumptions.append("fp16 planned as bf16: the same bytes")
+    if library_kernel:
+        assumptions.append("the library's loss kernel planned as ours (gpt/chunked_ce.py): "
+                           "both hold a chunk of the logits, not the whole")
     if not fsdp and world_size > 1:
         _replicated_layout(components, params, groups, world_size, t.parallel, assumptions)
     peak = sum(components.values())

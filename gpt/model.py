@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from gpt.attention_mask import AttentionMask, CausalOnly, attend, masked
-from gpt.chunked_ce import linear_cross_entropy
+from gpt.loss_kernels import loss_fn
 from gpt.config import ModelConfig
 from gpt.unet import skips
 from gpt.value_embeds import ValueMix, table_of, value_embeddings
@@ -223,6 +223,7 @@ class GPT(nn.Module):
         # it). Off here, so a GPT built directly computes exactly F.cross_entropy of its
         # logits; the trainer turns it on with --chunked-loss (gpt.parallel.parallelize).
         self.chunked_loss = False
+        self.loss_kernel = "ours"  # whose fused head + loss (gpt.loss_kernels), if chunked
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
@@ -363,10 +364,11 @@ class GPT(nn.Module):
         final LayerNorm, the head and the loss, which can be compiled on their own (under
         FSDP the root module's own code runs eagerly; see gpt.parallel). With
         chunked_loss the head and the loss run fused, a chunk of rows at a time
-        (gpt.chunked_ce): the same loss and gradients without ever holding the logits."""
+        (gpt.chunked_ce, or a library's kernel: gpt.loss_kernels): the same loss and
+        gradients without ever holding the logits."""
         if self.chunked_loss:
-            return linear_cross_entropy(self.transformer.ln_f(x), self.lm_head.weight, targets,
-                                        self.config.logit_softcap)
+            return loss_fn(self.loss_kernel)(self.transformer.ln_f(x), self.lm_head.weight,
+                                             targets, self.config.logit_softcap)
         logits = self.logits(x)
         # Under autocast cross_entropy runs in fp32, so bf16 logits lose no accuracy here.
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))

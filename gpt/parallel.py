@@ -96,6 +96,7 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
             f"all-gathers between the blocks: use --compile-mode default or "
             f"max-autotune-no-cudagraphs with --parallel fsdp")
     model.chunked_loss = train.chunked_loss  # before compile: traced into the graph
+    model.loss_kernel = train.loss_kernel
     if train.activation_checkpointing:
         apply_activation_checkpointing(model)
     if train.parallel == "fsdp":

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import torch
 
-from gpt import value_embeds
+from gpt import loss_kernels, value_embeds
 from gpt.config import Config, ConfigError, ModelConfig
 from gpt.config_check import grad_accum_steps
 from gpt.data import steps_per_pass
@@ -127,9 +127,10 @@ def check_data(cfg: Config, world_size: int) -> tuple[int, int | None]:
 
 def check_start(cfg: Config, runtime: Runtime) -> int:
     """Everything a run checks before it builds anything, in one place: the parallel mode
-    against the launch, the batch against the world, the parameters against the device's
+    against the launch, the loss kernel against the device, the batch against the world, the parameters against the device's
     memory. Returns the gradient accumulation steps."""
     check_mode(cfg.train.parallel, runtime)
+    loss_kernels.check(cfg.train.loss_kernel, runtime.device_type)
     accum = check_world(cfg, runtime.world_size)
     check_fits(cfg, runtime.world_size, device_memory(runtime.device), str(runtime.device))
     return accum

@@ -17,7 +17,7 @@ from gpt.bench import cli as bench_cli
 from gpt.bench import tokens_bench
 from gpt.checkpoint import CheckpointError
 from gpt.cli import parse_args
-from gpt.config import model_preset
+from gpt.config import SCHEMA_VERSION, model_preset
 from gpt.errors import UserError
 from gpt.generate import main as generate_main
 from gpt.model import GPT
@@ -221,7 +221,7 @@ def beyond_gpt2_run(data: Path, tmp_path_factory) -> Path:
 
 def edited(src: Path, dst: Path, drop: str, schema: bool = True) -> Path:
     ckpt = torch.load(src, weights_only=True)
-    assert ckpt[checkpoint.SCHEMA_KEY] == 1  # the trainer writes the schema's version
+    assert ckpt[checkpoint.SCHEMA_KEY] == SCHEMA_VERSION  # the trainer writes the schema's version
     del ckpt["config"]["model"][drop]
     if not schema:  # as the last version before schemas wrote it
         del ckpt[checkpoint.SCHEMA_KEY]
@@ -247,7 +247,7 @@ def test_a_field_removed_from_a_saved_config_is_refused_by_every_reader(
         field: str, beyond_gpt2_run: Path, tmp_path: Path) -> None:
     path = edited(beyond_gpt2_run, tmp_path / "ckpt_000001.pt", field)
     for error in every_reader(path, tmp_path):
-        assert f"lacks {field}" in error and "schema 1" in error
+        assert f"lacks {field}" in error and f"schema {SCHEMA_VERSION}" in error
 
 
 def test_weights_that_do_not_fit_the_config_are_refused_by_every_reader(
@@ -277,6 +277,16 @@ def test_a_checkpoint_from_before_the_schema_still_loads(beyond_gpt2_run: Path,
     assert load_checkpoint_model(beyond_gpt2_run).config.relu2 is True
 
 
+def test_a_schema_1_config_reads_with_the_fields_added_since_at_their_defaults() -> None:
+    from gpt.config import Config, ConfigError, from_dict, to_dict
+
+    saved = to_dict(Config())
+    del saved["train"]["loss_kernel"]  # added in schema 2
+    assert from_dict(saved, schema=1).train.loss_kernel == "ours"
+    with pytest.raises(ConfigError, match="lacks loss_kernel"):
+        from_dict(saved, schema=2)
+
+
 def test_a_schema_from_a_newer_trainer_is_refused(beyond_gpt2_run: Path, tmp_path: Path) -> None:
     ckpt = torch.load(beyond_gpt2_run, weights_only=True)
     ckpt[checkpoint.SCHEMA_KEY] = 99
@@ -288,7 +298,7 @@ def test_a_schema_from_a_newer_trainer_is_refused(beyond_gpt2_run: Path, tmp_pat
 # The fields each schema version always holds, frozen: a field added without raising
 # config.SCHEMA_VERSION (and giving it `since=` the new version) would make every
 # checkpoint written before it "lack" it, and be refused. Add the new version's line here.
-FIELDS_OF_SCHEMA = {1: 85}
+FIELDS_OF_SCHEMA = {1: 85, 2: 86}
 
 
 def test_a_new_config_field_raises_the_schema_version() -> None:
