@@ -53,14 +53,14 @@ def test_lines_that_are_not_whole_runs_are_skipped_and_an_append_starts_a_new_li
     cache = RunCache(path, {})
     cache.add(cache.key(["--seed", "1"]), {"x": 1})
     with open(path, "a") as fh:
-        fh.write('{"no": "key"}\n{"format": 1, "key": {"fl')
+        fh.write('{"no": "key"}\n{"format": 0, "key": {}, "run": {}}\n{"format": 1, "key": {"fl')
     cache = RunCache(path, {})
     err = capsys.readouterr().err
-    assert f"{path} line 2: skipped" in err and f"{path} line 3: skipped" in err
+    assert all(f"{path} line {n}: skipped" in err for n in (2, 3, 4)) and "format 0" in err
     assert len(cache.lines) == 1
     cache.add(cache.key(["--seed", "2"]), {"x": 2})
     lines = path.read_text().splitlines()
-    assert lines[2] == '{"format": 1, "key": {"fl' and json.loads(lines[3])["run"] == {"x": 2}
+    assert lines[3] == '{"format": 1, "key": {"fl' and json.loads(lines[4])["run"] == {"x": 2}
     assert len(RunCache(path, {}).lines) == 2
 
 

@@ -139,6 +139,8 @@ class RunCache:
                 if not (isinstance(entry, dict) and isinstance(entry.get("key"), dict)
                         and isinstance(entry.get("run"), dict)):
                     raise ValueError("not a cached run (no key and run)")
+                if entry.get("format") != FORMAT:
+                    raise ValueError(f"format {entry.get('format')!r}, not {FORMAT}")
             except ValueError as e:
                 print(f"warning: {path} line {n}: skipped, not a whole cached run ({e}); "
                       f"a bench killed while writing leaves one", file=sys.stderr)
