@@ -6,11 +6,13 @@ one slow test runs the real trainer end to end."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
-from gpt.bench import recipes, tokens_search
+from gpt.bench import recipes, tokens_search, tokens_timing
 from gpt.bench.cli import main as bench_main
 from helpers import write_random_shards
 
@@ -18,30 +20,66 @@ ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "64",
         "--batch-size", "2", "--total-batch-tokens", "128", "--val-every", "2", "--val-steps", "1"]
 
 
-def stand_in(speed: dict[str, float]):
-    """A Bench.train that 'trains' to loss 10 - speed * steps (speed per part, 1 for GPT-2;
-    seed s adds 0.01 * s) in 0.01 s a step, recording what it was asked for."""
-    def train(self, label, parts, steps, lr, seed):
-        rate = 1.0 + sum(speed.get(p, 0.0) for p in parts)
-        loss = 10.0 - 0.01 * rate * steps + 0.01 * (seed - self.args.seed)
-        run = {"label": label, "seed": seed, "steps": steps, "lr": lr, "parts": parts,
-               "curve": [[steps * self.args.total_batch_tokens, loss]], "final_val_loss": loss,
-               "train_seconds": 0.01 * steps * (2 if "muon" in parts else 1),
-               "wall_seconds": 1.0, "flags": recipes.flags(parts, steps, lr),
-               "peak_mem_gb": 0.5 + 0.5 * ("untied_head" in parts)}
-        self.runs.append(run)
-        return run
-    return train
+class FakeTrainer:
+    """Stands in for run_trainer and read_metrics (in tokens_search and tokens_timing): a
+    run 'trains' to loss 10 - 0.01 * rate * steps (rate 1 for GPT-2 plus `speed` per part
+    its flags turn on; seed s adds 0.01 * s) at 10 ms a step (20 with Muon), and a timing
+    run (--val-every 0) logs every step: 500 ms in warm-up, then its step time."""
+
+    FLAG = {"muon": "muon", "untied_head": "--untied-head", "rotary": "--rotary",
+            "schedule": "trapezoid"}
+
+    def __init__(self, monkeypatch, speed: dict[str, float], stop_at: int = 0,
+                 stop=None) -> None:
+        self.speed, self.flags_of, self.calls = speed, {}, []
+        self.stop_at, self.stop = stop_at, stop  # at call number stop_at, stop() (an interrupt)
+        for module in (tokens_search, tokens_timing):
+            monkeypatch.setattr(module, "run_trainer", self.run_trainer)
+            monkeypatch.setattr(module, "read_metrics", self.read_metrics)
+
+    def run_trainer(self, flags, what) -> float:
+        self.calls.append(list(flags))
+        if len(self.calls) == self.stop_at:
+            self.stop()
+        self.flags_of[flags[flags.index("--out-dir") + 1]] = list(flags)
+        return 1.0
+
+    def training_runs(self) -> int:
+        return sum(f[f.index("--val-every") + 1] != "0" for f in self.calls)
+
+    def read_metrics(self, out) -> list[dict]:
+        flags = self.flags_of[str(out)]
+        value = lambda name: flags[flags.index(name) + 1]  # noqa: E731
+        steps, seed = int(value("--max-steps")), int(value("--seed"))
+        ms = 20.0 if "muon" in flags else 10.0
+        if value("--val-every") == "0":  # a timing run; its repeats 10% slower each
+            ms *= 1 + 0.1 * sum(c[:-2] == flags[:-2] for c in self.calls if c[-1] != str(out))
+            return [{"type": "train", "step": s, "ms": 500.0 if s < 5 else ms}
+                    for s in range(steps)]
+        rate = 1.0 + sum(v for p, v in self.speed.items() if self.FLAG[p] in flags)
+        loss = 10.0 - 0.01 * rate * steps + 0.01 * (seed - 1337)
+        return [{"type": "train", "step": steps - 1, "ms": ms,
+                 "peak_mem_gb": 0.5 + 0.5 * ("--untied-head" in flags)},
+                {"type": "val", "step": steps, "val_loss": loss}]
 
 
-def bench(tmp_path: Path, monkeypatch, speed: dict[str, float], *extra: str) -> dict:
-    monkeypatch.setattr(tokens_search.Bench, "train", stand_in(speed))
-    data = write_random_shards(tmp_path, seed=0, train=(30_000,), val=(4_000,))
-    code = bench_main(["tokens", "--data-dir", str(data), "--out", str(tmp_path / "out"), *ARGS,
-                       "--steps", "64", "--baseline-lrs", "1e-3", "3e-3", "--new-lr-scales", "1",
-                       "--new-budgets", "0.5", "--seeds", "2", *extra])
-    assert code == 0
-    return json.loads((tmp_path / "out" / "tokens.json").read_text())
+def bench(tmp_path: Path, monkeypatch, speed: dict[str, float], *extra: str,
+          code: int = 0) -> dict:
+    """The bench on FakeTrainer(speed), its tokens.json."""
+    FakeTrainer(monkeypatch, speed)
+    return run_bench(tmp_path, *extra, code=code)
+
+
+def run_bench(tmp_path: Path, *extra: str, code: int = 0) -> dict:
+    data = tmp_path / "data"
+    if not data.exists():
+        data.mkdir()
+        write_random_shards(data, seed=0, train=(30_000,), val=(4_000,))
+    got = bench_main(["tokens", "--data-dir", str(data), "--out", str(tmp_path / "out"), *ARGS,
+                      "--steps", "64", "--baseline-lrs", "1e-3", "3e-3", "--new-lr-scales", "1",
+                      "--new-budgets", "0.5", "--seeds", "2", "--timing-steps", "8", *extra])
+    assert got == code
+    return json.loads((tmp_path / "out" / "tokens.json").read_text()) if code == 0 else {}
 
 
 def test_seeds_schedules_bracketing_and_the_tied_head(tmp_path: Path, monkeypatch) -> None:
@@ -65,13 +103,14 @@ def test_seeds_schedules_bracketing_and_the_tied_head(tmp_path: Path, monkeypatc
     assert best["tokens_ratio_per_seed"]["reached"] == "2/2"
     assert best["tokens_ratio_per_seed"]["std"] > 0  # the seeds differ
     # Muon's steps cost twice as much here: the time ratio is half the tokens ratio
+    assert best["time_ratio_from_run_times"] == pytest.approx(best["tokens_ratio"] / 2, rel=0.02)
     assert best["time_ratio"] == pytest.approx(best["tokens_ratio"] / 2, rel=0.02)
     tied = r["tied_head"]
     assert tied["tokens_ratio"] == pytest.approx(3.35 / 1.1, rel=0.02)
     assert all("--untied-head" not in run["flags"] for run in r["runs"]
                if run["label"] == "new, tied head")
     md = (tmp_path / "out" / "tokens.md").read_text()
-    assert "tied head (equal parameters)" in md and "+-" in md
+    assert "tied head (equal parameters)" in md and "+-" in md and "from run times" in md
     assert (tmp_path / "out" / "tokens.png").exists()  # both best curves
     peaks = {p["label"]: p["peak_mem_gb"] for p in r["points"]}
     assert peaks["new"] == 1.0 and peaks["new, tied head"] == 0.5 and "peak GiB" in md
@@ -100,7 +139,8 @@ def test_the_command_trains_both_recipes_for_real(tmp_path: Path) -> None:
     code = bench_main(["tokens", "--data-dir", str(data), "--out", str(out), *ARGS, "--steps", "4",
                        "--baseline-lrs", "3e-3", "--new-lr-scales", "1", "--new-budgets", "0.5",
                        "--seeds", "2", "--max-halvings", "0", "--new-max-lr", "5e-3",
-                       "--new-muon-lr", "0.03"])
+                       "--new-muon-lr", "0.03", "--timing-steps", "6",
+                       "--timing-repeats", "1"])
     assert code == 0
     r = json.loads((out / "tokens.json").read_text())
     assert [(p["label"], p["steps"]) for p in r["points"]] == [
@@ -113,4 +153,126 @@ def test_the_command_trains_both_recipes_for_real(tmp_path: Path) -> None:
     assert all("--max-lr" in f and f[f.index("--max-lr") + 1] == "0.005" and
                f[f.index("--muon-lr") + 1] == "0.03" for f in new)
     assert r["commit"] and r["torch"] and "tokens_ratio" in r["best"]
+    assert all(t["median_step_s"] > 0 for t in r["timing"]["recipes"].values())
+    assert r["runs_run_now"] == 12
+    assert len((out / "tokens-runs.jsonl").read_text().splitlines()) == 12
     assert (out / "tokens.png").stat().st_size > 0
+
+
+def cache_lines(tmp_path: Path) -> list[str]:
+    return (tmp_path / "out" / "tokens-runs.jsonl").read_text().splitlines()
+
+
+def test_a_second_bench_reuses_every_run_and_a_changed_flag_or_data_trains_again(
+        tmp_path: Path, monkeypatch, capsys) -> None:
+    first = bench(tmp_path, monkeypatch, {"muon": 2.0})
+    n = len(first["runs"])
+    assert (first["runs_run_now"], first["runs_reused"]) == (n, 0)
+    assert len(cache_lines(tmp_path)) == n  # the timing runs are never cached
+    line = json.loads(cache_lines(tmp_path)[0])
+    assert "--out-dir" not in line["key"]["flags"] and line["key"]["data"]["shards"]
+    assert line["commit"] and line["torch"] and line["cpu_count"] and line["time"]
+    fake = FakeTrainer(monkeypatch, {"muon": 2.0})
+    again = run_bench(tmp_path)
+    assert fake.training_runs() == 0 and (again["runs_run_now"], again["runs_reused"]) == (0, n)
+    assert again["best"]["tokens_to_target"] == first["best"]["tokens_to_target"]
+    assert "reused gpt2 cosine (64 steps, lr 0.001, seed 1337)" in capsys.readouterr().out
+    assert len(again["run_origins"]) == 1 and again["run_origins"][0]["runs"] == n
+    md = (tmp_path / "out" / "tokens.md").read_text()
+    assert f"0 run now, {n} reused" in md
+    # a third learning rate: only its 2 seeds train; the rest is reused
+    fake = FakeTrainer(monkeypatch, {"muon": 2.0})
+    third = run_bench(tmp_path, "--baseline-lrs", "1e-3", "3e-3", "2e-3")
+    assert fake.training_runs() == 4 and third["runs_run_now"] == 4  # both schedules
+    assert third["runs_reused"] == n
+    # other data (a shard's size): nothing is reused
+    with open(tmp_path / "data" / "val_000000.bin", "ab") as fh:
+        fh.write(b"\0\0")
+    fake = FakeTrainer(monkeypatch, {"muon": 2.0})
+    assert run_bench(tmp_path)["runs_reused"] == 0 and fake.training_runs() == n
+
+
+def test_no_reuse_trains_again_and_still_appends(tmp_path: Path, monkeypatch) -> None:
+    n = len(bench(tmp_path, monkeypatch, {"muon": 2.0})["runs"])
+    fake = FakeTrainer(monkeypatch, {"muon": 2.0})
+    r = run_bench(tmp_path, "--no-reuse")
+    assert fake.training_runs() == n and (r["runs_run_now"], r["runs_reused"]) == (n, 0)
+    assert len(cache_lines(tmp_path)) == 2 * n
+
+
+def test_a_truncated_last_line_is_skipped_with_a_warning_and_kept(
+        tmp_path: Path, monkeypatch, capsys) -> None:
+    n = len(bench(tmp_path, monkeypatch, {"muon": 2.0})["runs"])
+    path = tmp_path / "out" / "tokens-runs.jsonl"
+    whole = path.read_text()
+    last = whole.splitlines()[-1]
+    path.write_text(whole + last[: len(last) // 2])  # a writer killed mid-line
+    fake = FakeTrainer(monkeypatch, {"muon": 2.0})
+    r = run_bench(tmp_path, "--baseline-lrs", "1e-3", "3e-3", "2e-3")
+    assert f"warning: {path} line {n + 1}: skipped" in capsys.readouterr().err
+    assert r["runs_reused"] == n and fake.training_runs() == 4
+    lines = path.read_text().splitlines()
+    assert path.read_text().startswith(whole) and lines[n] == last[: len(last) // 2]
+    assert len(lines) == n + 1 + 4 and all(json.loads(x)["run"] for x in lines[n + 1:])
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_bench_leaves_every_completed_run_in_the_cache(
+        tmp_path: Path, monkeypatch, capsys, how: str) -> None:
+    def stop() -> None:
+        if how == "sigterm":
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises in this thread
+        raise KeyboardInterrupt
+
+    FakeTrainer(monkeypatch, {"muon": 2.0}, stop_at=6, stop=stop)
+    before = signal.getsignal(signal.SIGTERM)
+    run_bench(tmp_path, code=130)
+    assert len(cache_lines(tmp_path)) == 5
+    assert "holds every completed run (5 of them run now)" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == before  # restored, not left raising
+    fake = FakeTrainer(monkeypatch, {"muon": 2.0})
+    r = run_bench(tmp_path)
+    assert r["runs_reused"] == 5 and fake.training_runs() == len(r["runs"]) - 5
+
+
+def test_time_ratio_comes_from_the_step_times_measured_side_by_side(
+        tmp_path: Path, monkeypatch) -> None:
+    fake = FakeTrainer(monkeypatch, {"muon": 2.0})
+    r = run_bench(tmp_path, "--timing-repeats", "3")
+    timed = [f for f in fake.calls if f[f.index("--val-every") + 1] == "0"]
+    # 3 recipes x 3 repeats, each first in turn, all at --timing-steps, logged every step
+    assert len(timed) == 9 and all(f[f.index("--max-steps") + 1] == "8"
+                                   and f[f.index("--log-every") + 1] == "1" for f in timed)
+    muon = ["muon" in f for f in timed]
+    assert muon == [False, True, True, True, True, False, True, False, True]
+    t = r["timing"]["recipes"]
+    # warm-up (500 ms) left out; repeats at 1, 1.1, 1.2 x the step time: median 1.1 x
+    assert t["gpt2"]["median_step_s"] == pytest.approx(0.011)
+    assert (t["new"]["min_step_s"], t["new"]["max_step_s"]) == pytest.approx((0.02, 0.024))
+    best = r["best"]
+    steps_to_target = best["tokens_to_target"] / 128
+    assert best["seconds_to_target"] == pytest.approx(steps_to_target * 0.022)
+    assert best["time_ratio"] == pytest.approx(64 * 0.011 / (steps_to_target * 0.022))
+    per_seed = [64 * 0.011 / (t / 128 * 0.022) for t in best["tokens_to_target_per_seed"]]
+    assert best["time_ratio_per_seed"]["values"] == pytest.approx(per_seed)
+    assert best["time_ratio_range"] == pytest.approx(
+        [64 * 0.010 / (steps_to_target * 0.024), 64 * 0.012 / (steps_to_target * 0.020)])
+    md = (tmp_path / "out" / "tokens.md").read_text()
+    assert "| new | 22.0 | 20.0 | 24.0 |" in md
+
+
+def test_no_timing_phase_with_zero_repeats(tmp_path: Path, monkeypatch) -> None:
+    fake = FakeTrainer(monkeypatch, {"muon": 2.0})
+    r = run_bench(tmp_path, "--timing-repeats", "0")
+    assert fake.training_runs() == len(fake.calls) and r["timing"] is None
+    assert r["best"]["time_ratio"] is None and r["best"]["time_ratio_from_run_times"] > 1
+    assert "No timing phase" in (tmp_path / "out" / "tokens.md").read_text()
+
+
+@pytest.mark.parametrize("flag, value", [("--timing-steps", "5"), ("--timing-repeats", "-1")])
+def test_bad_timing_flags_are_one_line_errors(tmp_path: Path, monkeypatch, capsys, flag: str,
+                                              value: str) -> None:
+    FakeTrainer(monkeypatch, {})
+    run_bench(tmp_path, flag, value, code=1)
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {flag} {value}: must be") and err.count("\n") == 1

@@ -258,7 +258,10 @@ def tokens_cell(s: Sizes, data: Path, tmp: Path) -> Cell:
            "--baseline-lrs", "6e-4", "--new-lr-scales", "1", "--new-budgets", "0.5",
            "--seeds", "1" if s.smoke else str(TOKENS_SEEDS),
            "--max-halvings", "0" if s.smoke else "1",
-           "--device", "cpu" if s.smoke else "cuda", "--trainer-flags=--no-compile"]
+           "--device", "cpu" if s.smoke else "cuda", "--trainer-flags=--no-compile",
+           # no timing phase: the GPU is this session's alone, so the runs' own times are
+           # not another job's load, and a timing phase would not fit the call's budget
+           "--timing-repeats", "0"]
     cmd += ["--n-layer", "2", "--n-head", "2", "--n-embd", "64"] if s.smoke else \
         ["--n-layer", "12", "--n-head", "12", "--n-embd", "768"]
     work = TOKENS_WORK * TOKENS_STEPS * step_seconds("gpt2", TOKENS_BATCH_TOKENS, 1024) * EAGER_SLOWDOWN

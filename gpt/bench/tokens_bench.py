@@ -18,6 +18,7 @@ import argparse
 import json
 import random
 import shlex
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,15 @@ def tokens_to_target(runs: list[dict[str, Any]], target: float) -> tuple[float |
             t = lo["tokens"] + (hi["tokens"] - lo["tokens"]) * (l0 - target) / (l0 - l1)
             return t, f"between the {lo['tokens']:,}- and {hi['tokens']:,}-token runs"
     return None, "no budget reached the target"
+
+
+def spread(values: list[float | None]) -> dict[str, Any]:
+    """Per-seed values (None: that seed never reached the target) as mean and std of those
+    that did, and how many did."""
+    got = [v for v in values if v is not None]
+    return {"values": values, "mean": statistics.mean(got) if got else None,
+            "std": statistics.stdev(got) if len(got) > 1 else 0.0 if got else None,
+            "reached": f"{len(got)}/{len(values)}"}
 
 
 def prepare_corpus(corpus: Path, data_dir: Path) -> None:

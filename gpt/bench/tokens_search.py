@@ -18,29 +18,48 @@ and data order: --seed, --seed + 1, ...), and reported as the mean and standard 
    rate and schedule; Muon at the new recipe's best scale) and the full recipe without
    each part (the further parts of gpt/bench/recipes.py: with each), tokens to the
    target for each, over the same budgets and seeds.
+5. The timing phase (gpt/bench/tokens_timing.py): the target's GPT-2 recipe, the best new
+   recipe and its tied-head variant, --timing-steps steps each, alternately, --timing-repeats
+   times, in this invocation; each recipe's median step time, with min and max (none with
+   --timing-repeats 0, for a machine that no other job shares).
 
 Tokens to the target: between the largest budget whose mean run ends above it and the
 smallest that ends at or below, interpolated (gpt.bench.tokens_bench.tokens_to_target),
-per seed too, for the spread of the ratio. Seconds to the target come the same way from
-the runs' training time (the trainer's own step times: no start-up, no evaluation), and
-their wall time and peak memory are kept beside it. tokens_ratio = the GPT-2 recipe's full
-budget / the new recipe's tokens to the target; time_ratio the same in training seconds.
+per seed too, for the spread of the ratio. tokens_ratio = the GPT-2 recipe's full budget /
+the new recipe's tokens to the target. time_ratio = the GPT-2 recipe's full budget in steps
+x its median step time / the new recipe's steps to the target x its median step time, both
+step times from the timing phase. Why not the runs' own training times: those were measured
+at different times, under whatever load this shared machine had then, and with the run cache
+in different sessions, commits and machines; a ratio of sums of them measures the load as
+much as the recipes. They are kept as time_ratio_from_run_times (the trainer's own step
+times, no start-up, no evaluation, interpolated as the tokens are), with each run's wall time
+and peak memory; the ablation's variants are not timed side by side, and have only that one.
+
+Every completed run is appended to `<--out>/tokens-runs.jsonl` (gpt/bench/tokens_cache.py
+gives its format) and a later bench with the same --out reuses a run whose trainer flags and
+data are the same instead of training it again (--no-reuse: train all again, still append):
+a bench stopped by Ctrl-C or SIGTERM resumes where it was. tokens.json counts the runs
+reused and run now, and names the commits and machines they came from.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import signal
 import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from gpt.bench import recipes, tokens_bench
+from gpt.bench import recipes, tokens_bench, tokens_timing
 from gpt.bench.record import write_outputs
 from gpt.bench.runs import read_metrics, run_trainer
-from gpt.bench.tokens_bench import tokens_to_target, trainer_flags
+from gpt.bench.tokens_bench import spread, tokens_to_target, trainer_flags
+from gpt.bench.tokens_cache import CACHE_NAME, ORIGIN, RunCache, data_fingerprint, origins
+from gpt.errors import UserError
 
 TIED = tuple(p for p in recipes.NEW_PARTS if p != "untied_head")
 
@@ -56,14 +75,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also each part alone on GPT-2 and the full recipe without each")
     p.add_argument("--parts", nargs="+", choices=list(recipes.PARTS), metavar="PART",
                    help=f"the ablation's parts (default: all: {', '.join(recipes.PARTS)})")
+    p.add_argument("--no-reuse", action="store_true",
+                   help=f"train every run again, not reusing those in <--out>/{CACHE_NAME} "
+                   f"(they are still appended there)")
+    tokens_timing.add_flags(p)
     p.set_defaults(standalone=run)
 
 
 class Bench:
     """Runs points (parts, steps, learning rate) over seeds, each once, in a work folder."""
 
-    def __init__(self, args: argparse.Namespace, work: Path) -> None:
-        self.args, self.work, self.runs = args, work, []
+    def __init__(self, args: argparse.Namespace, work: Path, cache: RunCache) -> None:
+        self.args, self.work, self.cache, self.runs = args, work, cache, []
         self.points: dict[tuple, dict[str, Any]] = {}
 
     def point(self, label: str, parts: tuple[str, ...], steps: int, lr: float) -> dict[str, Any]:
@@ -87,24 +110,44 @@ class Bench:
 
     def train(self, label: str, parts: tuple[str, ...], steps: int, lr: float,
               seed: int) -> dict[str, Any]:
+        """One run: from the cache if a run with the same flags and data is there, else
+        trained and appended to it at once (so that an interrupt loses no finished run)."""
         args = copy.copy(self.args)
         args.seed = seed
-        out = self.work / f"run{len(self.runs):04d}"
+        what = f"{label} ({steps} steps, lr {lr:g}, seed {seed})"
         flags = [*trainer_flags(args, steps),
-                 *recipes.flags(parts, steps, lr, args.new_max_lr, args.new_muon_lr),
-                 "--out-dir", str(out)]
-        wall = run_trainer(flags, f"{label} ({steps} steps, lr {lr:g}, seed {seed})")
-        records = read_metrics(out)
-        curve = [[r["step"] * args.total_batch_tokens, r["val_loss"]] for r in records
-                 if r.get("type") == "val"]
-        run = {"label": label, "seed": seed, "steps": steps, "lr": lr, "curve": curve,
-               "final_val_loss": curve[-1][1], "train_seconds": round(train_seconds(records), 3),
-               "wall_seconds": round(wall, 2), "flags": flags,
-               # the process's peak resident memory on CPU (the allocator's on a GPU)
-               "peak_mem_gb": max((r.get("peak_mem_gb") or 0.0 for r in records
-                                   if r.get("type") == "train"), default=0.0)}
+                 *recipes.flags(parts, steps, lr, args.new_max_lr, args.new_muon_lr)]
+        key = self.cache.key(flags)
+        entry = self.cache.get(key)
+        reused = entry is not None
+        if entry is None:
+            entry = self.cache.add(key, {"label": label, "seed": seed, "steps": steps, "lr": lr,
+                                         **self.measure(flags, what)})
+        else:
+            print(f"reused {what}: run at {entry.get('time')}, commit "
+                  f"{str(entry.get('commit'))[:12]} ({self.cache.path})", flush=True)
+        # the label is this bench's name for the point (an ablation's may differ)
+        run = {**entry["run"], "label": label, "reused": reused,
+               "origin": {k: entry.get(k) for k in ORIGIN}}
         self.runs.append(run)
         return run
+
+    def measure(self, flags: list[str], what: str) -> dict[str, Any]:
+        """Train one run in the work folder: what its metrics say."""
+        out = self.work / f"run{len(self.runs):04d}"
+        wall = run_trainer([*flags, "--out-dir", str(out)], what)
+        records = read_metrics(out)
+        curve = [[r["step"] * self.args.total_batch_tokens, r["val_loss"]] for r in records
+                 if r.get("type") == "val"]
+        if not curve:
+            raise UserError(f"{what}: the trainer logged no validation loss (--val-every and "
+                            f"--trainer-flags must leave evaluation on)")
+        return {"curve": curve, "final_val_loss": curve[-1][1],
+                "train_seconds": round(train_seconds(records), 3),
+                "wall_seconds": round(wall, 2), "flags": flags,
+                # the process's peak resident memory on CPU (the allocator's on a GPU)
+                "peak_mem_gb": max((r.get("peak_mem_gb") or 0.0 for r in records
+                                    if r.get("type") == "train"), default=0.0)}
 
     def budgets(self, label: str, parts: tuple[str, ...], lr: float, target: float,
                 full: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -145,38 +188,55 @@ def to_target(points: list[dict[str, Any]], target: float, seed: int | None = No
     return tokens_to_target(rows, target)
 
 
-def spread(values: list[float | None]) -> dict[str, Any]:
-    got = [v for v in values if v is not None]
-    return {"values": values, "mean": statistics.mean(got) if got else None,
-            "std": statistics.stdev(got) if len(got) > 1 else 0.0 if got else None,
-            "reached": f"{len(got)}/{len(values)}"}
-
-
 def crossing(points: list[dict[str, Any]], target: float, base: dict[str, Any],
              seeds: int) -> dict[str, Any]:
-    """Tokens and seconds to the target, and the ratios to the GPT-2 recipe's, with spread."""
+    """Tokens to the target and the ratio to the GPT-2 recipe's, with spread; seconds from
+    the runs' own times (time_ratio and seconds_to_target stay None until the timing phase
+    measures step times side by side: tokens_timing.side_by_side)."""
     tokens, how = to_target(points, target)
     secs, _ = to_target(points, target, what="seconds")
     per_seed = [to_target(points, target, s)[0] for s in range(seeds)]
     per_seed_s = [to_target(points, target, s, "seconds")[0] for s in range(seeds)]
     base_s = [r["train_seconds"] for r in base["seeds"]]
-    return {"tokens_to_target": tokens, "how": how, "seconds_to_target": secs,
+    return {"tokens_to_target": tokens, "how": how, "tokens_to_target_per_seed": per_seed,
             "tokens_ratio": base["tokens"] / tokens if tokens else None,
-            "time_ratio": base["train_seconds"] / secs if secs else None,
             "tokens_ratio_per_seed": spread([base["tokens"] / t if t else None for t in per_seed]),
-            "time_ratio_per_seed": spread([b / s if s else None for b, s in zip(base_s, per_seed_s)]),
+            "seconds_to_target": None, "time_ratio": None, "time_ratio_per_seed": None,
+            "seconds_to_target_from_run_times": secs,
+            "time_ratio_from_run_times": base["train_seconds"] / secs if secs else None,
+            "time_ratio_from_run_times_per_seed": spread(
+                [b / s if s else None for b, s in zip(base_s, per_seed_s)]),
             "points": [{k: p[k] for k in ("steps", "tokens", "final_val_loss",
                                           "final_val_loss_std", "train_seconds")} for p in points]}
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the bench as Ctrl-C does: the running trainer's process group is
+    killed (run_group's clean-up), and the runs completed are in the cache already. Left as
+    it is off the main thread, where no handler can be set."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt.bench.report import run_info
     from gpt.dist import pick_device
-    from gpt.errors import UserError
     from gpt.shards import find_shards, shard_num_tokens
 
     if args.seeds < 1:
         raise UserError(f"--seeds {args.seeds}: must be >= 1")
+    tokens_timing.check_flags(args)
     device = pick_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -187,34 +247,28 @@ def run(args: argparse.Namespace) -> int:
     if full > train_tokens:
         print(f"warning: --steps {args.steps} x {args.total_batch_tokens} tokens = {full:,} is "
               f"more than the {train_tokens:,} train tokens: runs repeat data", file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="tokens_bench_") as tmp:
-        b = Bench(args, Path(tmp))
-        gpt2 = [b.point(f"gpt2 {sched}", parts, args.steps, lr)
-                for sched, parts in (("cosine", ()), ("trapezoid", ("schedule",)))
-                for lr in args.baseline_lrs]
-        base = min(gpt2, key=lambda p: p["final_val_loss"])
-        target = base["final_val_loss"]
-        new = [b.point("new", recipes.NEW_PARTS, args.steps, s) for s in args.new_lr_scales]
-        best = min(new, key=lambda p: p["final_val_loss"])
-        scale = best["lr"]
-        report: dict[str, Any] = {
-            "target_val_loss": target, "target_val_loss_std": base["final_val_loss_std"],
-            "baseline": {"parts": base["parts"], "lr": base["lr"], "tokens": base["tokens"],
-                         "train_seconds": base["train_seconds"]},
-            "new_best_lr_scale": scale,
-            "best": crossing(b.budgets("new", recipes.NEW_PARTS, scale, target, best),
-                             target, base, args.seeds),
-            "tied_head": crossing(b.budgets("new, tied head", TIED, scale, target),
-                                  target, base, args.seeds),
-        }
-        if args.ablation:
-            report["ablation"] = ablation(b, args, base, scale, target)
+    cache = RunCache(out / CACHE_NAME, data_fingerprint(args.data_dir), reuse=not args.no_reuse)
+    if cache.lines:
+        print(f"run cache: {len(cache.lines)} run(s) in {cache.path} to reuse", flush=True)
+    with sigterm_as_interrupt(), tempfile.TemporaryDirectory(prefix="tokens_bench_") as tmp:
+        b = Bench(args, Path(tmp), cache)
+        try:
+            report, base, best = measure(b, args)
+        except KeyboardInterrupt:
+            now = sum(not r["reused"] for r in b.runs)
+            print(f"\ninterrupted: {cache.path} holds every completed run ({now} of them run "
+                  f"now); the same command resumes from them", file=sys.stderr)
+            return 130
+    target = base["final_val_loss"]
+    reused = sum(bool(r.get("reused")) for r in b.runs)
     report = {**run_info("tokens", device, args.argv), "data_dir": args.data_dir,
               "train_tokens": train_tokens, "seeds": args.seeds,
               "model": {"preset": args.model, "n_layer": args.n_layer, "n_head": args.n_head,
                         "n_embd": args.n_embd, "seq_len": args.seq_len},
               "tokens_per_step": args.total_batch_tokens, "full_budget_tokens": full,
               "new_recipe_parts": list(recipes.NEW_PARTS), **report,
+              "run_cache": str(cache.path), "runs_reused": reused,
+              "runs_run_now": len(b.runs) - reused, "run_origins": origins(b.runs),
               "points": [{k: v for k, v in p.items() if k != "seeds"} for p in b.points.values()],
               "runs": b.runs}
     markdown = summary(report)
@@ -225,6 +279,44 @@ def run(args: argparse.Namespace) -> int:
     print(markdown)
     print(f"wrote {out}/tokens.json, tokens.md{', tokens.png' if plotted else ''}")
     return 0
+
+
+def measure(b: Bench, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any],
+                                                         dict[str, Any]]:
+    """The bench's steps 1-5: (its results, the target's point, the best new point)."""
+    gpt2 = [b.point(f"gpt2 {sched}", parts, args.steps, lr)
+            for sched, parts in (("cosine", ()), ("trapezoid", ("schedule",)))
+            for lr in args.baseline_lrs]
+    base = min(gpt2, key=lambda p: p["final_val_loss"])
+    target = base["final_val_loss"]
+    new = [b.point("new", recipes.NEW_PARTS, args.steps, s) for s in args.new_lr_scales]
+    best = min(new, key=lambda p: p["final_val_loss"])
+    scale = best["lr"]
+    report: dict[str, Any] = {
+        "target_val_loss": target, "target_val_loss_std": base["final_val_loss_std"],
+        "baseline": {"parts": base["parts"], "lr": base["lr"], "steps": base["steps"],
+                     "tokens": base["tokens"], "train_seconds": base["train_seconds"]},
+        "new_best_lr_scale": scale,
+        "best": crossing(b.budgets("new", recipes.NEW_PARTS, scale, target, best),
+                         target, base, args.seeds),
+        "tied_head": crossing(b.budgets("new, tied head", TIED, scale, target),
+                              target, base, args.seeds),
+    }
+    if args.ablation:
+        report["ablation"] = ablation(b, args, base, scale, target)
+    report["timing"] = None
+    if args.timing_repeats == 0:
+        return report, base, best
+    timing = tokens_timing.time_recipes(args, b.work, {
+        "gpt2": (tuple(base["parts"]), base["lr"]), "new": (recipes.NEW_PARTS, scale),
+        "new, tied head": (TIED, scale)})
+    report["timing"] = {"steps": args.timing_steps, "repeats": args.timing_repeats,
+                        "warmup_steps": tokens_timing.WARMUP_STEPS, "recipes": timing}
+    report["baseline"]["seconds"] = base["steps"] * timing["gpt2"]["median_step_s"]
+    for key, name in (("best", "new"), ("tied_head", "new, tied head")):
+        report[key].update(tokens_timing.side_by_side(
+            report[key], base, args.total_batch_tokens, timing["gpt2"], timing[name]))
+    return report, base, best
 
 
 def ablation(b: Bench, args: argparse.Namespace, base: dict[str, Any], scale: float,
@@ -248,30 +340,64 @@ def ablation(b: Bench, args: argparse.Namespace, base: dict[str, Any], scale: fl
 
 def _ratio(c: dict[str, Any], key: str) -> str:
     s = c[f"{key}_per_seed"]
+    if s is None:
+        return "not timed side by side"
     if s["mean"] is None:
         return "not reached"
-    return f"{s['mean']:.2f} +- {s['std']:.2f} ({s['reached']} seeds)"
+    text = f"{s['mean']:.2f} +- {s['std']:.2f} ({s['reached']} seeds)"
+    if key == "time_ratio" and c.get("time_ratio_range"):
+        text += " [{:.2f}, {:.2f}]".format(*c["time_ratio_range"])
+    return text
+
+
+def _origin(o: dict[str, Any]) -> str:
+    commit = str(o["commit"])[:12] + (" (with local changes)" if o["commit_dirty"] else "")
+    return (f"commit {commit} on {o['cpu']} x {o['cpu_count']}, torch {o['torch']}: "
+            f"{o['runs']} run(s)")
 
 
 def summary(r: dict[str, Any]) -> str:
-    base = r["baseline"]
+    base, timing = r["baseline"], r["timing"]
     lines = [f"# Tokens and time to the GPT-2 recipe's validation loss "
              f"({r['target_val_loss']:.4f} +- {r['target_val_loss_std']:.4f}, {r['seeds']} seeds)",
              "", f"`{r['command']}` at {r['commit']} on {r['device']}, torch {r['torch']}", "",
              f"Target: GPT-2 recipe ({' + '.join(base['parts']) or 'cosine'} schedule, --max-lr "
-             f"{base['lr']:g}) after {base['tokens']:,} tokens, {base['train_seconds']:.1f} s "
-             f"of training. New recipe at lr scale x{r['new_best_lr_scale']:g}.", "",
-             "| variant | tokens to target | tokens_ratio | time_ratio |", "|---|---|---|---|"]
+             f"{base['lr']:g}) after {base['tokens']:,} tokens ({base['steps']} steps): "
+             + (f"{base['seconds']:.1f} s at its side-by-side step time, " if timing else "")
+             + f"{base['train_seconds']:.1f} s in its own runs. New recipe at lr scale "
+             f"x{r['new_best_lr_scale']:g}.", "",
+             f"Runs: {r['runs_run_now']} run now, {r['runs_reused']} reused from "
+             f"`{r['run_cache']}`; " + "; ".join(_origin(o) for o in r["run_origins"]) + ".", "",
+             "| variant | tokens to target | tokens_ratio | time_ratio | time_ratio from run "
+             "times |", "|---|---|---|---|---|"]
     rows = [("new recipe (best)", r["best"]), ("new recipe, tied head (equal parameters)",
                                                r["tied_head"])]
     rows += [(a["variant"], a) for a in r.get("ablation", [])]
     for name, c in rows:
         tokens = f"{c['tokens_to_target']:,.0f} ({c['how']})" if c["tokens_to_target"] else c["how"]
         lines.append(f"| {name} | {tokens} | {_ratio(c, 'tokens_ratio')} | "
-                     f"{_ratio(c, 'time_ratio')} |")
+                     f"{_ratio(c, 'time_ratio')} | {_ratio(c, 'time_ratio_from_run_times')} |")
+    if timing:
+        lines += _timing(timing)
+    else:
+        lines += ["", "No timing phase (--timing-repeats 0): time_ratio from run times alone."]
     lines += ["", "| point | steps | lr | final val loss | train s | peak GiB |",
               "|---|---|---|---|---|---|"]
     lines += [f"| {p['label']} | {p['steps']} | {p['lr']:g} | {p['final_val_loss']:.4f} +- "
               f"{p['final_val_loss_std']:.4f} | {p['train_seconds']:.1f} | "
               f"{p['peak_mem_gb']:.2f} |" for p in r["points"]]
     return "\n".join(lines) + "\n"
+
+
+def _timing(timing: dict[str, Any]) -> list[str]:
+    """The timing phase's lines: what time_ratio is, and each recipe's step time."""
+    lines = ["", f"time_ratio: from step times measured side by side at the end of this "
+              f"invocation ({timing['repeats']} alternating runs of {timing['steps']} steps per "
+              f"recipe, median ms/step from step {timing['warmup_steps']} on; in brackets the "
+              f"ratio at the repeats' fastest and slowest). The runs' own times were measured "
+              f"at different times (and sessions) under this shared machine's load then, so "
+              f"'from run times' measures that load too.", "",
+              "| timed recipe | median ms/step | min | max |", "|---|---|---|---|"]
+    lines += [f"| {name} | {t['median_step_s'] * 1000:.1f} | {t['min_step_s'] * 1000:.1f} | "
+              f"{t['max_step_s'] * 1000:.1f} |" for name, t in timing["recipes"].items()]
+    return lines
