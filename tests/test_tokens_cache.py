@@ -16,14 +16,14 @@ from helpers import write_random_shards
 def test_the_key_leaves_out_the_out_dir_and_holds_the_data_fingerprint(tmp_path: Path) -> None:
     data = write_random_shards(tmp_path, seed=0, train=(1000,), val=(500,))
     fp = data_fingerprint(data)
-    assert fp == {"metadata_sha256": None,
-                  "shards": {"train_000000.bin": (data / "train_000000.bin").stat().st_size,
-                             "val_000000.bin": (data / "val_000000.bin").stat().st_size}}
-    (data / "metadata.json").write_text('{"complete": true}')
-    with_meta = data_fingerprint(data)
-    assert with_meta["metadata_sha256"] and with_meta != fp
-    (data / "metadata.json").write_text('{"complete": false}')
-    assert data_fingerprint(data) != with_meta  # the content, not only its presence
+    assert set(fp["shards"]) == {"train_000000.bin", "val_000000.bin"}
+    (data / "metadata.json").write_text('{"created": "another day"}')
+    assert data_fingerprint(data) == fp  # the same tokens prepared again: the same data
+    raw = bytearray((data / "val_000000.bin").read_bytes())
+    raw[-1] ^= 1  # one token changed, the size the same
+    (data / "val_000000.bin").write_bytes(bytes(raw))
+    assert data_fingerprint(data)["shards"]["val_000000.bin"] != fp["shards"]["val_000000.bin"]
+    fp = data_fingerprint(data)
     (data / "notes.txt").write_text("not a shard")
     assert data_fingerprint(data)["shards"] == fp["shards"]
     flags = ["--a", "1", "--out-dir", "x", "--b", "--out-dir=y"]
@@ -76,3 +76,14 @@ def test_origins_are_the_distinct_commits_and_machines(tmp_path: Path) -> None:
     runs = [{"origin": {**a, "time": "t1"}}, {"origin": {**a, "time": "t2"}},
             {"origin": {**a, "commit": "b", "time": "t3"}}]
     assert origins(runs) == [{**a, "runs": 2}, {**a, "commit": "b", "runs": 1}]
+
+
+def test_runs_at_another_thread_count_are_not_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = {"shards": {"train_000000.bin": "ab"}}
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cache = RunCache(tmp_path / "runs.jsonl", data)
+    cache.add(cache.key(["--seed", "1"]), {"final_val_loss": 3.0})
+    assert RunCache(tmp_path / "runs.jsonl", data).get(cache.key(["--seed", "1"])) is not None
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    again = RunCache(tmp_path / "runs.jsonl", data)
+    assert again.get(again.key(["--seed", "1"])) is None

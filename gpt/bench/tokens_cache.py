@@ -7,8 +7,11 @@ Each line (format 1) holds:
 - ``key``: what determines the run's result, and all of it that is compared:
   ``flags``, the trainer's flags exactly as the bench passes them, ``--out-dir`` left out
   (a temporary folder); ``data``, the data folder's fingerprint (data_fingerprint):
-  ``metadata_sha256``, the SHA-256 of its metadata.json (null without one), and
-  ``shards``, each train_/val_ shard file's name and size in bytes.
+  ``shards``, each train_/val_ shard file's name and the SHA-256 of its bytes (not
+  metadata.json: it names the day and the temporary file a corpus was prepared from, so
+  the same tokens prepared again in a later session would not match); ``threads``, the
+  OMP_NUM_THREADS the trainer runs inherit (unset: null), since the number of threads
+  changes the order of the sums and so, slightly, the result.
 - ``run``: the run's record as Bench.train returns it (label, seed, steps, lr, curve,
   final_val_loss, train_seconds, wall_seconds, flags, peak_mem_gb).
 - where and when it ran (origin): ``commit`` and ``commit_dirty`` (the checkout, as
@@ -36,7 +39,7 @@ from typing import Any, Sequence
 from gpt.bench.record import git_commit, now
 from gpt.errors import UserError
 from gpt.fileio import fsync_dir
-from gpt.shards import METADATA_NAME, is_shard_name
+from gpt.shards import is_shard_name
 
 CACHE_NAME = "tokens-runs.jsonl"
 FORMAT = 1
@@ -44,20 +47,26 @@ ORIGIN = ("commit", "commit_dirty", "torch", "cpu", "cpu_count", "platform", "ti
 
 
 def data_fingerprint(data_dir: str | Path) -> dict[str, Any]:
-    """What a run's data is, cheaply: the hash of metadata.json (fineweb.py's record of the
-    folder, with its settings) and every shard's size; reading the shards whole would cost
-    more than some runs."""
+    """What a run's data is: every shard's SHA-256. The tokens bench's corpora are a few
+    MB (3.3M tokens: 20 ms to hash), and the hash holds across preparations of the same
+    text, where metadata.json's date and paths do not."""
     folder = Path(data_dir)
-    meta = folder / METADATA_NAME
     try:
-        digest = hashlib.sha256(meta.read_bytes()).hexdigest() if meta.is_file() else None
-        shards = {p.name: p.stat().st_size for p in sorted(folder.iterdir())
+        shards = {p.name: _sha256(p) for p in sorted(folder.iterdir())
                   if p.is_file() and not p.name.startswith(".")
                   and (is_shard_name(p.name, "train") or is_shard_name(p.name, "val"))}
     except OSError as e:
         raise UserError(f"--data-dir {folder}: cannot read it for the run cache's "
                         f"fingerprint ({e.strerror or e})") from None
-    return {"metadata_sha256": digest, "shards": shards}
+    return {"shards": shards}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def cpu_model() -> str:
@@ -111,7 +120,8 @@ class RunCache:
         self._origin: dict[str, Any] | None = None  # this process's, made on first use
 
     def key(self, flags: Sequence[str]) -> dict[str, Any]:
-        return {"flags": without_out_dir(flags), "data": self.data}
+        return {"flags": without_out_dir(flags), "data": self.data,
+                "threads": os.environ.get("OMP_NUM_THREADS")}
 
     def origin(self) -> dict[str, Any]:
         """This process's origin, its time that of each call (when the run ended)."""
