@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import sys
 import textwrap
 import time
@@ -34,8 +35,8 @@ SMOKE = gpu_plan.Sizes.make(smoke=True)
 # the plan
 
 
-def test_plan_fits_the_session_riskiest_first(capsys: pytest.CaptureFixture[str],
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plan_fits_each_session_riskiest_first(capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("--plan ran a cell")
 
@@ -43,32 +44,78 @@ def test_plan_fits_the_session_riskiest_first(capsys: pytest.CaptureFixture[str]
     monkeypatch.setattr(gpu, "run_stage", refuse)
     assert bench_main(["gpu", "--plan", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    calls, required = plan["calls"], [c for c in plan["calls"] if not c["optional"]]
-    assert plan["budget_s"] == 1500 and "not measured" in plan["estimates"]
-    assert plan["total_s"] == plan["machine_start_s"] + sum(c["estimate_s"] for c in required)
-    assert plan["total_s"] <= plan["budget_s"]
+    calls, sessions = plan["calls"], plan["sessions"]
+    assert (plan["budget_s"], plan["session_limit_s"]) == (870, 900) and "not measured" in plan["estimates"]
+    # calls numbered in the plan's order, session by session; every stage once
+    assert [c["call"] for c in calls] == list(range(1, len(calls) + 1))
+    assert [c["stage"] for c in calls] == [n for stages in gpu_plan.SESSIONS for n in stages]
+    assert sorted(c["stage"] for c in calls) == sorted(gpu_plan.STAGES)
+    assert [s["session"] for s in sessions] == list(range(1, len(gpu_plan.SESSIONS) + 1))
+    for s in sessions:  # each a fresh machine: its start and its calls fit the target
+        mine = [c for c in calls if c["session"] == s["session"]]
+        assert s["calls"] == [c["call"] for c in mine] and s["stages"] == [c["stage"] for c in mine]
+        assert s["total_s"] == plan["machine_start_s"] + sum(c["estimate_s"] for c in mine)
+        assert s["total_s"] <= plan["budget_s"] < plan["session_limit_s"]
+        assert {c["optional"] for c in mine} == {s["optional"]}  # required or optional, not mixed
+    required = [s for s in sessions if not s["optional"]]
+    flags = [s["optional"] for s in sessions]  # the acceptance first, then the optional ones
+    assert flags == sorted(flags) and len(required) == 3
+    assert plan["total_s"] == sum(s["total_s"] for s in required)
     names = [[cell["name"] for cell in c["cells"]] for c in calls]
-    assert names[0][:2] == ["pytest-cuda", "ours-b64-default"]  # the riskiest first
-    assert names[1] == ["gpt2-xl-fsdp-ac-1gpu"]
+    assert names[0] == ["pytest-cuda", "ours-b64-default", "build-nanogpt-b64"]  # the riskiest first
+    assert names[1] == ["gpt2-xl-fsdp-ac-1gpu"] and calls[1]["session"] == 1
     for b in (16, 32, 64):  # the grid, each micro-batch beside its baseline, in the acceptance
         assert any({f"ours-b{b}-default", f"build-nanogpt-b{b}"} <= set(n) for n, c in zip(names, calls)
                    if not c["optional"])
+    [kernels] = [c for c in calls if c["stage"] == 7]  # side by side, in one call, required
+    assert not kernels["optional"] and names[calls.index(kernels)] == [
+        "ours-b64-default", "ours-b64-default-unchunked", "ours-b64-default-liger", "ours-b64-default-cce"]
     autotune = [c for c in calls if any("max-autotune" in cell["name"] for cell in c["cells"])]
     assert len(autotune) == 1 and autotune[0]["optional"] and len(autotune[0]["cells"]) == 1
+    for c in calls:  # no optional call fits beside a required session: each needs its own
+        assert not c["optional"] or all(s["total_s"] + c["estimate_s"] > plan["budget_s"] for s in required)
     for c in calls:
-        assert [c["call"], c["stage"]] == [calls.index(c) + 1] * 2
         assert all(cell["estimate_s"] > 0 for cell in c["cells"])
         assert c["cells_s"] <= plan["stage_budget_s"] and c["estimate_s"] < c["timeout_s"] == 600
-        assert f"python3 -m gpt.bench gpu --stage {c['stage']} --out $OUT --commit " in c["command"]
-        assert "PYTHONPATH=." in c["command"] and c["carry"] == [".carry"]
-        assert len(c["command"]) <= 2000  # the device tool's limit
+        command = c["command"]
+        assert f"python3 -m gpt.bench gpu --stage {c['stage']} --out $OUT --commit " in command
+        assert "export PYTHONPATH=. " in command and c["carry"] == [".carry"]
+        wheels = "--target /tmp/site .carry/wheels/*.whl && export PYTHONPATH=.:/tmp/site || exit 1; fi;"
+        assert wheels in command and command.index(wheels) < command.index("python3 -m gpt.bench")
+        assert len(command) <= 2000  # the device tool's limit
         assert names[calls.index(c)] == [cell.name for cell in gpu_plan.stage_cells(
             c["stage"], gpu_plan.Sizes.make(False), Path("d"), Path("w"), Path("t"), 4)]
     assert bench_main(["gpu", "--plan"]) == 0
     text = capsys.readouterr().out
     assert all(c["command"] in text for c in calls) and f"{plan['total_s']} s" in text
+    assert all(f"session {s['session']}" in text and f"~{s['total_s']} s" in text for s in sessions)
     doc = (gpu_plan.REPO / "benchmarks" / "gpu" / "README.md").read_text()  # says what --plan says
     assert f"total: {plan['total_s']} s" in doc and all(f"| {c['estimate_s']} s |" in doc for c in calls)
+    assert all(f"| {s['session']}{', optional' if s['optional'] else ''} ({s['total_s']} s) |" in doc
+               for s in sessions)
+    assert gpu_plan.device_command(1, "SHA") in doc
+
+
+def test_without_wheels_the_command_installs_nothing(tmp_path: Path) -> None:
+    """The device command's wheel step: with no .carry/wheels, PYTHONPATH stays `.`."""
+    command = gpu_plan.device_command(7, "SHA")
+    prefix = command[:command.index("nvidia-smi")]
+    done = subprocess.run(["bash", "-c", prefix + ' echo "[$PYTHONPATH]"'], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "[.]\n", done
+
+
+def test_a_cell_loss_is_one_of_four() -> None:
+    flags = {loss: gpu_plan.ours_cell(SMOKE, Path("/d"), Path("/w"), 8, loss=loss)
+             for loss in gpu_plan.LOSSES}
+    assert [c.name for c in flags.values()] == ["ours-b8-default", "ours-b8-default-unchunked",
+                                                "ours-b8-default-liger", "ours-b8-default-cce"]
+    assert all(c.params["loss"] == loss for loss, c in flags.items())
+    assert "--no-chunked-loss" in flags["unchunked"].cmd and "--loss-kernel" not in flags["ours"].cmd
+    for kernel in gpu_plan.CUDA_ONLY_LOSSES:  # --smoke adds no --compile-mode after them
+        assert flags[kernel].params["trainer_argv"][-2:] == ["--loss-kernel", kernel]
+    with pytest.raises(ValueError, match="loss must be one of ours, unchunked, liger, cce"):
+        gpu_plan.ours_cell(SMOKE, Path("/d"), Path("/w"), 8, loss="chunked")
 
 
 def test_pytest_estimate_counts_workers() -> None:
@@ -92,10 +139,11 @@ def run_stage(stage: int, out: Path) -> dict:
     assert (out / f"gpu_stage{stage}.md").read_text().startswith(f"# GPU acceptance, stage {stage}")
     assert (out / f"gpu_stage{stage}.log").stat().st_size > 0
     assert report["comparison"] == []  # build-nanogpt does not run in --smoke
+    assert isinstance(report["loss_comparison"], list)
     for cell in report["cells"]:
         assert CELL_KEYS <= cell.keys()
         assert cell["status"] in ("ok", "skipped"), cell
-        if cell["kind"] == "trainer":
+        if cell["kind"] == "trainer" and cell["status"] == "ok":
             assert "--no-save-checkpoints" in cell["command"]
             assert cell["memory"]["measured_peak_bytes"] > 0 and cell["memory"]["planner"]
     return {c["name"]: c for c in report["cells"]}
@@ -104,15 +152,12 @@ def run_stage(stage: int, out: Path) -> dict:
 @pytest.mark.slow
 def test_stage1_smoke(tmp_path: Path) -> None:
     cells = run_stage(1, tmp_path)
-    assert list(cells) == ["pytest-cuda", "ours-b8-default", "build-nanogpt-b8",
-                           "ours-b8-default-unchunked"]
+    assert list(cells) == ["pytest-cuda", "ours-b8-default", "build-nanogpt-b8"]
     tests = cells["pytest-cuda"]["result"]
     assert tests["tests"] >= 10 and tests["skipped"] == tests["tests"]  # no GPU here
     train = cells["ours-b8-default"]["result"]
     assert FIGURES <= train.keys() and train["step_ms"]["n"] == SMOKE.steps - gpu_plan.WARMUP
     assert train["peak_mem_gb"] > 0 and train["peak_mem_source"] == "peak RSS"
-    unchunked = cells["ours-b8-default-unchunked"]
-    assert "--no-chunked-loss" in unchunked["command"] and unchunked["result"]["peak_mem_gb"] > 0
     assert cells["build-nanogpt-b8"]["status"] == "skipped"
     assert "--smoke" in cells["build-nanogpt-b8"]["reason"]
 
@@ -148,6 +193,26 @@ def test_stage6_smoke(tmp_path: Path) -> None:
     assert [r["label"] for r in result["runs"]] == ["gpt2 cosine", "gpt2 trapezoid", "new", "new",
                                                     "new, tied head", "new, tied head"]
     assert "--no-compile" in result["runs"][0]["flags"] and "tokens_ratio" in result["best"]
+
+
+@pytest.mark.slow
+def test_stage7_smoke(tmp_path: Path) -> None:
+    cells = run_stage(7, tmp_path)
+    assert list(cells) == ["ours-b8-default", "ours-b8-default-unchunked", "ours-b8-default-liger",
+                           "ours-b8-default-cce"]
+    assert [c["params"]["loss"] for c in cells.values()] == ["ours", "unchunked", "liger", "cce"]
+    ours, unchunked = cells["ours-b8-default"], cells["ours-b8-default-unchunked"]
+    assert ours["status"] == unchunked["status"] == "ok"
+    assert "--no-chunked-loss" not in ours["command"] and "--loss-kernel" not in ours["command"]
+    assert "--no-chunked-loss" in unchunked["command"] and FIGURES <= unchunked["result"].keys()
+    for name, kernel in (("ours-b8-default-liger", "liger"), ("ours-b8-default-cce", "cce")):
+        assert cells[name]["status"] == "skipped" and "command" not in cells[name]
+        assert cells[name]["reason"] == f"--smoke: --loss-kernel {kernel} runs Triton kernels on CUDA only"
+    report = json.loads((tmp_path / "gpu_stage7.json").read_text())
+    [c] = report["loss_comparison"]  # the skipped kernels have none
+    assert (c["cell"], c["loss"], c["ours"]) == ("ours-b8-default-unchunked", "unchunked", "ours-b8-default")
+    assert c["peak_mem_over_ours"] == pytest.approx(c["peak_mem_gb"] / c["ours_peak_mem_gb"])
+    assert "The head + loss against ours" in (tmp_path / "gpu_stage7.md").read_text()
 
 
 def test_stage6_without_its_corpus_fails_before_running_anything(tmp_path: Path, monkeypatch,
@@ -377,6 +442,31 @@ def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str]) -> No
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert says in err and len(err.strip().splitlines()) == 2, err  # the error, then the hint
+
+
+def test_each_loss_kernel_against_ours_in_the_summary() -> None:
+    def cell(name: str, loss: str, ms: float, mem: float, batch: int = 64, status: str = "ok") -> dict:
+        result = gpu_results.step_figures([{"ms": ms, "loss": 5.0}] * 8, 2**17, "gpt2", 1024, "cpu")
+        return {"name": name, "kind": "trainer", "status": status, "seconds": 9, "estimate_s": 9,
+                "params": {"model": "gpt2", "batch_size": batch, "compile_mode": "default", "loss": loss},
+                "result": {**result, "peak_mem_gb": mem}}
+
+    cells = [cell("ours-b64-default", "ours", 400.0, 20.0),
+             cell("ours-b64-default-unchunked", "unchunked", 440.0, 50.0),
+             cell("ours-b64-default-liger", "liger", 380.0, 18.0),
+             cell("ours-b64-default-cce", "cce", 1.0, 1.0, status="failed"),
+             cell("ours-b16-default-liger", "liger", 100.0, 5.0, batch=16)]  # no ours at 16
+    found = gpu_results.loss_comparisons(cells)
+    assert [c["cell"] for c in found] == ["ours-b64-default-unchunked", "ours-b64-default-liger"]
+    liger = found[1]
+    assert liger["ours"] == "ours-b64-default" and liger["step_ms_over_ours"] == pytest.approx(0.95)
+    assert liger["tokens_per_s_over_ours"] == pytest.approx(400 / 380)
+    assert liger["peak_mem_over_ours"] == pytest.approx(0.9)
+    report = {"stage": 7, "smoke": False, "seconds": 1, "budget_s": 1, "command": "c", "cells": cells,
+              "loss_comparison": found, "env": {"device": "cpu", "torch": "t", "cuda": None, "commit": "x"}}
+    rows = [line for line in gpu_results.summary(report).splitlines()
+            if line.startswith("| ours-b64-default-liger | liger")]
+    assert rows == ["| ours-b64-default-liger | liger | 380.0 (0.950x) | 344,926 (1.053x) | 18.00 (0.900x) |"]
 
 
 def test_a_reason_with_a_pipe_keeps_the_summary_a_table() -> None:

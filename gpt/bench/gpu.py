@@ -5,28 +5,34 @@ each stage runs, why in that order, and how long each cell is expected to take).
     PYTHONPATH=. python3 -m gpt.bench gpu --stage 1 --out $OUT       # on the GPU machine
     python -m gpt.bench gpu --stage 1 --smoke --out /tmp/g1          # CPU plumbing check (CI)
 
-Stage 1: `pytest -m cuda`; GPT-2 124M through train_gpt2.py and build-nanogpt, micro-batch 64.
-Stage 2: GPT-2 XL on one GPU, torchrun --parallel fsdp --activation-checkpointing.
-Stage 3: GPT-2 124M and build-nanogpt at micro-batch 16 and 32.
-Stage 4 (optional): GPT-2 124M, micro-batch 64, --compile-mode max-autotune.
-Stage 5 (optional): the speed ladder (`python -m gpt.bench ladder`).
-Stage 6 (optional): GPT-2 recipe vs the speedrun-era recipe at 124M (`python -m gpt.bench
-tokens`), on a real corpus carried in .carry/tokens-data.
+The acceptance spans three device sessions (15 minutes each, a fresh machine each):
+Session 1, stage 1: `pytest -m cuda`; GPT-2 124M through train_gpt2.py and build-nanogpt,
+  micro-batch 64. Stage 2: GPT-2 XL on one GPU, torchrun --parallel fsdp
+  --activation-checkpointing.
+Session 2, stage 3: GPT-2 124M and build-nanogpt at micro-batch 16 and 32.
+Session 3, stage 7: GPT-2 124M at micro-batch 64, the chunked loss through ours, Liger
+  Kernel's and Cut Cross-Entropy's kernels (--loss-kernel), and --no-chunked-loss.
+Optional, a session each: stage 4, GPT-2 124M, micro-batch 64, --compile-mode max-autotune;
+stage 5, the speed ladder (`python -m gpt.bench ladder`); stage 6, GPT-2 recipe vs the
+speedrun-era recipe at 124M (`python -m gpt.bench tokens`), on a real corpus carried in
+.carry/tokens-data.
 
 Every cell runs as a subprocess in a process group of its own, with a time limit drawn from
 the stage's --budget: a cell that runs past it has its whole group killed (torchrun's
 workers, pytest's trainer runs) and is recorded as a timeout, and the cells that no longer
 fit are recorded as skipped with the reason; --only runs chosen cells in a later call. A
 stage with build-nanogpt cells fails at once, running nothing, when the baseline is not
-there. Results: one JSON (`gpu_stage<N>.json`: the machine, versions, commit, command, every
-cell's raw figures and estimate, ours / build-nanogpt at each micro-batch, and each trainer
-cell's predicted peak memory beside the measured one) and a markdown summary beside it.
-Step times come from the trainer's own per-step log (synchronised at every step here); the
-first WARMUP steps (compilation, autotuning, allocator warm-up) are left out of the medians,
-and compile time is the first step's time minus the median. Bench cells write no checkpoint
-(--no-save-checkpoints). --smoke runs the same stages with tiny sizes on the CPU in seconds
-and writes the same schema (build-nanogpt's cells are skipped there: its model is fixed at
-124M). Everything imported here exists on the GPU machine's image (no `datasets`).
+there. Results: one JSON (`gpu_stage<N>.json`: the machine, versions, commit, command,
+every cell's raw figures and estimate, ours / build-nanogpt at each micro-batch, each other
+head + loss against ours, and each trainer cell's predicted peak memory beside the measured
+one) and a markdown summary beside it. Step times come from the trainer's own per-step log
+(synchronised at every step here); the first WARMUP steps (compilation, autotuning,
+allocator warm-up) are left out of the medians, and compile time is the first step's time
+minus the median. Bench cells write no checkpoint (--no-save-checkpoints). --smoke runs the
+same stages with tiny sizes on the CPU in seconds and writes the same schema
+(build-nanogpt's cells are skipped there: its model is fixed at 124M; so are the Liger and
+Cut Cross-Entropy cells: their kernels run on CUDA only). Everything imported here exists
+on the GPU machine's image (no `datasets`).
 """
 
 from __future__ import annotations
@@ -46,9 +52,10 @@ import numpy as np
 import torch
 
 from gpt.bench import nanogpt
-from gpt.bench.gpu_plan import (REPO, STAGE_BUDGET_S, STAGES, Cell, Sizes, pytest_workers,
-                                render_plan, session_plan, stage_cells)
-from gpt.bench.gpu_results import RESULTS, comparisons, predicted_memory, summary, with_measured
+from gpt.bench.gpu_plan import (CUDA_ONLY_LOSSES, REPO, STAGE_BUDGET_S, STAGES, Cell, Sizes,
+                                pytest_workers, render_plan, session_plan, stage_cells)
+from gpt.bench.gpu_results import (RESULTS, comparisons, loss_comparisons, predicted_memory,
+                                   summary, with_measured)
 from gpt.bench.args import standalone_parser
 from gpt.bench.record import command_line, git_commit, now, write_json, write_text
 from gpt.bench.report import machine
@@ -59,7 +66,7 @@ from gpt.errors import UserError
 from gpt.metrics import peak_tflops
 from gpt.shards import write_shard
 
-SCHEMA = 2  # 2: stages renumbered (5), estimate_s, memory and comparison added
+SCHEMA = 3  # 2: stages renumbered (5), estimate_s, memory and comparison; 3: stage 7, loss_comparison
 
 
 class StageError(UserError):
@@ -80,6 +87,10 @@ def run_cell(cell: Cell, limit_s: float, sizes: Sizes, tokens: tuple[np.ndarray,
              nanogpt_dir: Path, tmp: Path, log: Any) -> dict[str, Any]:
     record: dict[str, Any] = {"name": cell.name, "kind": cell.kind, "params": cell.params,
                               "estimate_s": round(cell.estimate_s)}
+    loss = cell.params.get("loss")
+    if sizes.smoke and loss in CUDA_ONLY_LOSSES:
+        return {**record, "status": "skipped", "reason": f"--smoke: --loss-kernel {loss} runs "
+                "Triton kernels on CUDA only"}
     if cell.kind == "trainer":  # predicted before it runs: an out-of-memory cell keeps it
         record["memory"] = predicted_memory(cell)
     if cell.kind == "nanogpt":
@@ -228,6 +239,7 @@ def run_stage(args: argparse.Namespace, sizes: Sizes, cells: list[Cell], device:
             log.flush()
     report["seconds"] = round(time.perf_counter() - t0, 1)
     report["comparison"] = comparisons(report["cells"])
+    report["loss_comparison"] = loss_comparisons(report["cells"])
     write_json(out / f"gpu_stage{args.stage}.json", report, indent=1)
     write_text(out / f"gpu_stage{args.stage}.md", summary(report))
     print(summary(report))

@@ -1,25 +1,34 @@
-"""What a GPU session runs for the acceptance (`python -m gpt.bench gpu`): the stages, their
-cells, each cell's time estimate, and the plan of device calls that `--plan` prints.
+"""What the GPU acceptance (`python -m gpt.bench gpu`) runs on a device machine: the
+stages, their cells, each cell's time estimate, and the plan of sessions and device calls
+that `--plan` prints.
 
-A developer session has 30 minutes of device time, at most 10 minutes a call, and a fresh
-machine starts bare and compiles everything anew. The acceptance is three calls, riskiest
-first, that fit 25 minutes with the machine's start:
+A developer session has 15 minutes of device time, at most 10 minutes a call, and a fresh
+machine starts bare and compiles everything anew. The acceptance does not fit one session:
+it spans three, each a fresh machine whose start and calls fit 870 s, riskiest first:
 
-  call 1  stage 1  the CUDA tests (pytest -m cuda); GPT-2 124M through train_gpt2.py at the
-                   trainer's micro-batch (64), and build-nanogpt at the same micro-batch;
-                   then ours again with --no-chunked-loss (peak memory without the chunked loss)
-  call 2  stage 2  GPT-2 XL on one GPU: torchrun, --parallel fsdp --activation-checkpointing
-  call 3  stage 3  the rest of the 124M grid: ours and build-nanogpt at micro-batch 16 and 32
+  session 1  call 1  stage 1  the CUDA tests (pytest -m cuda); GPT-2 124M through
+                              train_gpt2.py at the trainer's micro-batch (64), and
+                              build-nanogpt at the same micro-batch
+             call 2  stage 2  GPT-2 XL on one GPU: torchrun, --parallel fsdp
+                              --activation-checkpointing
+  session 2  call 3  stage 3  the rest of the 124M grid: ours and build-nanogpt at
+                              micro-batch 16 and 32
+  session 3  call 4  stage 7  124M at micro-batch 64: the chunked loss's kernels side by
+                              side (ours, Liger Kernel, Cut Cross-Entropy) and
+                              --no-chunked-loss
 
-and two optional calls, each alone for its long compiles:
+and three optional sessions, one call each, alone for their long compiles:
 
-  call 4  stage 4  124M at micro-batch 64 under --compile-mode max-autotune
-  call 5  stage 5  the speed ladder (python -m gpt.bench ladder)
+  session 4  call 5  stage 4  124M at micro-batch 64 under --compile-mode max-autotune
+  session 5  call 6  stage 5  the speed ladder (python -m gpt.bench ladder)
+  session 6  call 7  stage 6  GPT-2 recipe vs the speedrun-era recipe (python -m gpt.bench tokens)
 
+Calls are numbered in the plan's order, so a call's number and its stage's can differ.
 Every process compiles its own graphs (the trainer's command line cannot share a compiled
 model across micro-batches), so the plan keeps processes few: stage 1's 124M run is the
 grid's micro-batch-64 cell, beside its baseline, not a run of its own; XL has a call to
-itself because its compile time is the least certain of all.
+itself because its compile time is the least certain of all; stage 7 runs ours again, so
+that the loss kernels are compared on one machine, in one call.
 """
 
 from __future__ import annotations
@@ -39,8 +48,10 @@ WARMUP = 3  # steps left out of every median (compilation, autotuning, allocator
 MEASURED_STEPS = 10  # steps in every median: enough for a stable median at these step times
 
 # ---- the device tool's limits (/work/.library/device/README.md) and the session's target
-SESSION_LIMIT_S = 1800  # a developer session's device time, machine starts included
-SESSION_BUDGET_S = 1500  # the acceptance's target: 25 of those 30 minutes
+SESSION_LIMIT_S = 900  # a developer session's device time (15 minutes), machine starts included
+# a session's target: 30 s under the limit, for the tool's transfers and the idle wait after
+# the session's last call (the machine stays warm 30 s, counted, unless given back)
+SESSION_BUDGET_S = 870
 CALL_LIMIT_S = 600  # one command's run at most (timeout_s)
 STAGE_BUDGET_S = 540  # a stage's cells: the call's limit less a minute for its own start and report
 PYTEST_WORKERS = 4  # pytest-xdist workers for the CUDA tests (the device image has pytest-xdist)
@@ -134,10 +145,25 @@ STAGES: dict[int, Stage] = {
              "where the speed comes from, one optimisation at a time", optional=True),
     6: Stage("GPT-2 recipe vs the speedrun-era recipe at 124M (python -m gpt.bench tokens)",
              "how many fewer tokens the new recipe needs at GPU scale", optional=True),
+    7: Stage("GPT-2 124M at micro-batch 64: the chunked loss's kernels (ours, Liger Kernel, "
+             "Cut Cross-Entropy) and no chunking",
+             "which fused head + loss is fastest on CUDA, and the peak memory of each"),
 }
+# The sessions, in the plan's order: each a fresh machine (its own start) whose calls, one
+# per stage, fit SESSION_BUDGET_S; the riskiest first, the optional ones (a session is
+# optional when its stages are) after the acceptance.
+SESSIONS: tuple[tuple[int, ...], ...] = ((1, 2), (3,), (7,), (4,), (5,), (6,))
+# A 124M cell's head + loss: the chunked loss through ours (gpt/chunked_ce.py), Liger
+# Kernel's or Cut Cross-Entropy's kernel (--loss-kernel, CUDA only), or the whole logits
+# (--no-chunked-loss): its name's suffix and its flags.
+LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "ours": ("", ()), "unchunked": ("-unchunked", ("--no-chunked-loss",)),
+    "liger": ("-liger", ("--loss-kernel", "liger")), "cce": ("-cce", ("--loss-kernel", "cce"))}
+CUDA_ONLY_LOSSES = ("liger", "cce")  # Triton kernels: --smoke (CPU) records them as skipped
 # Stage 6's corpus: real English shards prepared here and carried (random tokens, which the
 # other stages use, have no loss to compare); benchmarks/gpu/README.md says how.
 TOKENS_DATA = REPO / ".carry" / "tokens-data"
+WHEELS = ".carry/wheels"  # liger-kernel's and cut-cross-entropy's wheels, installed by each call
 TOKENS_STEPS, TOKENS_BATCH_TOKENS = 40, 2**16  # 2.6M tokens: below the corpus's 3.3M
 TOKENS_SEEDS = 2  # each point over 2 seeds: a spread within the device's time
 # Per seed: the GPT-2 recipe under both schedules, the new one and its tied-head variant
@@ -191,10 +217,7 @@ def pytest_workers() -> int:
 def stage_cells(stage: int, s: Sizes, data: Path, work: Path, tmp: Path, workers: int) -> list[Cell]:
     if stage == 1:
         b = s.batches[-1]
-        # last, the same cell with the whole logits (--no-chunked-loss): the peak memory
-        # and step time the chunked loss saves, measured side by side
-        return [pytest_cell(tmp, workers, s.smoke), ours_cell(s, data, work, b),
-                nanogpt_cell(s, b), ours_cell(s, data, work, b, chunked=False)]
+        return [pytest_cell(tmp, workers, s.smoke), ours_cell(s, data, work, b), nanogpt_cell(s, b)]
     if stage == 2:
         return [xl_cell(s, data, work)]
     if stage == 3:
@@ -205,6 +228,8 @@ def stage_cells(stage: int, s: Sizes, data: Path, work: Path, tmp: Path, workers
         return [ladder_cell(s, tmp)]
     if stage == 6:
         return [tokens_cell(s, data, tmp)]
+    if stage == 7:  # ours first, then each other head + loss beside it, on the same machine
+        return [ours_cell(s, data, work, s.batches[-1], loss=loss) for loss in LOSSES]
     raise ValueError(f"--stage must be one of {', '.join(map(str, STAGES))}, got {stage}")
 
 
@@ -218,12 +243,15 @@ def pytest_cell(tmp: Path, workers: int, smoke: bool) -> Cell:
 
 
 def ours_cell(s: Sizes, data: Path, work: Path, batch: int, mode: str = "default",
-              chunked: bool = True) -> Cell:
+              loss: str = "ours") -> Cell:
+    """The trainer at `s.model`; `loss` (one of LOSSES) picks its head + loss."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+    suffix, flags = LOSSES[loss]
     estimate = 0.0 if s.smoke else run_estimate(s.model, s.steps, s.tokens_per_step, s.seq_len,
                                                 mode=mode)
-    return trainer_cell(f"ours-b{batch}-{mode}{'' if chunked else '-unchunked'}", s, data, work,
-                        batch=batch, mode=mode, steps=s.steps, estimate=estimate,
-                        extra=None if chunked else ["--no-chunked-loss"])
+    return trainer_cell(f"ours-b{batch}-{mode}{suffix}", s, data, work, batch=batch, mode=mode,
+                        steps=s.steps, estimate=estimate, extra=list(flags) or None, loss=loss)
 
 
 def nanogpt_cell(s: Sizes, batch: int) -> Cell:
@@ -281,7 +309,8 @@ def ladder_cell(s: Sizes, tmp: Path) -> Cell:
 
 def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int, mode: str,
                  steps: int, estimate: float, model: str | None = None,
-                 tokens_per_step: int | None = None, extra: list[str] | None = None) -> Cell:
+                 tokens_per_step: int | None = None, extra: list[str] | None = None,
+                 loss: str = "ours") -> Cell:
     out = work / name
     tokens = tokens_per_step or max(s.tokens_per_step, batch * s.seq_len)
     # --no-save-checkpoints: a benchmark keeps nothing (a final checkpoint is 1.5 GB at 124M,
@@ -296,7 +325,7 @@ def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int, mod
     estimate += 0 if s.smoke else PLANNER_S[model or s.model]
     return Cell(name, "trainer", estimate, trainer_command(argv),
                 {"model": model or s.model, "batch_size": batch, "compile_mode": mode, "out": str(out),
-                 "steps": steps, "trainer_argv": argv, "world_size": 1,
+                 "steps": steps, "loss": loss, "trainer_argv": argv, "world_size": 1,
                  "device_type": "cpu" if s.smoke else "cuda"})
 
 
@@ -307,65 +336,86 @@ def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int, mod
 def device_command(stage: int, commit: str) -> str:
     """The `run` tool's command for a stage, on the device machine (PYTHONPATH=. since the
     checkout is not installed there; tiktoken's cache for build-nanogpt, which loads GPT-2's
-    BPE files at start and cannot download them there)."""
+    BPE files at start and cannot download them there). The wheels carried in
+    .carry/wheels (the loss kernels' libraries: benchmarks/gpu/README.md) are installed
+    first where there are any, into /tmp/site after PYTHONPATH's `.`; a failed install ends
+    the call at once."""
     return ("set -o pipefail; export PYTHONPATH=. PYTHONUNBUFFERED=1 "
-            "TIKTOKEN_CACHE_DIR=$PWD/.carry/tiktoken_cache; nvidia-smi > $OUT/nvidia-smi.txt; "
+            "TIKTOKEN_CACHE_DIR=$PWD/.carry/tiktoken_cache; "
+            f"if ls {WHEELS}/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index "
+            "--no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
+            f"{WHEELS}/*.whl && export PYTHONPATH=.:/tmp/site || exit 1; fi; "
+            "nvidia-smi > $OUT/nvidia-smi.txt; "
             f"python3 -m gpt.bench gpu --stage {stage} --out $OUT --commit {commit} "
             "2>&1 | tee $OUT/console.log")
 
 
 def session_plan(commit: str) -> dict[str, Any]:
-    """Every call a session makes, in order, with its cells' estimates; total_s is the
-    acceptance (the calls that are not optional) with the machine's start."""
+    """Every session and call of the acceptance, in order, with its cells' estimates. Each
+    session is a fresh machine: its total_s is the machine's start and its calls; the plan's
+    total_s is the acceptance's device time, the sessions that are not optional."""
     sizes, nowhere = Sizes.make(smoke=False), Path("/nowhere")  # commands are not shown: paths unused
-    calls = []
-    for n, stage in STAGES.items():
-        cells = stage_cells(n, sizes, nowhere, nowhere, nowhere, PYTEST_WORKERS)
-        calls.append({
-            "call": n, "stage": n, "title": stage.title, "question": stage.question,
-            "optional": stage.optional,
-            "cells": [{"name": c.name, "estimate_s": round(c.estimate_s)} for c in cells],
-            "cells_s": round(sum(c.estimate_s for c in cells)),
-            "estimate_s": round(CALL_OVERHEAD_S + sum(c.estimate_s for c in cells)),
-            "command": device_command(n, commit), "carry": [".carry"], "timeout_s": CALL_LIMIT_S,
-        })
-    total = MACHINE_START_S + sum(c["estimate_s"] for c in calls if not c["optional"])
-    for c in calls:  # an optional call after the acceptance, on the same machine
-        if c["optional"]:
-            c["session_total_s"] = total + c["estimate_s"]
+    calls: list[dict[str, Any]] = []
+    sessions: list[dict[str, Any]] = []
+    for number, stages in enumerate(SESSIONS, 1):
+        mine = []
+        for n in stages:
+            stage = STAGES[n]
+            cells = stage_cells(n, sizes, nowhere, nowhere, nowhere, PYTEST_WORKERS)
+            mine.append({
+                "call": len(calls) + len(mine) + 1, "stage": n, "session": number,
+                "title": stage.title, "question": stage.question, "optional": stage.optional,
+                "cells": [{"name": c.name, "estimate_s": round(c.estimate_s)} for c in cells],
+                "cells_s": round(sum(c.estimate_s for c in cells)),
+                "estimate_s": round(CALL_OVERHEAD_S + sum(c.estimate_s for c in cells)),
+                "command": device_command(n, commit), "carry": [".carry"], "timeout_s": CALL_LIMIT_S,
+            })
+        calls += mine
+        sessions.append({"session": number, "calls": [c["call"] for c in mine], "stages": list(stages),
+                         "optional": all(c["optional"] for c in mine),
+                         "total_s": MACHINE_START_S + sum(c["estimate_s"] for c in mine)})
     return {
         "budget_s": SESSION_BUDGET_S, "session_limit_s": SESSION_LIMIT_S,
-        "machine_start_s": MACHINE_START_S, "total_s": total,
+        "machine_start_s": MACHINE_START_S,
+        "total_s": sum(s["total_s"] for s in sessions if not s["optional"]),
         "stage_budget_s": STAGE_BUDGET_S, "call_overhead_s": CALL_OVERHEAD_S,
         "estimates": "not measured: derived in gpt/bench/gpu_plan.py from what each cell does; "
                      "each cell's record holds its estimate beside the seconds it took, so the "
                      "first GPU session's gpu_stage<N>.json calibrates them",
-        "calls": calls,
+        "sessions": sessions, "calls": calls,
     }
 
 
+def numbers(ns: list[int]) -> str:
+    return f"{ns[0]}-{ns[-1]}" if len(ns) > 1 else str(ns[0])
+
+
 def render_plan(plan: dict[str, Any]) -> str:
-    lines = [f"GPU acceptance: {sum(not c['optional'] for c in plan['calls'])} device calls, then "
-             f"{sum(c['optional'] for c in plan['calls'])} optional (seconds are estimates, not "
-             "yet measured)", "",
-             f"  machine start{'':33}{plan['machine_start_s']:5d} s"]
-    for c in plan["calls"]:
-        tag = " (optional)" if c["optional"] else ""
-        lines += ["", f"call {c['call']}{tag}: {c['title']}{'':2}~{c['estimate_s']} s "
+    sessions, calls = plan["sessions"], {c["call"]: c for c in plan["calls"]}
+    required = [s for s in sessions if not s["optional"]]
+    optional = [s for s in sessions if s["optional"]]
+    lines = [f"GPU acceptance: {len(required)} sessions, {sum(len(s['calls']) for s in required)} "
+             f"device calls, then {len(optional)} optional sessions (seconds are estimates, not "
+             "yet measured)",
+             f"Each session is a fresh machine, its start counted: it must fit {plan['budget_s']} s "
+             f"of its {plan['session_limit_s']} s of device time."]
+    for s in sessions:
+        tag = " (optional)" if s["optional"] else ""
+        lines += ["", f"session {s['session']}{tag}: call{'s' if len(s['calls']) > 1 else ''} "
+                      f"{numbers(s['calls'])}, ~{s['total_s']} s of the {plan['budget_s']} s target",
+                  f"  machine start{'':35}{plan['machine_start_s']:5d} s"]
+        for c in (calls[n] for n in s["calls"]):
+            lines += [f"  call {c['call']}, stage {c['stage']}: {c['title']}{'':2}~{c['estimate_s']} s "
                       f"({c['cells_s']} s of cells + {plan['call_overhead_s']} s for the call)"]
-        lines += [f"  {cell['name']:<45}{cell['estimate_s']:5d} s" for cell in c["cells"]]
-        lines.append(f"  run: command={c['command']!r} carry={c['carry']} timeout_s={c['timeout_s']}")
-    required = ", ".join(str(c["call"]) for c in plan["calls"] if not c["optional"])
-    optional = "; ".join(f"call {c['call']} {c['session_total_s']} s" for c in plan["calls"]
-                         if c["optional"])
-    lines += ["", f"total, calls {required} and the machine's start: {plan['total_s']} s "
-                  f"({plan['total_s'] / 60:.1f} min) of the {plan['budget_s']} s "
-                  f"({plan['budget_s'] // 60} min) target",
-              f"with one optional call after them: {optional} (of the session's "
-              f"{plan['session_limit_s']} s)",
-              "Make each call as soon as the last returns: the machine stays warm 30 s after a "
-              f"call, and a fresh one costs another start (~{plan['machine_start_s']} s) and "
-              "recompiles everything.",
+            lines += [f"    {cell['name']:<45}{cell['estimate_s']:5d} s" for cell in c["cells"]]
+            lines.append(f"    run: command={c['command']!r} carry={c['carry']} timeout_s={c['timeout_s']}")
+    lines += ["", f"total, sessions {numbers([s['session'] for s in required])} (calls "
+                  f"{numbers([n for s in required for n in s['calls']])}) with their machines' starts: "
+                  f"{plan['total_s']} s ({plan['total_s'] / 60:.1f} min) of device time",
+              "Within a session, make each call as soon as the last returns: the machine stays "
+              f"warm 30 s after a call, and a fresh one costs another start (~{plan['machine_start_s']} s) "
+              "and recompiles everything; after its last call, give the machine back.",
               "Before call 1: build-nanogpt's train_gpt2.py in .carry/build-nanogpt/ and tiktoken's "
-              "cache in .carry/tiktoken_cache (benchmarks/gpu/README.md)."]
+              "cache in .carry/tiktoken_cache; before the loss kernels' call, their wheels in "
+              ".carry/wheels (benchmarks/gpu/README.md)."]
     return "\n".join(lines) + "\n"

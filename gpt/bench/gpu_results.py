@@ -1,6 +1,7 @@
 """The GPU acceptance run's figures: each cell's output read into numbers, the memory
 planner's prediction beside the measured peak, ours against build-nanogpt at each
-micro-batch, and the markdown summary of a stage."""
+micro-batch, the other heads + losses against ours (stage 7), and the markdown summary of a
+stage."""
 
 from __future__ import annotations
 
@@ -152,6 +153,41 @@ def comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def loss_comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each trainer cell with another head + loss (a library's kernel, the whole logits)
+    against ours at the same model, micro-batch and compile mode, where both ran: median step
+    time, tokens/s and peak memory, and each as a ratio to ours."""
+    def key(c: dict[str, Any]) -> tuple:
+        return tuple(c["params"].get(k) for k in ("model", "batch_size", "compile_mode"))
+
+    ran = [c for c in cells if c["kind"] == "trainer" and c["status"] == "ok"]
+    ours = {key(c): c for c in ran if c["params"].get("loss", "ours") == "ours"}
+    out = []
+    for c in ran:
+        base = ours.get(key(c))
+        if c["params"].get("loss", "ours") == "ours" or base is None:
+            continue
+        r, b = c["result"], base["result"]
+        ms, ours_ms = r["step_ms"]["median"], b["step_ms"]["median"]
+        tok, ours_tok = r["tokens_per_s_median"], b["tokens_per_s_median"]
+        mem, ours_mem = r["peak_mem_gb"], b["peak_mem_gb"]
+        out.append({"cell": c["name"], "loss": c["params"]["loss"], "ours": base["name"],
+                    "step_ms": ms, "ours_step_ms": ours_ms, "step_ms_over_ours": ms / ours_ms,
+                    "tokens_per_s": tok, "ours_tokens_per_s": ours_tok,
+                    "tokens_per_s_over_ours": tok / ours_tok, "peak_mem_gb": mem,
+                    "ours_peak_mem_gb": ours_mem,
+                    "peak_mem_over_ours": mem / ours_mem if ours_mem else None})
+    return out
+
+
+LOSS_COLUMNS = [Column("cell", lambda c: c["cell"], "left"), Column("loss", lambda c: c["loss"], "left"),
+                Column("step ms (/ ours)", lambda c: f"{c['step_ms']:.1f} ({c['step_ms_over_ours']:.3f}x)"),
+                Column("tokens/s (/ ours)",
+                       lambda c: f"{c['tokens_per_s']:,.0f} ({c['tokens_per_s_over_ours']:.3f}x)"),
+                Column("peak GiB (/ ours)", lambda c: f"{c['peak_mem_gb']:.2f} ("
+                       + (f"{c['peak_mem_over_ours']:.3f}x)" if c["peak_mem_over_ours"] else "-)"))]
+
+
 # The summary's columns: a cell, what it took, then its figures
 STEP = "step ms (median, min-max)"
 SUMMARY_COLUMNS = [Column(h, lambda row, h=h: row.get(h, ""),
@@ -206,6 +242,9 @@ def summary(report: dict[str, Any]) -> str:
              "s (est.): seconds the cell took (the plan's estimate); peak GiB: measured "
              "(gpt.memory.plan's prediction, measured / predicted)"]
     lines += [f"No prediction: {note}" for note in notes]
+    if report.get("loss_comparison"):
+        lines += ["", "The head + loss against ours (the chunked loss, gpt/chunked_ce.py), in the "
+                      "same call:", "", md_table(report["loss_comparison"], LOSS_COLUMNS)]
     return "\n".join(lines) + "\n"
 
 
