@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from gpt.attention_mask import AttentionMask, CausalOnly, attend, masked
-from gpt.loss_kernels import loss_fn
 from gpt.config import ModelConfig
+from gpt.loss_kernels import loss_fn
 from gpt.unet import skips
 from gpt.value_embeds import ValueMix, table_of, value_embeddings
 

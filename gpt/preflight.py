@@ -127,8 +127,8 @@ def check_data(cfg: Config, world_size: int) -> tuple[int, int | None]:
 
 def check_start(cfg: Config, runtime: Runtime) -> int:
     """Everything a run checks before it builds anything, in one place: the parallel mode
-    against the launch, the loss kernel against the device, the batch against the world, the parameters against the device's
-    memory. Returns the gradient accumulation steps."""
+    against the launch, the loss kernel against the device, the batch against the world,
+    the parameters against the device's memory. Returns the gradient accumulation steps."""
     check_mode(cfg.train.parallel, runtime)
     loss_kernels.check(cfg.train.loss_kernel, runtime.device_type)
     accum = check_world(cfg, runtime.world_size)
