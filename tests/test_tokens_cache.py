@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt.bench.tokens_cache import RunCache, data_fingerprint, origins, without_out_dir
+from gpt.bench.tokens_cache import RunCache, data_fingerprint, origins, without_places
 from gpt.errors import UserError
 from helpers import write_random_shards
 
@@ -26,8 +26,8 @@ def test_the_key_leaves_out_the_out_dir_and_holds_the_data_fingerprint(tmp_path:
     fp = data_fingerprint(data)
     (data / "notes.txt").write_text("not a shard")
     assert data_fingerprint(data)["shards"] == fp["shards"]
-    flags = ["--a", "1", "--out-dir", "x", "--b", "--out-dir=y"]
-    assert without_out_dir(flags) == ["--a", "1", "--b"]
+    flags = ["--a", "1", "--out-dir", "x", "--b", "--out-dir=y", "--data-dir", "d", "--data-dir=e"]
+    assert without_places(flags) == ["--a", "1", "--b"]
 
 
 def test_a_run_is_found_by_exactly_its_flags_and_data(tmp_path: Path) -> None:
@@ -87,3 +87,15 @@ def test_runs_at_another_thread_count_are_not_reused(tmp_path: Path, monkeypatch
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     again = RunCache(tmp_path / "runs.jsonl", data)
     assert again.get(again.key(["--seed", "1"])) is None
+
+
+def test_a_line_written_with_its_data_folder_matches_the_same_data_elsewhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    data = {"shards": {"train_000000.bin": "ab"}}
+    path = tmp_path / "runs.jsonl"
+    old = {"flags": ["--seed", "1", "--data-dir", "/tmp/pydoc"], "data": data, "threads": None}
+    path.write_text(json.dumps({"format": 1, "key": old, "run": {"final_val_loss": 3.0}}) + "\n")
+    cache = RunCache(path, data)
+    assert cache.get(cache.key(["--seed", "1", "--data-dir", "/elsewhere"]))["run"]["final_val_loss"] == 3.0
+    assert cache.get(cache.key(["--seed", "2", "--data-dir", "/tmp/pydoc"])) is None

@@ -5,8 +5,8 @@ starts again where it was: a run whose key is in the file is read back, not trai
 Each line (format 1) holds:
 
 - ``key``: what determines the run's result, and all of it that is compared:
-  ``flags``, the trainer's flags exactly as the bench passes them, ``--out-dir`` left out
-  (a temporary folder); ``data``, the data folder's fingerprint (data_fingerprint):
+  ``flags``, the trainer's flags exactly as the bench passes them, ``--out-dir`` (a
+  temporary folder) and ``--data-dir`` left out (see without_places); ``data``, the data folder's fingerprint (data_fingerprint):
   ``shards``, each train_/val_ shard file's name and the SHA-256 of its bytes (not
   metadata.json: it names the day and the temporary file a corpus was prepared from, so
   the same tokens prepared again in a later session would not match); ``threads``, the
@@ -91,23 +91,28 @@ def origin() -> dict[str, Any]:
             "time": now()}
 
 
-def without_out_dir(flags: Sequence[str]) -> list[str]:
-    """The flags less ``--out-dir DIR`` (or ``--out-dir=DIR``): the folder has no part in
-    the result."""
+PLACES = ("--out-dir", "--data-dir")  # where a run writes and reads: not what it computes
+
+
+def without_places(flags: Sequence[str]) -> list[str]:
+    """The flags less PLACES (``--out-dir DIR`` or ``--out-dir=DIR``, likewise --data-dir):
+    the run's folder has no part in the result, and the data's is its fingerprint's, so the
+    same corpus prepared into another folder in a later session still matches."""
     out: list[str] = []
     skip = False
     for f in flags:
         if skip:
             skip = False
-        elif f == "--out-dir":
+        elif f in PLACES:
             skip = True
-        elif not f.startswith("--out-dir="):
+        elif not f.startswith(tuple(f"{p}=" for p in PLACES)):
             out.append(f)
     return out
 
 
 def _canonical(key: dict[str, Any]) -> str:
-    return json.dumps(key, sort_keys=True)
+    """A key's text for lookups; flags without PLACES (also for lines written with them)."""
+    return json.dumps({**key, "flags": without_places(key.get("flags") or [])}, sort_keys=True)
 
 
 class RunCache:
@@ -120,7 +125,7 @@ class RunCache:
         self._origin: dict[str, Any] | None = None  # this process's, made on first use
 
     def key(self, flags: Sequence[str]) -> dict[str, Any]:
-        return {"flags": without_out_dir(flags), "data": self.data,
+        return {"flags": without_places(flags), "data": self.data,
                 "threads": os.environ.get("OMP_NUM_THREADS")}
 
     def origin(self) -> dict[str, Any]:
