@@ -122,17 +122,16 @@ class RunCache:
     def __init__(self, path: Path, data: dict[str, Any], reuse: bool = True) -> None:
         self.path, self.data, self.reuse = path, data, reuse
         self.lines: dict[str, dict[str, Any]] = self.read(path) if reuse else {}
-        self._origin: dict[str, Any] | None = None  # this process's, made on first use
 
     def key(self, flags: Sequence[str]) -> dict[str, Any]:
         return {"flags": without_places(flags), "data": self.data,
                 "threads": os.environ.get("OMP_NUM_THREADS")}
 
     def origin(self) -> dict[str, Any]:
-        """This process's origin, its time that of each call (when the run ended)."""
-        if self._origin is None:
-            self._origin = origin()
-        return {**self._origin, "time": now()}
+        """Where and when a run ended: asked again for every run, since each trainer run
+        imports the checkout as it is then (a commit made while the bench runs is the next
+        runs' commit)."""
+        return origin()
 
     @staticmethod
     def read(path: Path) -> dict[str, dict[str, Any]]:
