@@ -86,7 +86,8 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, package: str, module: str, name: s
 
     def fn(h, w, t, *, softcap=None, reduction="mean", **kwargs):
         calls.append({"h": h, "w": w, "t": t, "softcap": softcap, "reduction": reduction,
-                      "autocast": torch.is_autocast_enabled("cpu"), **kwargs})
+                      "autocast": torch.is_autocast_enabled("cpu"),
+                      "compiling": torch.compiler.is_compiling(), **kwargs})
         return reference(h, w, t, softcap)
 
     mod = types.ModuleType(module)
@@ -148,6 +149,29 @@ def test_the_model_calls_the_kernel_the_trainer_chose(monkeypatch: pytest.Monkey
     model.loss_kernel = "ours"
     _, ours = model(x, x)
     assert len(calls) == 1 and torch.allclose(loss, ours, rtol=1e-5)
+
+
+def test_a_library_kernel_runs_eagerly_inside_a_compiled_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamo does not trace into the library (its Triton launches): the rest of the model
+    compiles, the loss and gradients are the eager ones."""
+    from gpt.config import model_preset
+    from gpt.model import GPT
+
+    calls = stand_in(monkeypatch, "liger_kernel", "liger_kernel.transformers.functional",
+                     "liger_fused_linear_cross_entropy")
+    torch.manual_seed(0)
+    model = GPT(model_preset("tiny", block_size=32, vocab_size=512, logit_softcap=15.0))
+    model.chunked_loss, model.loss_kernel = True, "liger"
+    x, y = torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32))
+    _, eager = model(x, y)
+    eager.backward()
+    expected = model.lm_head.weight.grad.clone()
+    model.zero_grad(set_to_none=True)
+    _, loss = torch.compile(model, backend="aot_eager", dynamic=False)(x, y)
+    loss.backward()
+    assert len(calls) == 2 and calls[-1]["softcap"] == 15.0
+    assert not calls[-1]["compiling"]  # called eagerly: not traced into the graph
+    assert torch.allclose(loss, eager) and torch.allclose(model.lm_head.weight.grad, expected)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None
