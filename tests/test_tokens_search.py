@@ -8,12 +8,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from gpt.bench import recipes, tokens_search, tokens_timing
+from gpt.bench import recipes, runs, tokens_search, tokens_timing
 from gpt.bench.cli import main as bench_main
+from gpt.errors import UserError
 from helpers import write_random_shards
 
 ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "64",
@@ -37,7 +41,7 @@ class FakeTrainer:
             monkeypatch.setattr(module, "run_trainer", self.run_trainer)
             monkeypatch.setattr(module, "read_metrics", self.read_metrics)
 
-    def run_trainer(self, flags, what) -> float:
+    def run_trainer(self, flags, what, on_start=None) -> float:
         self.calls.append(list(flags))
         if len(self.calls) == self.stop_at:
             self.stop()
@@ -276,3 +280,61 @@ def test_bad_timing_flags_are_one_line_errors(tmp_path: Path, monkeypatch, capsy
     run_bench(tmp_path, flag, value, code=1)
     err = capsys.readouterr().err
     assert err.startswith(f"error: {flag} {value}: must be") and err.count("\n") == 1
+
+
+def test_jobs_train_a_points_seeds_at_once_and_report_the_same(tmp_path: Path, monkeypatch) -> None:
+    speed = {"muon": 2.0, "untied_head": 0.75}
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one = bench(tmp_path / "one", monkeypatch, speed)
+    fake = FakeTrainer(monkeypatch, speed)
+    active, most, lock = [0], [0], threading.Lock()
+    plain = fake.run_trainer
+
+    def slow(flags, what, on_start=None) -> float:  # long enough for the seeds to overlap
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+        return plain(flags, what)
+
+    for module in (tokens_search, tokens_timing):
+        monkeypatch.setattr(module, "run_trainer", slow)
+    two = run_bench(tmp_path / "two", "--jobs", "2")
+    assert most[0] == 2
+    strip = lambda r: [(p["label"], p["steps"], p["lr"], p["final_val_loss"]) for p in r["points"]]  # noqa: E731
+    assert strip(two) == strip(one) and two["best"]["tokens_ratio"] == one["best"]["tokens_ratio"]
+    assert sorted(r["seed"] for r in two["runs"]) == sorted(r["seed"] for r in one["runs"])
+
+
+def test_jobs_below_one_is_a_one_line_error(tmp_path: Path, monkeypatch, capsys) -> None:
+    FakeTrainer(monkeypatch, {})
+    run_bench(tmp_path, "--jobs", "0", code=1)
+    err = capsys.readouterr().err
+    assert err.startswith("error: --jobs 0: must be >= 1") and err.count("\n") == 1
+
+
+def test_ctrl_c_with_jobs_kills_the_runs_going_on(tmp_path: Path, monkeypatch, capsys) -> None:
+    """One seed's run is a real process (a sleep in a group of its own, as run_group starts
+    them) when the other is interrupted: it is killed, not waited for."""
+    fake = FakeTrainer(monkeypatch, {})
+    sleeper: list[subprocess.Popen] = []
+
+    def trainer(flags, what, on_start=None) -> float:
+        if flags[flags.index("--seed") + 1] == "1337":
+            proc = subprocess.Popen(["sleep", "60"], **runs.GROUP)
+            sleeper.append(proc)
+            on_start(proc.pid)
+            proc.wait()
+            raise UserError(f"{what} failed: killed")
+        time.sleep(0.2)  # the sleeper has started
+        raise KeyboardInterrupt
+
+    for module in (tokens_search, tokens_timing):
+        monkeypatch.setattr(module, "run_trainer", trainer)
+    started = time.perf_counter()
+    run_bench(tmp_path, "--jobs", "2", code=130)
+    assert time.perf_counter() - started < 30 and sleeper[0].poll() is not None
+    assert "interrupted" in capsys.readouterr().err and fake.calls == []

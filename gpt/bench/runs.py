@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from gpt.bench.record import REPO
 from gpt.errors import UserError
@@ -32,13 +32,18 @@ GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
 
 
 def run_group(cmd: list[str], cwd: Path, limit_s: float | None = None,
-              env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
+              env: dict[str, str] | None = None,
+              on_start: Callable[[int], None] | None = None) -> tuple[int | None, str, str]:
     """(exit status, or None past limit_s; stdout; stderr) of ``cmd`` in a process group of
     its own, with ``env`` added to this process's. Past the limit the group gets SIGTERM,
     then SIGKILL after KILL_GRACE_S; either way whatever of the group outlives its first
-    process is killed (a worker left on the GPU would slow or break the next run)."""
+    process is killed (a worker left on the GPU would slow or break the next run).
+    ``on_start`` gets the group's id once it runs (for a caller that runs several at once
+    from threads, and must end them all on Ctrl-C, which only the main thread sees)."""
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, **GROUP)
+    if on_start is not None:
+        on_start(proc.pid)
     code: int | None = None
     try:
         out, err = proc.communicate(timeout=limit_s)
@@ -74,20 +79,22 @@ def trainer_command(flags: Sequence[str]) -> list[str]:
     return [sys.executable, str(TRAINER), *flags]
 
 
-def run_tool(cmd: Sequence[str], what: str, env: dict[str, str] | None = None) -> float:
+def run_tool(cmd: Sequence[str], what: str, env: dict[str, str] | None = None,
+             on_start: Callable[[int], None] | None = None) -> float:
     """Run ``cmd`` from the repository root (run_group, no time limit); its wall seconds. A
     run that fails is a UserError naming ``what``, ending with the end of its stderr (where
     the trainer and fineweb.py say in one line what was wrong)."""
     started = time.perf_counter()
-    code, _, err = run_group(list(cmd), REPO, env=env)
+    code, _, err = run_group(list(cmd), REPO, env=env, on_start=on_start)
     if code != 0:
         raise UserError(f"{what} failed: {err.strip()[-2000:]}")
     return time.perf_counter() - started
 
 
-def run_trainer(flags: Sequence[str], what: str, env: dict[str, str] | None = None) -> float:
+def run_trainer(flags: Sequence[str], what: str, env: dict[str, str] | None = None,
+                on_start: Callable[[int], None] | None = None) -> float:
     """train_gpt2.py with ``flags`` (see run_tool); its wall seconds."""
-    return run_tool(trainer_command(flags), what, env)
+    return run_tool(trainer_command(flags), what, env, on_start)
 
 
 def run_fineweb(flags: Sequence[str], what: str) -> None:

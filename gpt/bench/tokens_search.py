@@ -38,7 +38,8 @@ and peak memory; the ablation's variants are not timed side by side, and have on
 Every completed run is appended to `<--out>/tokens-runs.jsonl` (gpt/bench/tokens_cache.py
 gives its format) and a later bench with the same --out reuses a run whose trainer flags and
 data are the same instead of training it again (--no-reuse: train all again, still append):
-a bench stopped by Ctrl-C or SIGTERM resumes where it was. tokens.json counts the runs
+a bench stopped by Ctrl-C or SIGTERM resumes where it was. --jobs N trains up to N of a
+point's seeds at once, each a process of its own (the timing phase stays one at a time). tokens.json counts the runs
 reused and run now, and names the commits and machines they came from.
 """
 
@@ -51,12 +52,14 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from gpt.bench import recipes, tokens_bench, tokens_timing
 from gpt.bench.record import write_outputs
-from gpt.bench.runs import read_metrics, run_trainer
+from gpt.bench.runs import read_metrics, run_trainer, signal_group
 from gpt.bench.tokens_bench import spread, tokens_to_target, trainer_flags
 from gpt.bench.tokens_cache import CACHE_NAME, ORIGIN, RunCache, data_fingerprint, origins
 from gpt.errors import UserError
@@ -75,6 +78,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also each part alone on GPT-2 and the full recipe without each")
     p.add_argument("--parts", nargs="+", choices=list(recipes.PARTS), metavar="PART",
                    help=f"the ablation's parts (default: all: {', '.join(recipes.PARTS)})")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="trainer runs at a time: a point's seeds side by side, each a process "
+                   "(give each its share of the cores, e.g. OMP_NUM_THREADS=1 and --jobs 2 on "
+                   "2 cores); the timing phase runs one at a time whatever this is")
     p.add_argument("--no-reuse", action="store_true",
                    help=f"train every run again, not reusing those in <--out>/{CACHE_NAME} "
                    f"(they are still appended there)")
@@ -88,12 +95,16 @@ class Bench:
     def __init__(self, args: argparse.Namespace, work: Path, cache: RunCache) -> None:
         self.args, self.work, self.cache, self.runs = args, work, cache, []
         self.points: dict[tuple, dict[str, Any]] = {}
+        # --jobs runs a point's seeds from threads: what they share is taken under the lock
+        self.lock = threading.Lock()
+        self.started = 0  # trainer runs started: each its own work folder
+        self.live: set[int] = set()  # the process groups of the runs going on now
+        self.stopping = False  # set on Ctrl-C: a run that starts after it is killed at once
 
     def point(self, label: str, parts: tuple[str, ...], steps: int, lr: float) -> dict[str, Any]:
         key = (tuple(sorted(parts)), steps, lr)
         if key not in self.points:
-            seeds = [self.train(label, parts, steps, lr, self.args.seed + i)
-                     for i in range(self.args.seeds)]
+            seeds = self.each_seed(lambda seed: self.train(label, parts, steps, lr, seed))
             losses = [r["final_val_loss"] for r in seeds]
             self.points[key] = {
                 "label": label, "parts": list(parts), "steps": steps, "lr": lr,
@@ -108,6 +119,30 @@ class Bench:
                   f"{self.points[key]['final_val_loss_std']:.4f}", flush=True)
         return self.points[key]
 
+    def each_seed(self, train: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
+        """train(seed) for each seed, in order, up to --jobs at a time. On Ctrl-C (or the
+        SIGTERM made one), which only this thread sees, or a run's failure, every run going
+        on is killed, so that the threads' runs end with it."""
+        seeds = [self.args.seed + i for i in range(self.args.seeds)]
+        if self.args.jobs == 1:
+            return [train(s) for s in seeds]
+        with ThreadPoolExecutor(max_workers=self.args.jobs) as pool:
+            futures = [pool.submit(train, s) for s in seeds]
+            try:  # the first failure ends them all, whichever seed it is
+                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+                for f in futures:
+                    if f in done and f.exception() is not None:
+                        raise f.exception()  # type: ignore[misc]
+                return [f.result() for f in futures]
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                with self.lock:
+                    self.stopping = True
+                    for pgid in self.live:
+                        signal_group(pgid, signal.SIGKILL)
+                raise
+
     def train(self, label: str, parts: tuple[str, ...], steps: int, lr: float,
               seed: int) -> dict[str, Any]:
         """One run: from the cache if a run with the same flags and data is there, else
@@ -121,21 +156,39 @@ class Bench:
         entry = self.cache.get(key)
         reused = entry is not None
         if entry is None:
-            entry = self.cache.add(key, {"label": label, "seed": seed, "steps": steps, "lr": lr,
-                                         **self.measure(flags, what)})
+            run = {"label": label, "seed": seed, "steps": steps, "lr": lr,
+                   **self.measure(flags, what)}
+            with self.lock:
+                entry = self.cache.add(key, run)
         else:
             print(f"reused {what}: run at {entry.get('time')}, commit "
                   f"{str(entry.get('commit'))[:12]} ({self.cache.path})", flush=True)
         # the label is this bench's name for the point (an ablation's may differ)
         run = {**entry["run"], "label": label, "reused": reused,
                "origin": {k: entry.get(k) for k in ORIGIN}}
-        self.runs.append(run)
+        with self.lock:
+            self.runs.append(run)
         return run
 
     def measure(self, flags: list[str], what: str) -> dict[str, Any]:
         """Train one run in the work folder: what its metrics say."""
-        out = self.work / f"run{len(self.runs):04d}"
-        wall = run_trainer([*flags, "--out-dir", str(out)], what)
+        with self.lock:
+            out = self.work / f"run{self.started:04d}"
+            self.started += 1
+        mine: list[int] = []
+
+        def started(pgid: int) -> None:
+            with self.lock:
+                mine.append(pgid)
+                self.live.add(pgid)
+                if self.stopping:
+                    signal_group(pgid, signal.SIGKILL)
+
+        try:
+            wall = run_trainer([*flags, "--out-dir", str(out)], what, on_start=started)
+        finally:
+            with self.lock:
+                self.live.difference_update(mine)
         records = read_metrics(out)
         curve = [[r["step"] * self.args.total_batch_tokens, r["val_loss"]] for r in records
                  if r.get("type") == "val"]
@@ -236,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seeds < 1:
         raise UserError(f"--seeds {args.seeds}: must be >= 1")
+    if args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: must be >= 1 (runs at a time)")
     tokens_timing.check_flags(args)
     device = pick_device(args.device)
     out = Path(args.out)
