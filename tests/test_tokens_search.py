@@ -6,6 +6,7 @@ one slow test runs the real trainer end to end."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -34,8 +35,10 @@ class FakeTrainer:
             "schedule": "trapezoid"}
 
     def __init__(self, monkeypatch, speed: dict[str, float], stop_at: int = 0,
-                 stop=None) -> None:
+                 stop=None, best_lr: dict[str, float] | None = None) -> None:
         self.speed, self.flags_of, self.calls = speed, {}, []
+        # {"gpt2" / "muon": the --max-lr where that recipe does best}; else any rate is as good
+        self.best_lr = best_lr or {}
         self.stop_at, self.stop = stop_at, stop  # at call number stop_at, stop() (an interrupt)
         for module in (tokens_search, tokens_timing):
             monkeypatch.setattr(module, "run_trainer", self.run_trainer)
@@ -62,6 +65,9 @@ class FakeTrainer:
                     for s in range(steps)]
         rate = 1.0 + sum(v for p, v in self.speed.items() if self.FLAG[p] in flags)
         loss = 10.0 - 0.01 * rate * steps + 0.01 * (seed - 1337)
+        best = self.best_lr.get("muon" if "muon" in flags else "gpt2")
+        if best is not None:
+            loss += 0.05 * math.log2(float(value("--max-lr")) / best) ** 2
         return [{"type": "train", "step": steps - 1, "ms": ms,
                  "peak_mem_gb": 0.5 + 0.5 * ("--untied-head" in flags)},
                 {"type": "val", "step": steps, "val_loss": loss}]
@@ -309,11 +315,13 @@ def test_jobs_train_a_points_seeds_at_once_and_report_the_same(tmp_path: Path, m
     assert sorted(r["seed"] for r in two["runs"]) == sorted(r["seed"] for r in one["runs"])
 
 
-def test_jobs_below_one_is_a_one_line_error(tmp_path: Path, monkeypatch, capsys) -> None:
+@pytest.mark.parametrize("flag, value", [("--jobs", "0"), ("--max-lr-extensions", "-1")])
+def test_jobs_and_extensions_out_of_range_are_one_line_errors(tmp_path: Path, monkeypatch, capsys,
+                                                              flag: str, value: str) -> None:
     FakeTrainer(monkeypatch, {})
-    run_bench(tmp_path, "--jobs", "0", code=1)
+    run_bench(tmp_path, flag, value, code=1)
     err = capsys.readouterr().err
-    assert err.startswith("error: --jobs 0: must be >= 1") and err.count("\n") == 1
+    assert err.startswith(f"error: {flag} {value}: must be >=") and err.count("\n") == 1
 
 
 def test_ctrl_c_with_jobs_kills_the_runs_going_on(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -338,3 +346,22 @@ def test_ctrl_c_with_jobs_kills_the_runs_going_on(tmp_path: Path, monkeypatch, c
     run_bench(tmp_path, "--jobs", "2", code=130)
     assert time.perf_counter() - started < 30 and sleeper[0].poll() is not None
     assert "interrupted" in capsys.readouterr().err and fake.calls == []
+
+
+def test_a_best_learning_rate_at_the_sweeps_edge_is_bracketed(tmp_path: Path, monkeypatch) -> None:
+    # GPT-2 does best at --max-lr 5e-4, below the sweep (1e-3, 3e-3); the new recipe at
+    # scale 2 (AdamW 1.2e-2), above its sweep (0.5, 1)
+    FakeTrainer(monkeypatch, {"muon": 2.0}, best_lr={"gpt2": 5e-4, "muon": 1.2e-2})
+    r = run_bench(tmp_path, "--new-lr-scales", "0.5", "1")
+    tried = {(p["label"], p["lr"]) for p in r["points"] if p["steps"] == 64}
+    assert {("gpt2 cosine", 5e-4), ("gpt2 cosine", 2.5e-4)} <= tried  # halved twice
+    assert r["baseline"]["lr"] == 5e-4 and r["baseline_lr_bracketed"]
+    assert {("new", 2.0), ("new", 4.0)} <= tried and r["new_best_lr_scale"] == 2.0
+    assert r["new_lr_scale_bracketed"]
+    assert "has a worse one on each side" in (tmp_path / "out" / "tokens.md").read_text()
+    # one extension allowed: the GPT-2 rate stops at the edge, and the report says so
+    FakeTrainer(monkeypatch, {"muon": 2.0}, best_lr={"gpt2": 2e-4})
+    (tmp_path / "again").mkdir()
+    r = run_bench(tmp_path / "again", "--max-lr-extensions", "1", "--no-reuse")
+    assert r["baseline"]["lr"] == 5e-4 and not r["baseline_lr_bracketed"]
+    assert "not bracketed" in (tmp_path / "again" / "out" / "tokens.md").read_text()

@@ -8,8 +8,11 @@ and data order: --seed, --seed + 1, ...), and reported as the mean and standard 
 
 1. The GPT-2 recipe over --baseline-lrs under both schedules (cosine to 10%, and the new
    recipe's trapezoid to 0) at the full budget (--steps). The best mean final validation
-   loss is the target.
-2. The new recipe over --new-lr-scales at the full budget; at its best scale, whole
+   loss is the target. While the best rate is the lowest (highest) of its schedule's and
+   better than all of them, half (twice) it is tried too, at most --max-lr-extensions
+   times (bracket_rate), so the target is not an edge of the sweep.
+2. The new recipe over --new-lr-scales at the full budget, its best scale bracketed the
+   same way; at its best scale, whole
    schedules over fewer steps (--new-budgets, fractions of --steps), and smaller ones
    (halving the smallest) until one ends above the target, so the crossing is bracketed
    by the bench itself (at most --max-halvings more).
@@ -78,6 +81,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also each part alone on GPT-2 and the full recipe without each")
     p.add_argument("--parts", nargs="+", choices=list(recipes.PARTS), metavar="PART",
                    help=f"the ablation's parts (default: all: {', '.join(recipes.PARTS)})")
+    p.add_argument("--max-lr-extensions", type=int, default=2,
+                   help="while a recipe's best learning rate is the lowest (highest) it tried, "
+                   "try half (twice) it, at most this many times")
     p.add_argument("--jobs", type=int, default=1,
                    help="trainer runs at a time: a point's seeds side by side, each a process "
                    "(give each its share of the cores, e.g. OMP_NUM_THREADS=1 and --jobs 2 on "
@@ -289,6 +295,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seeds < 1:
         raise UserError(f"--seeds {args.seeds}: must be >= 1")
+    if args.max_lr_extensions < 0:
+        raise UserError(f"--max-lr-extensions {args.max_lr_extensions}: must be >= 0")
     if args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: must be >= 1 (runs at a time)")
     tokens_timing.check_flags(args)
@@ -336,18 +344,40 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def bracket_rate(b: Bench, points: list[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """The best of `points` (one full-budget point per learning rate, of one or more
+    recipes), after trying half (or twice) its rate while it is strictly better than every
+    other rate of its recipe and the lowest (or highest) of them, at most
+    --max-lr-extensions times; and whether the best now has a worse rate on each side."""
+    for extension in range(b.args.max_lr_extensions + 1):
+        best = min(points, key=lambda p: p["final_val_loss"])
+        same = sorted((p for p in points if p["parts"] == best["parts"]), key=lambda p: p["lr"])
+        others = [p["final_val_loss"] for p in same if p is not best]
+        if not others or best["final_val_loss"] >= min(others):
+            return best, False  # one rate, or a tie: nothing says which way to go
+        if same[0] is not best and same[-1] is not best:
+            return best, True
+        if extension == b.args.max_lr_extensions:
+            return best, False
+        lr = best["lr"] / 2 if same[0] is best else best["lr"] * 2
+        points.append(b.point(best["label"], tuple(best["parts"]), best["steps"], lr))
+    raise AssertionError("unreachable")
+
+
 def measure(b: Bench, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any],
                                                          dict[str, Any]]:
     """The bench's steps 1-5: (its results, the target's point, the best new point)."""
     gpt2 = [b.point(f"gpt2 {sched}", parts, args.steps, lr)
             for sched, parts in (("cosine", ()), ("trapezoid", ("schedule",)))
             for lr in args.baseline_lrs]
-    base = min(gpt2, key=lambda p: p["final_val_loss"])
+    base, base_bracketed = bracket_rate(b, gpt2)
     target = base["final_val_loss"]
     new = [b.point("new", recipes.NEW_PARTS, args.steps, s) for s in args.new_lr_scales]
-    best = min(new, key=lambda p: p["final_val_loss"])
+    best, new_bracketed = bracket_rate(b, new)
     scale = best["lr"]
     report: dict[str, Any] = {
+        # whether each best rate has a worse one on each side (else it is the best tried)
+        "baseline_lr_bracketed": base_bracketed, "new_lr_scale_bracketed": new_bracketed,
         "target_val_loss": target, "target_val_loss_std": base["final_val_loss_std"],
         "baseline": {"parts": base["parts"], "lr": base["lr"], "steps": base["steps"],
                      "tokens": base["tokens"], "train_seconds": base["train_seconds"]},
@@ -411,6 +441,16 @@ def _origin(o: dict[str, Any]) -> str:
             f"{o['runs']} run(s)")
 
 
+def _rates(r: dict[str, Any]) -> str:
+    def say(name: str, bracketed: bool | None) -> str:
+        where = ("has a worse one on each side" if bracketed
+                 else "is the edge of those tried (not bracketed)")
+        return f"{name}'s best learning rate {where}"
+
+    return "; ".join(say(name, r.get(key)) for name, key in (
+        ("The GPT-2 recipe", "baseline_lr_bracketed"), ("the new recipe", "new_lr_scale_bracketed")))
+
+
 def summary(r: dict[str, Any]) -> str:
     base, timing = r["baseline"], r["timing"]
     lines = [f"# Tokens and time to the GPT-2 recipe's validation loss "
@@ -420,7 +460,7 @@ def summary(r: dict[str, Any]) -> str:
              f"{base['lr']:g}) after {base['tokens']:,} tokens ({base['steps']} steps): "
              + (f"{base['seconds']:.1f} s at its side-by-side step time, " if timing else "")
              + f"{base['train_seconds']:.1f} s in its own runs. New recipe at lr scale "
-             f"x{r['new_best_lr_scale']:g}.", "",
+             f"x{r['new_best_lr_scale']:g}. {_rates(r)}.", "",
              f"Runs: {r['runs_run_now']} run now, {r['runs_reused']} reused from "
              f"`{r['run_cache']}`; " + "; ".join(_origin(o) for o in r["run_origins"]) + ".", "",
              "| variant | tokens to target | tokens_ratio | time_ratio | time_ratio from run "
