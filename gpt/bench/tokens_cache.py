@@ -202,5 +202,5 @@ def origins(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     seen: dict[str, dict[str, Any]] = {}
     for r in runs:
         o = {k: r.get("origin", {}).get(k) for k in ORIGIN if k != "time"}
-        seen.setdefault(_canonical(o), {**o, "runs": 0})["runs"] += 1
+        seen.setdefault(json.dumps(o, sort_keys=True), {**o, "runs": 0})["runs"] += 1
     return list(seen.values())
