@@ -105,6 +105,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return gh, gw, None, None, None, None, None
 
 
+def linear_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype F.linear(h, weight) would compute in: autocast's where it is on."""
+    if torch.is_autocast_enabled(h.device.type):
+        return torch.get_autocast_dtype(h.device.type)
+    return torch.promote_types(h.dtype, weight.dtype)
+
+
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          softcap: float = 0.0, rows: int | None = None) -> torch.Tensor:
     """The mean cross-entropy of softcap(h @ weight.T) against targets, as
@@ -119,15 +126,11 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     bf16 matmul by about bf16's rounding (2^-8 relative)."""
     h2 = h.reshape(-1, h.size(-1))
     t = targets.reshape(-1)
-    if torch.is_autocast_enabled(h.device.type):
-        compute_dtype = torch.get_autocast_dtype(h.device.type)
-    else:
-        compute_dtype = torch.promote_types(h.dtype, weight.dtype)
+    dtype = linear_dtype(h, weight)
     if rows is None:
         rows = chunk_rows(h2.size(0), h2.size(1), weight.size(0))
     # Under no_grad (validation) the inputs may still require grad: no gradient buffers then.
     need_grads = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     # The function runs outside autocast: it casts exactly where F.linear would have.
     with torch.autocast(h.device.type, enabled=False):
-        return _LinearCrossEntropy.apply(h2, weight, t, float(softcap), compute_dtype, rows,
-                                         need_grads)
+        return _LinearCrossEntropy.apply(h2, weight, t, float(softcap), dtype, rows, need_grads)

@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from gpt.chunked_ce import linear_cross_entropy
+from gpt.chunked_ce import linear_cross_entropy, linear_dtype
 from gpt.errors import UserError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -49,12 +49,8 @@ def check(kernel: str, device_type: str) -> None:
 def _in_compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """h as (N, C) rows and both in the dtype autocast's F.linear would use (the casts are
     differentiable, so the gradients reach the fp32 weights as through F.linear)."""
-    h = h.reshape(-1, h.size(-1))
-    if torch.is_autocast_enabled(h.device.type):
-        dtype = torch.get_autocast_dtype(h.device.type)
-    else:
-        dtype = torch.promote_types(h.dtype, weight.dtype)
-    return h.to(dtype).contiguous(), weight.to(dtype)
+    dtype = linear_dtype(h, weight)
+    return h.reshape(-1, h.size(-1)).to(dtype).contiguous(), weight.to(dtype)
 
 
 @torch.compiler.disable  # a library's Triton launches: run eagerly, the model stays compiled

@@ -42,8 +42,9 @@ Every completed run is appended to `<--out>/tokens-runs.jsonl` (gpt/bench/tokens
 gives its format) and a later bench with the same --out reuses a run whose trainer flags and
 data are the same instead of training it again (--no-reuse: train all again, still append):
 a bench stopped by Ctrl-C or SIGTERM resumes where it was. --jobs N trains up to N of a
-point's seeds at once, each a process of its own (the timing phase stays one at a time). tokens.json counts the runs
-reused and run now, and names the commits and machines they came from.
+point's seeds at once, each a process of its own (the timing phase stays one at a time).
+tokens.json counts the runs reused and run now, and names the commits and machines they
+came from.
 """
 
 from __future__ import annotations
@@ -349,7 +350,8 @@ def bracket_rate(b: Bench, points: list[dict[str, Any]]) -> tuple[dict[str, Any]
     recipes), after trying half (or twice) its rate while it is strictly better than every
     other rate of its recipe and the lowest (or highest) of them, at most
     --max-lr-extensions times; and whether the best now has a worse rate on each side."""
-    for extension in range(b.args.max_lr_extensions + 1):
+    extensions = 0
+    while True:
         best = min(points, key=lambda p: p["final_val_loss"])
         same = sorted((p for p in points if p["parts"] == best["parts"]), key=lambda p: p["lr"])
         others = [p["final_val_loss"] for p in same if p is not best]
@@ -357,11 +359,11 @@ def bracket_rate(b: Bench, points: list[dict[str, Any]]) -> tuple[dict[str, Any]
             return best, False  # one rate, or a tie: nothing says which way to go
         if same[0] is not best and same[-1] is not best:
             return best, True
-        if extension == b.args.max_lr_extensions:
+        if extensions == b.args.max_lr_extensions:
             return best, False
+        extensions += 1
         lr = best["lr"] / 2 if same[0] is best else best["lr"] * 2
         points.append(b.point(best["label"], tuple(best["parts"]), best["steps"], lr))
-    raise AssertionError("unreachable")
 
 
 def measure(b: Bench, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any],
