@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt.bench import recipes, runs, tokens_search, tokens_timing
+from gpt.bench import recipes, runs, tokens_runner, tokens_timing
 from gpt.bench.cli import main as bench_main
 from gpt.errors import UserError
 from helpers import write_random_shards
@@ -32,7 +32,7 @@ class FakeTrainer:
     run (--val-every 0) logs every step: 500 ms in warm-up, then its step time."""
 
     FLAG = {"muon": "muon", "untied_head": "--untied-head", "rotary": "--rotary",
-            "schedule": "trapezoid"}
+            "schedule": "trapezoid", "relu2": "--relu2"}
 
     def __init__(self, monkeypatch, speed: dict[str, float], stop_at: int = 0,
                  stop=None, best_lr: dict[str, float] | None = None) -> None:
@@ -40,7 +40,7 @@ class FakeTrainer:
         # {"gpt2" / "muon": the --max-lr where that recipe does best}; else any rate is as good
         self.best_lr = best_lr or {}
         self.stop_at, self.stop = stop_at, stop  # at call number stop_at, stop() (an interrupt)
-        for module in (tokens_search, tokens_timing):
+        for module in (tokens_runner, tokens_timing):
             monkeypatch.setattr(module, "run_trainer", self.run_trainer)
             monkeypatch.setattr(module, "read_metrics", self.read_metrics)
 
@@ -132,13 +132,40 @@ def test_the_ablation_adds_each_part_to_gpt2_and_takes_it_from_the_recipe(
     r = bench(tmp_path, monkeypatch, speed, "--ablation", "--parts", "rotary", "relu2",
               "value_embeds")
     rows = {a["variant"]: a for a in r["ablation"]}
-    assert set(rows) == {"gpt2 + rotary", "new - rotary", "gpt2 + relu2", "new - relu2",
-                         "new + value_embeds", "gpt2 + value_embeds"}
+    # a further part is only asked of the full recipe: whether to add it
+    assert list(rows) == ["gpt2 + rotary", "new - rotary", "gpt2 + relu2", "new - relu2",
+                          "new + value_embeds"]
     assert rows["gpt2 + rotary"]["tokens_ratio"] == pytest.approx(1.5, rel=0.02)
     assert rows["new - rotary"]["tokens_ratio"] == pytest.approx(3.0, rel=0.02)
     assert rows["gpt2 + relu2"]["tokens_ratio"] == pytest.approx(1.0, rel=0.02)
     assert rows["new + value_embeds"]["parts"] == [*recipes.NEW_PARTS, "value_embeds"]
     assert "gpt2 + rotary" in (tmp_path / "out" / "tokens.md").read_text()
+
+
+def test_the_ablation_runs_only_the_budgets_that_bracket_each_crossing(
+        tmp_path: Path, monkeypatch) -> None:
+    """bisect_budgets: a variant whose full budget ends above the target is one point; one
+    that crosses it gets the same two points either side, and so the same tokens to the
+    target, as the whole grid of budgets, from fewer runs."""
+    budgets = ["--new-budgets", "0.25", "0.375", "0.5", "0.75", "--seeds", "1"]
+    speed = {"muon": 2.0, "rotary": 0.5, "relu2": -0.2}  # ReLU^2 slows learning here
+    fake = FakeTrainer(monkeypatch, speed)
+    r = run_bench(tmp_path, *budgets, "--ablation", "--parts", "rotary", "relu2")
+    rows = {a["variant"]: a for a in r["ablation"]}
+    # GPT-2 + ReLU^2 ends above the target at the full budget: nothing smaller can reach it
+    assert [p["steps"] for p in rows["gpt2 + relu2"]["points"]] == [64]
+    assert rows["gpt2 + relu2"]["tokens_to_target"] is None
+    # the full recipe without rotary learns at rate 1 + 2 - 0.2 = 2.8: it reaches the
+    # target (64 steps at rate 1) at 22.9 steps, between the grid's 16 and 24 (of
+    # 16/24/32/48/64): the bisection ran 24, then 16 (32 and 48 not at all)
+    got = [p["steps"] for p in rows["new - rotary"]["points"]]
+    assert got == [16, 24, 64]
+    assert rows["new - rotary"]["how"].startswith("between the 2,048- and 3,072")
+    # the loss is linear in the steps here, so the two points either side give it exactly
+    assert rows["new - rotary"]["tokens_to_target"] == pytest.approx(64 / 2.8 * 128)
+    # fewer runs than the grid, which the recipe itself (rate 3.3) got whole
+    assert [p["steps"] for p in r["best"]["points"]] == [16, 24, 32, 48, 64]
+    assert sum("--rotary" not in f and "muon" in f for f in fake.calls) == 3
 
 
 @pytest.mark.slow
@@ -306,13 +333,42 @@ def test_jobs_train_a_points_seeds_at_once_and_report_the_same(tmp_path: Path, m
             active[0] -= 1
         return plain(flags, what)
 
-    for module in (tokens_search, tokens_timing):
+    for module in (tokens_runner, tokens_timing):
         monkeypatch.setattr(module, "run_trainer", slow)
     two = run_bench(tmp_path / "two", "--jobs", "2")
     assert most[0] == 2
-    strip = lambda r: [(p["label"], p["steps"], p["lr"], p["final_val_loss"]) for p in r["points"]]  # noqa: E731
+    # the points complete in another order
+    strip = lambda r: sorted((p["label"], p["steps"], p["lr"], p["final_val_loss"]) for p in r["points"])  # noqa: E731
     assert strip(two) == strip(one) and two["best"]["tokens_ratio"] == one["best"]["tokens_ratio"]
     assert sorted(r["seed"] for r in two["runs"]) == sorted(r["seed"] for r in one["runs"])
+
+
+def test_jobs_fill_every_slot_from_the_points_that_wait_on_nothing(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """3 seeds on 2 slots: the third seed of a point shares the slots with another point's
+    runs (the new recipe's and the tied head's budgets are asked for together), and no
+    more than --jobs runs ever go on at once."""
+    fake = FakeTrainer(monkeypatch, {"muon": 2.0, "untied_head": 0.75})
+    live: list[str] = []
+    most, mixed, lock = [0], [False], threading.Lock()
+    plain = fake.run_trainer
+
+    def slow(flags, what, on_start=None) -> float:
+        point = what.rsplit(", seed", 1)[0]
+        with lock:
+            live.append(point)
+            most[0] = max(most[0], len(live))
+            mixed[0] |= len(set(live)) > 1
+        time.sleep(0.05)
+        with lock:
+            live.remove(point)
+        return plain(flags, what)
+
+    for module in (tokens_runner, tokens_timing):
+        monkeypatch.setattr(module, "run_trainer", slow)
+    r = run_bench(tmp_path, "--jobs", "2", "--seeds", "3", "--ablation", "--parts", "rotary")
+    assert most[0] == 2 and mixed[0]
+    assert len(r["runs"]) == 3 * len(r["points"]) == len(fake.calls) - 9  # 9 timing runs
 
 
 @pytest.mark.parametrize("flag, value", [("--jobs", "0"), ("--max-lr-extensions", "-1")])
@@ -340,7 +396,7 @@ def test_ctrl_c_with_jobs_kills_the_runs_going_on(tmp_path: Path, monkeypatch, c
         time.sleep(0.2)  # the sleeper has started
         raise KeyboardInterrupt
 
-    for module in (tokens_search, tokens_timing):
+    for module in (tokens_runner, tokens_timing):
         monkeypatch.setattr(module, "run_trainer", trainer)
     started = time.perf_counter()
     run_bench(tmp_path, "--jobs", "2", code=130)

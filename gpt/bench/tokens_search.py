@@ -20,7 +20,8 @@ and data order: --seed, --seed + 1, ...), and reported as the mean and standard 
 4. With --ablation: each part alone on top of the GPT-2 recipe (at its best learning
    rate and schedule; Muon at the new recipe's best scale) and the full recipe without
    each part (the further parts of gpt/bench/recipes.py: with each), tokens to the
-   target for each, over the same budgets and seeds.
+   target for each, over the same seeds, on only the budgets that bracket each crossing
+   (bisect_budgets).
 5. The timing phase (gpt/bench/tokens_timing.py): the target's GPT-2 recipe, the best new
    recipe and its tied-head variant, --timing-steps steps each, alternately, --timing-repeats
    times, in this invocation; each recipe's median step time, with min and max (none with
@@ -41,8 +42,9 @@ and peak memory; the ablation's variants are not timed side by side, and have on
 Every completed run is appended to `<--out>/tokens-runs.jsonl` (gpt/bench/tokens_cache.py
 gives its format) and a later bench with the same --out reuses a run whose trainer flags and
 data are the same instead of training it again (--no-reuse: train all again, still append):
-a bench stopped by Ctrl-C or SIGTERM resumes where it was. --jobs N trains up to N of a
-point's seeds at once, each a process of its own (the timing phase stays one at a time).
+a bench stopped by Ctrl-C or SIGTERM resumes where it was. --jobs N trains up to N runs at
+once, each a process of its own, from the seeds of the points that do not depend on each
+other (gpt/bench/tokens_runner.py; the timing phase stays one at a time).
 tokens.json counts the runs reused and run now, and names the commits and machines they
 came from.
 """
@@ -51,21 +53,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import signal
-import statistics
 import sys
 import tempfile
-import threading
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from gpt.bench import recipes, tokens_bench, tokens_timing
 from gpt.bench.record import write_outputs
-from gpt.bench.runs import read_metrics, run_trainer, signal_group
-from gpt.bench.tokens_bench import spread, tokens_to_target, trainer_flags
-from gpt.bench.tokens_cache import CACHE_NAME, ORIGIN, RunCache, data_fingerprint, origins
+from gpt.bench.tokens_bench import spread, tokens_to_target
+from gpt.bench.tokens_cache import CACHE_NAME, RunCache, data_fingerprint, origins
+from gpt.bench.tokens_runner import Bench
 from gpt.errors import UserError
 
 TIED = tuple(p for p in recipes.NEW_PARTS if p != "untied_head")
@@ -86,7 +85,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="while a recipe's best learning rate is the lowest (highest) it tried, "
                    "try half (twice) it, at most this many times")
     p.add_argument("--jobs", type=int, default=1,
-                   help="trainer runs at a time: a point's seeds side by side, each a process "
+                   help="trainer runs at a time, each a process, from the seeds of every point "
+                   "that does not wait on another's result "
                    "(give each its share of the cores, e.g. OMP_NUM_THREADS=1 and --jobs 2 on "
                    "2 cores); the timing phase runs one at a time whatever this is")
     p.add_argument("--no-reuse", action="store_true",
@@ -96,144 +96,54 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(standalone=run)
 
 
-class Bench:
-    """Runs points (parts, steps, learning rate) over seeds, each once, in a work folder."""
+def budget_steps(args: argparse.Namespace) -> list[int]:
+    """The smaller budgets of --new-budgets, in steps, ascending (the full budget left out)."""
+    return sorted({max(1, round(f * args.steps)) for f in args.new_budgets} - {args.steps})
 
-    def __init__(self, args: argparse.Namespace, work: Path, cache: RunCache) -> None:
-        self.args, self.work, self.cache, self.runs = args, work, cache, []
-        self.points: dict[tuple, dict[str, Any]] = {}
-        # --jobs runs a point's seeds from threads: what they share is taken under the lock
-        self.lock = threading.Lock()
-        self.started = 0  # trainer runs started: each its own work folder
-        self.live: set[int] = set()  # the process groups of the runs going on now
-        self.stopping = False  # set on Ctrl-C: a run that starts after it is killed at once
 
-    def point(self, label: str, parts: tuple[str, ...], steps: int, lr: float) -> dict[str, Any]:
-        key = (tuple(sorted(parts)), steps, lr)
-        if key not in self.points:
-            seeds = self.each_seed(lambda seed: self.train(label, parts, steps, lr, seed))
-            losses = [r["final_val_loss"] for r in seeds]
-            self.points[key] = {
-                "label": label, "parts": list(parts), "steps": steps, "lr": lr,
-                "tokens": steps * self.args.total_batch_tokens,
-                "final_val_loss": statistics.mean(losses),
-                "final_val_loss_std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
-                "train_seconds": statistics.mean(r["train_seconds"] for r in seeds),
-                "wall_seconds": statistics.mean(r["wall_seconds"] for r in seeds),
-                "peak_mem_gb": max(r["peak_mem_gb"] for r in seeds), "seeds": seeds}
-            print(f"{label:28s} {steps:5d} steps, lr {lr:g}: final val "
-                  f"{self.points[key]['final_val_loss']:.4f} +- "
-                  f"{self.points[key]['final_val_loss_std']:.4f}", flush=True)
-        return self.points[key]
+def budgets(b: Bench, label: str, parts: tuple[str, ...], lr: float, target: float,
+            full: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The points at --new-budgets and the full budget (asked for together), then halving
+    the smallest until one ends above the target."""
+    steps = budget_steps(b.args)
+    points = b.together([(lambda: full) if full else partial(b.point, label, parts, b.args.steps, lr),
+                         *(partial(b.point, label, parts, s, lr) for s in steps)])
+    return halve(b, label, parts, lr, target, points)
 
-    def each_seed(self, train: Callable[[int], dict[str, Any]]) -> list[dict[str, Any]]:
-        """train(seed) for each seed, in order, up to --jobs at a time. On Ctrl-C (or the
-        SIGTERM made one), which only this thread sees, or a run's failure, every run going
-        on is killed, so that the threads' runs end with it."""
-        seeds = [self.args.seed + i for i in range(self.args.seeds)]
-        if self.args.jobs == 1:
-            return [train(s) for s in seeds]
-        with ThreadPoolExecutor(max_workers=self.args.jobs) as pool:
-            futures = [pool.submit(train, s) for s in seeds]
-            try:  # the first failure ends them all, whichever seed it is
-                done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-                for f in futures:
-                    if f in done and f.exception() is not None:
-                        raise f.exception()  # type: ignore[misc]
-                return [f.result() for f in futures]
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                with self.lock:
-                    self.stopping = True
-                    for pgid in self.live:
-                        signal_group(pgid, signal.SIGKILL)
-                raise
 
-    def train(self, label: str, parts: tuple[str, ...], steps: int, lr: float,
-              seed: int) -> dict[str, Any]:
-        """One run: from the cache if a run with the same flags and data is there, else
-        trained and appended to it at once (so that an interrupt loses no finished run)."""
-        args = copy.copy(self.args)
-        args.seed = seed
-        what = f"{label} ({steps} steps, lr {lr:g}, seed {seed})"
-        flags = [*trainer_flags(args, steps),
-                 *recipes.flags(parts, steps, lr, args.new_max_lr, args.new_muon_lr)]
-        key = self.cache.key(flags)
-        entry = self.cache.get(key)
-        reused = entry is not None
-        if entry is None:
-            run = {"label": label, "seed": seed, "steps": steps, "lr": lr,
-                   **self.measure(flags, what)}
-            with self.lock:
-                entry = self.cache.add(key, run)
+def bisect_budgets(b: Bench, label: str, parts: tuple[str, ...], lr: float,
+                   target: float) -> list[dict[str, Any]]:
+    """Only the points that bracket the crossing, on the grid budgets() would run: the full
+    budget (ending above the target, no smaller budget reaches it), then a bisection of
+    --new-budgets for the largest one ending above the target, then halvings below the
+    smallest. The two points either side of the crossing are those budgets() would find
+    when a larger budget ends lower (whole runs of one recipe do, to within the seeds'
+    spread), at about half its runs: the ablation has some twenty variants."""
+    full = b.point(label, parts, b.args.steps, lr)
+    if full["final_val_loss"] > target:
+        return [full]
+    grid, points = budget_steps(b.args), [full]
+    above, below = -1, len(grid)  # grid[below] (or the full budget) reached the target
+    while below - above > 1:
+        mid = (above + below) // 2
+        points.append(b.point(label, parts, grid[mid], lr))
+        if points[-1]["final_val_loss"] > target:
+            above = mid
         else:
-            print(f"reused {what}: run at {entry.get('time')}, commit "
-                  f"{str(entry.get('commit'))[:12]} ({self.cache.path})", flush=True)
-        # the label is this bench's name for the point (an ablation's may differ)
-        run = {**entry["run"], "label": label, "reused": reused,
-               "origin": {k: entry.get(k) for k in ORIGIN}}
-        with self.lock:
-            self.runs.append(run)
-        return run
-
-    def measure(self, flags: list[str], what: str) -> dict[str, Any]:
-        """Train one run in the work folder: what its metrics say."""
-        with self.lock:
-            out = self.work / f"run{self.started:04d}"
-            self.started += 1
-        mine: list[int] = []
-
-        def started(pgid: int) -> None:
-            with self.lock:
-                mine.append(pgid)
-                self.live.add(pgid)
-                if self.stopping:
-                    signal_group(pgid, signal.SIGKILL)
-
-        try:
-            wall = run_trainer([*flags, "--out-dir", str(out)], what, on_start=started)
-        finally:
-            with self.lock:
-                self.live.difference_update(mine)
-        records = read_metrics(out)
-        curve = [[r["step"] * self.args.total_batch_tokens, r["val_loss"]] for r in records
-                 if r.get("type") == "val"]
-        if not curve:
-            raise UserError(f"{what}: the trainer logged no validation loss (--val-every and "
-                            f"--trainer-flags must leave evaluation on)")
-        return {"curve": curve, "final_val_loss": curve[-1][1],
-                "train_seconds": round(train_seconds(records), 3),
-                "wall_seconds": round(wall, 2), "flags": flags,
-                # the process's peak resident memory on CPU (the allocator's on a GPU)
-                "peak_mem_gb": max((r.get("peak_mem_gb") or 0.0 for r in records
-                                    if r.get("type") == "train"), default=0.0)}
-
-    def budgets(self, label: str, parts: tuple[str, ...], lr: float, target: float,
-                full: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        """The points at --new-budgets and the full budget, then halving the smallest until
-        one ends above the target."""
-        args = self.args
-        steps = sorted({max(1, round(f * args.steps)) for f in args.new_budgets} - {args.steps})
-        points = [full or self.point(label, parts, args.steps, lr)]
-        points += [self.point(label, parts, s, lr) for s in steps]
-        for _ in range(args.max_halvings):
-            smallest = min(points, key=lambda p: p["steps"])
-            if smallest["final_val_loss"] > target or smallest["steps"] == 1:
-                break
-            points.append(self.point(label, parts, max(1, smallest["steps"] // 2), lr))
-        return sorted(points, key=lambda p: p["steps"])
+            below = mid
+    return halve(b, label, parts, lr, target, points)
 
 
-def train_seconds(records: list[dict[str, Any]]) -> float:
-    """A run's training time from its step records: each gives the mean step time since
-    the one before (the trainer leaves evaluation and checkpoints out of it)."""
-    total, prev = 0.0, -1
-    for r in records:
-        if r.get("type") == "train":
-            total += r["ms"] / 1000 * (r["step"] - prev)
-            prev = r["step"]
-    return total
+def halve(b: Bench, label: str, parts: tuple[str, ...], lr: float, target: float,
+          points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`points`, and while their smallest budget reaches the target, half of it (at most
+    --max-halvings times), sorted by budget."""
+    for _ in range(b.args.max_halvings):
+        smallest = min(points, key=lambda p: p["steps"])
+        if smallest["final_val_loss"] > target or smallest["steps"] == 1:
+            break
+        points.append(b.point(label, parts, max(1, smallest["steps"] // 2), lr))
+    return sorted(points, key=lambda p: p["steps"])
 
 
 def to_target(points: list[dict[str, Any]], target: float, seed: int | None = None,
@@ -377,6 +287,9 @@ def measure(b: Bench, args: argparse.Namespace) -> tuple[dict[str, Any], dict[st
     new = [b.point("new", recipes.NEW_PARTS, args.steps, s) for s in args.new_lr_scales]
     best, new_bracketed = bracket_rate(b, new)
     scale = best["lr"]
+    # both recipes' budgets together: with --jobs, their runs fill every slot
+    points, tied = b.together([partial(budgets, b, "new", recipes.NEW_PARTS, scale, target, best),
+                               partial(budgets, b, "new, tied head", TIED, scale, target)])
     report: dict[str, Any] = {
         # whether each best rate has a worse one on each side (else it is the best tried)
         "baseline_lr_bracketed": base_bracketed, "new_lr_scale_bracketed": new_bracketed,
@@ -384,10 +297,8 @@ def measure(b: Bench, args: argparse.Namespace) -> tuple[dict[str, Any], dict[st
         "baseline": {"parts": base["parts"], "lr": base["lr"], "steps": base["steps"],
                      "tokens": base["tokens"], "train_seconds": base["train_seconds"]},
         "new_best_lr_scale": scale,
-        "best": crossing(b.budgets("new", recipes.NEW_PARTS, scale, target, best),
-                         target, base, args.seeds),
-        "tied_head": crossing(b.budgets("new, tied head", TIED, scale, target),
-                              target, base, args.seeds),
+        "best": crossing(points, target, base, args.seeds),
+        "tied_head": crossing(tied, target, base, args.seeds),
     }
     if args.ablation:
         report["ablation"] = ablation(b, args, base, scale, target)
@@ -408,21 +319,27 @@ def measure(b: Bench, args: argparse.Namespace) -> tuple[dict[str, Any], dict[st
 
 def ablation(b: Bench, args: argparse.Namespace, base: dict[str, Any], scale: float,
              target: float) -> list[dict[str, Any]]:
-    """Each part alone on the GPT-2 recipe and the full recipe without it (with it, for a
-    part the recipe lacks): tokens to the target over the same budgets and seeds."""
-    rows = []
+    """Each of the recipe's parts alone on the GPT-2 recipe and the full recipe without it;
+    each further part on the full recipe (whether to add it is the question): tokens to the
+    target for each, over the same seeds, on bisect_budgets' points. --jobs variants at a
+    time, so that their runs fill the slots and the variants complete about in order."""
+    variants = []
     base_parts = tuple(base["parts"])
     for part in args.parts or list(recipes.PARTS):
-        variants = [] if part in base_parts else [(f"gpt2 + {part}", (*base_parts, part))]
         if part in recipes.NEW_PARTS:
-            variants.append((f"new - {part}", tuple(p for p in recipes.NEW_PARTS if p != part)))
+            if part not in base_parts:
+                variants.append((f"gpt2 + {part}", part, (*base_parts, part)))
+            variants.append((f"new - {part}", part,
+                             tuple(p for p in recipes.NEW_PARTS if p != part)))
         else:
-            variants.append((f"new + {part}", (*recipes.NEW_PARTS, part)))
-        for label, parts in variants:
-            lr = scale if "muon" in parts else base["lr"]
-            rows.append({"variant": label, "part": part, "parts": list(parts),
-                         **crossing(b.budgets(label, parts, lr, target), target, base, args.seeds)})
-    return rows
+            variants.append((f"new + {part}", part, (*recipes.NEW_PARTS, part)))
+
+    def row(label: str, part: str, parts: tuple[str, ...]) -> dict[str, Any]:
+        lr = scale if "muon" in parts else base["lr"]
+        return {"variant": label, "part": part, "parts": list(parts), **crossing(
+            bisect_budgets(b, label, parts, lr, target), target, base, args.seeds)}
+
+    return b.together([partial(row, *v) for v in variants], at_most=args.jobs)
 
 
 def _ratio(c: dict[str, Any], key: str) -> str:
