@@ -243,7 +243,9 @@ def run(args: argparse.Namespace) -> int:
               "new_recipe_parts": list(recipes.NEW_PARTS), **report,
               "run_cache": str(cache.path), "runs_reused": reused,
               "runs_run_now": len(b.runs) - reused, "run_origins": origins(b.runs),
-              "points": [{k: v for k, v in p.items() if k != "seeds"} for p in b.points.values()],
+              # by recipe, then budget: with --jobs they complete in no fixed order
+              "points": [{k: v for k, v in p.items() if k != "seeds"} for p in sorted(
+                  b.points.values(), key=lambda p: (p["label"], -p["steps"], p["lr"]))],
               "runs": b.runs}
     markdown = summary(report)
     write_outputs(out, "tokens", report, markdown)
