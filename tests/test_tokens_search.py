@@ -121,6 +121,7 @@ def test_seeds_schedules_bracketing_and_the_tied_head(tmp_path: Path, monkeypatc
                if run["label"] == "new, tied head")
     md = (tmp_path / "out" / "tokens.md").read_text()
     assert "tied head (equal parameters)" in md and "+-" in md and "from run times" in md
+    assert "Target: GPT-2 recipe (trapezoid schedule, --max-lr 0.001)" in md
     assert (tmp_path / "out" / "tokens.png").exists()  # both best curves
     peaks = {p["label"]: p["peak_mem_gb"] for p in r["points"]}
     assert peaks["new"] == 1.0 and peaks["new, tied head"] == 0.5 and "peak GiB" in md

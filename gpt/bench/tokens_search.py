@@ -377,7 +377,8 @@ def summary(r: dict[str, Any]) -> str:
     lines = [f"# Tokens and time to the GPT-2 recipe's validation loss "
              f"({r['target_val_loss']:.4f} +- {r['target_val_loss_std']:.4f}, {r['seeds']} seeds)",
              "", f"`{r['command']}` at {r['commit']} on {r['device']}, torch {r['torch']}", "",
-             f"Target: GPT-2 recipe ({' + '.join(base['parts']) or 'cosine'} schedule, --max-lr "
+             f"Target: GPT-2 recipe ({'trapezoid' if 'schedule' in base['parts'] else 'cosine'} "
+             f"schedule, --max-lr "
              f"{base['lr']:g}) after {base['tokens']:,} tokens ({base['steps']} steps): "
              + (f"{base['seconds']:.1f} s at its side-by-side step time, " if timing else "")
              + f"{base['train_seconds']:.1f} s in its own runs. New recipe at lr scale "
