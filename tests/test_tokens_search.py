@@ -80,7 +80,7 @@ def bench(tmp_path: Path, monkeypatch, speed: dict[str, float], *extra: str,
     return run_bench(tmp_path, *extra, code=code)
 
 
-def run_bench(tmp_path: Path, *extra: str, code: int = 0) -> dict:
+def run_bench(tmp_path: Path, *extra: str, code: int = 0, report: str = "tokens") -> dict:
     data = tmp_path / "data"
     if not data.exists():
         data.mkdir()
@@ -89,7 +89,7 @@ def run_bench(tmp_path: Path, *extra: str, code: int = 0) -> dict:
                       "--steps", "64", "--baseline-lrs", "1e-3", "3e-3", "--new-lr-scales", "1",
                       "--new-budgets", "0.5", "--seeds", "2", "--timing-steps", "8", *extra])
     assert got == code
-    return json.loads((tmp_path / "out" / "tokens.json").read_text()) if code == 0 else {}
+    return json.loads((tmp_path / "out" / f"{report}.json").read_text()) if code == 0 else {}
 
 
 def test_seeds_schedules_bracketing_and_the_tied_head(tmp_path: Path, monkeypatch) -> None:
@@ -370,6 +370,35 @@ def test_jobs_fill_every_slot_from_the_points_that_wait_on_nothing(tmp_path: Pat
     r = run_bench(tmp_path, "--jobs", "2", "--seeds", "3", "--ablation", "--parts", "rotary")
     assert most[0] == 2 and mixed[0]
     assert len(r["runs"]) == 3 * len(r["points"]) == len(fake.calls) - 9  # 9 timing runs
+
+
+def test_cached_only_reports_what_the_cache_holds_and_trains_nothing(
+        tmp_path: Path, monkeypatch, capsys) -> None:
+    """A bench of many sessions shows its progress: the ablation's variants whose runs are
+    all in the cache get their row, the others 'not yet run', in tokens-cached.json/.md;
+    the complete report's files stay as they were."""
+    speed = {"muon": 2.0, "rotary": 0.5}
+    done = bench(tmp_path, monkeypatch, speed, "--ablation", "--parts", "rotary")
+    complete = (tmp_path / "out" / "tokens.json").read_bytes()
+    fake = FakeTrainer(monkeypatch, speed)
+    r = run_bench(tmp_path, "--ablation", "--parts", "rotary", "relu2", "--cached-only",
+                  "--jobs", "2", report="tokens-cached")
+    assert fake.calls == []  # no run, no timing phase
+    assert (tmp_path / "out" / "tokens.json").read_bytes() == complete
+    rows = {a["variant"]: a for a in r["ablation"]}
+    assert rows["new - rotary"]["tokens_ratio"] == done["ablation"][1]["tokens_ratio"]
+    assert rows["gpt2 + relu2"]["not_yet_run"] == "gpt2 + relu2 (64 steps, lr 0.001, seed 1337)"
+    assert r["timing"] is None and r["best"]["tokens_ratio"] == done["best"]["tokens_ratio"]
+    md = (tmp_path / "out" / "tokens-cached.md").read_text()
+    assert "| new - relu2 | not yet run (first missing: new - relu2 (64 steps" in md
+    assert "--cached-only" in md  # the command, at the top
+    # without the runs the target needs: one line, and nothing written
+    FakeTrainer(monkeypatch, speed)
+    (tmp_path / "empty").mkdir()
+    run_bench(tmp_path / "empty", "--cached-only", code=1)
+    err = capsys.readouterr().err
+    assert err.startswith("error: --cached-only: ") and "holds no run of gpt2 cosine" in err
+    assert err.count("\n") == 1 and not (tmp_path / "empty" / "out" / "tokens-cached.json").exists()
 
 
 @pytest.mark.parametrize("flag, value", [("--jobs", "0"), ("--max-lr-extensions", "-1")])

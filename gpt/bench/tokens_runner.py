@@ -27,6 +27,10 @@ from gpt.errors import UserError
 T = TypeVar("T")
 
 
+class NotCached(Exception):
+    """With --cached-only: a run the cache does not hold (the message says which)."""
+
+
 class Bench:
     """Runs points (parts, steps, learning rate) over seeds, each once, in a work folder."""
 
@@ -112,6 +116,8 @@ class Bench:
         key = self.cache.key(flags)
         entry = self.cache.get(key)
         reused = entry is not None
+        if entry is None and self.args.cached_only:
+            raise NotCached(what)
         if entry is None:
             run = {"label": label, "seed": seed, "steps": steps, "lr": lr,
                    **self.measure(flags, what)}

@@ -42,7 +42,8 @@ and peak memory; the ablation's variants are not timed side by side, and have on
 Every completed run is appended to `<--out>/tokens-runs.jsonl` (gpt/bench/tokens_cache.py
 gives its format) and a later bench with the same --out reuses a run whose trainer flags and
 data are the same instead of training it again (--no-reuse: train all again, still append):
-a bench stopped by Ctrl-C or SIGTERM resumes where it was. --jobs N trains up to N runs at
+a bench stopped by Ctrl-C or SIGTERM resumes where it was, and --cached-only reports what the
+cache holds so far without training (as tokens-cached.json/.md). --jobs N trains up to N runs at
 once, each a process of its own, from the seeds of the points that do not depend on each
 other (gpt/bench/tokens_runner.py; the timing phase stays one at a time).
 tokens.json counts the runs reused and run now, and names the commits and machines they
@@ -64,10 +65,11 @@ from gpt.bench import recipes, tokens_bench, tokens_timing
 from gpt.bench.record import write_outputs
 from gpt.bench.tokens_bench import spread, tokens_to_target
 from gpt.bench.tokens_cache import CACHE_NAME, RunCache, data_fingerprint, origins
-from gpt.bench.tokens_runner import Bench
+from gpt.bench.tokens_runner import Bench, NotCached
 from gpt.errors import UserError
 
 TIED = tuple(p for p in recipes.NEW_PARTS if p != "untied_head")
+PARTIAL = "tokens-cached"  # --cached-only's report, beside tokens.json and never over it
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -92,6 +94,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-reuse", action="store_true",
                    help=f"train every run again, not reusing those in <--out>/{CACHE_NAME} "
                    f"(they are still appended there)")
+    p.add_argument("--cached-only", action="store_true",
+                   help=f"train nothing: report what <--out>/{CACHE_NAME} holds now, as "
+                   f"{PARTIAL}.json/.md (an ablation variant not all there is 'not yet run'; "
+                   "no timing phase), leaving a complete report's files as they are")
     tokens_timing.add_flags(p)
     p.set_defaults(standalone=run)
 
@@ -211,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise UserError(f"--jobs {args.jobs}: must be >= 1 (runs at a time)")
     tokens_timing.check_flags(args)
+    if args.cached_only:  # nothing trains, so nothing runs side by side or is timed
+        args.jobs, args.timing_repeats = 1, 0
     device = pick_device(args.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -233,6 +241,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"\ninterrupted: {cache.path} holds every completed run ({now} of them run "
                   f"now); the same command resumes from them", file=sys.stderr)
             return 130
+        except NotCached as e:
+            raise UserError(f"--cached-only: {cache.path} holds no run of {e} yet, which the "
+                            f"report cannot do without: run the same command without "
+                            f"--cached-only (it resumes from the cache)") from None
     target = base["final_val_loss"]
     reused = sum(bool(r.get("reused")) for r in b.runs)
     report = {**run_info("tokens", device, args.argv), "data_dir": args.data_dir,
@@ -248,6 +260,11 @@ def run(args: argparse.Namespace) -> int:
                   b.points.values(), key=lambda p: (p["label"], -p["steps"], p["lr"]))],
               "runs": b.runs}
     markdown = summary(report)
+    if args.cached_only:
+        write_outputs(out, PARTIAL, report, markdown)
+        print(markdown)
+        print(f"wrote {out}/{PARTIAL}.json, {PARTIAL}.md")
+        return 0
     write_outputs(out, "tokens", report, markdown)
     first = [p["seeds"][0] for p in (base, best)]  # the first seed's curves of both
     plotted = tokens_bench.plot(*(dict(r, lr=p["lr"]) for r, p in zip(first, (base, best))),
@@ -338,8 +355,12 @@ def ablation(b: Bench, args: argparse.Namespace, base: dict[str, Any], scale: fl
 
     def row(label: str, part: str, parts: tuple[str, ...]) -> dict[str, Any]:
         lr = scale if "muon" in parts else base["lr"]
-        return {"variant": label, "part": part, "parts": list(parts), **crossing(
-            bisect_budgets(b, label, parts, lr, target), target, base, args.seeds)}
+        head = {"variant": label, "part": part, "parts": list(parts)}
+        try:
+            points = bisect_budgets(b, label, parts, lr, target)
+        except NotCached as e:  # --cached-only: this variant has not all run yet
+            return {**head, "not_yet_run": str(e)}
+        return {**head, **crossing(points, target, base, args.seeds)}
 
     return b.together([partial(row, *v) for v in variants], at_most=args.jobs)
 
@@ -391,6 +412,9 @@ def summary(r: dict[str, Any]) -> str:
                                                r["tied_head"])]
     rows += [(a["variant"], a) for a in r.get("ablation", [])]
     for name, c in rows:
+        if "not_yet_run" in c:
+            lines.append(f"| {name} | not yet run (first missing: {c['not_yet_run']}) | | | |")
+            continue
         tokens = f"{c['tokens_to_target']:,.0f} ({c['how']})" if c["tokens_to_target"] else c["how"]
         lines.append(f"| {name} | {tokens} | {_ratio(c, 'tokens_ratio')} | "
                      f"{_ratio(c, 'time_ratio')} | {_ratio(c, 'time_ratio_from_run_times')} |")
