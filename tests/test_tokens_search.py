@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt.bench import recipes, runs, tokens_runner, tokens_timing
+from gpt.bench import recipes, runs, tokens_runner, tokens_search, tokens_timing
 from gpt.bench.cli import main as bench_main
 from gpt.errors import UserError
 from helpers import write_random_shards
@@ -26,7 +26,7 @@ ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "64",
 
 
 class FakeTrainer:
-    """Stands in for run_trainer and read_metrics (in tokens_search and tokens_timing): a
+    """Stands in for run_trainer and read_metrics (in tokens_runner and tokens_timing): a
     run 'trains' to loss 10 - 0.01 * rate * steps (rate 1 for GPT-2 plus `speed` per part
     its flags turn on; seed s adds 0.01 * s) at 10 ms a step (20 with Muon), and a timing
     run (--val-every 0) logs every step: 500 ms in warm-up, then its step time."""
@@ -103,11 +103,11 @@ def test_seeds_schedules_bracketing_and_the_tied_head(tmp_path: Path, monkeypatc
     assert r["target_val_loss"] == pytest.approx(10 - 0.01 * 1.1 * 64 + 0.005)
     assert r["target_val_loss_std"] > 0 and len(r["runs"]) == 2 * len(r["points"])
     # the new recipe (rate 4.1) reaches the target at 64 * 1.1 / 4.1 = 17.2 steps: below the
-    # smallest budget asked for (32), so the bench halved it to 16, which ended above, and
-    # interpolated between 16 and 32
+    # smallest budget asked for (32), so the bench halved it to 16, which ended above, ran
+    # the budget halfway (24) to narrow the crossing, and interpolated between 16 and 24
     best = r["best"]
     steps = sorted(p["steps"] for p in best["points"])
-    assert steps == [16, 32, 64] and best["how"].startswith("between the 2,048- and 4,096")
+    assert steps == [16, 24, 32, 64] and best["how"].startswith("between the 2,048- and 3,072")
     assert best["tokens_to_target"] == pytest.approx(64 * 1.1 / 4.1 * 128, rel=0.02)
     assert best["tokens_ratio"] == pytest.approx(4.1 / 1.1, rel=0.02)
     assert best["tokens_ratio_per_seed"]["reached"] == "2/2"
@@ -141,6 +141,18 @@ def test_the_ablation_adds_each_part_to_gpt2_and_takes_it_from_the_recipe(
     assert rows["gpt2 + relu2"]["tokens_ratio"] == pytest.approx(1.0, rel=0.02)
     assert rows["new + value_embeds"]["parts"] == [*recipes.NEW_PARTS, "value_embeds"]
     assert "gpt2 + rotary" in (tmp_path / "out" / "tokens.md").read_text()
+
+
+@pytest.mark.parametrize("steps, losses, want", [
+    ((16, 32, 64), (5.5, 5.0, 4.5), 24),   # a halving's 2x apart around the crossing
+    ((24, 32, 64), (5.5, 5.0, 4.5), None),  # 1.33x apart: as fine as --new-budgets
+    ((16, 32, 64), (5.5, 5.4, 5.3), None),  # never reached
+    ((16, 32, 64), (5.0, 4.9, 4.5), None),  # reached by the smallest: nothing below it
+    ((1, 2, 4), (5.5, 5.0, 4.5), None),     # no whole budget between 1 and 2
+])
+def test_a_coarse_crossing_gets_the_budget_halfway(steps, losses, want) -> None:
+    points = [{"steps": s, "final_val_loss": v} for s, v in zip(steps, losses)]
+    assert tokens_search.narrow_crossing(points, target=5.2) == want
 
 
 def test_the_ablation_runs_only_the_budgets_that_bracket_each_crossing(

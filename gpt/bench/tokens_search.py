@@ -143,13 +143,37 @@ def bisect_budgets(b: Bench, label: str, parts: tuple[str, ...], lr: float,
 def halve(b: Bench, label: str, parts: tuple[str, ...], lr: float, target: float,
           points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`points`, and while their smallest budget reaches the target, half of it (at most
-    --max-halvings times), sorted by budget."""
+    --max-halvings times); then, where the crossing lies between a halving and the budget
+    it halved, the budget halfway between them too (narrow_crossing). Sorted by budget."""
     for _ in range(b.args.max_halvings):
         smallest = min(points, key=lambda p: p["steps"])
         if smallest["final_val_loss"] > target or smallest["steps"] == 1:
             break
         points.append(b.point(label, parts, max(1, smallest["steps"] // 2), lr))
+    points.sort(key=lambda p: p["steps"])
+    halfway = narrow_crossing(points, target)
+    if halfway is not None:
+        points.append(b.point(label, parts, halfway, lr))
     return sorted(points, key=lambda p: p["steps"])
+
+
+# Budgets further apart than this around the crossing get one more between them: the
+# budgets of --new-budgets are at most 1.5x apart, a halving's 2x
+COARSEST = 1.5
+
+
+def narrow_crossing(points: list[dict[str, Any]], target: float) -> int | None:
+    """The budget (steps) halfway between the two either side of the crossing when they
+    are more than COARSEST x apart, else None. Tokens to the target are a straight line
+    between those two runs, and the loss falls faster near the smaller one, so a coarse
+    pair overstates the tokens (understates the ratio)."""
+    for lo, hi in zip(points, points[1:]):
+        if lo["final_val_loss"] > target >= hi["final_val_loss"]:
+            mid = (lo["steps"] + hi["steps"]) // 2
+            if hi["steps"] > COARSEST * lo["steps"] and lo["steps"] < mid < hi["steps"]:
+                return mid
+            return None
+    return None
 
 
 def to_target(points: list[dict[str, Any]], target: float, seed: int | None = None,
