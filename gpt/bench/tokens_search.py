@@ -15,7 +15,8 @@ and data order: --seed, --seed + 1, ...), and reported as the mean and standard 
    same way; at its best scale, whole
    schedules over fewer steps (--new-budgets, fractions of --steps), and smaller ones
    (halving the smallest) until one ends above the target, so the crossing is bracketed
-   by the bench itself (at most --max-halvings more).
+   by the bench itself (at most --max-halvings more), and the budget halfway between the
+   last halving and the one before it, so the pair either side is as close as the grid's.
 3. The same budgets for the new recipe with a tied head (the equal-parameter variant).
 4. With --ablation: each part alone on top of the GPT-2 recipe (at its best learning
    rate and schedule; Muon at the new recipe's best scale) and the full recipe without
@@ -109,11 +110,11 @@ def budget_steps(args: argparse.Namespace) -> list[int]:
 
 def budgets(b: Bench, label: str, parts: tuple[str, ...], lr: float, target: float,
             full: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The points at --new-budgets and the full budget (asked for together), then halving
-    the smallest until one ends above the target."""
-    steps = budget_steps(b.args)
-    points = b.together([(lambda: full) if full else partial(b.point, label, parts, b.args.steps, lr),
-                         *(partial(b.point, label, parts, s, lr) for s in steps)])
+    """The points at --new-budgets and the full budget (`full` if given; asked for
+    together), then halve's."""
+    first = (lambda: full) if full else partial(b.point, label, parts, b.args.steps, lr)
+    points = b.together([first, *(partial(b.point, label, parts, s, lr)
+                                  for s in budget_steps(b.args))])
     return halve(b, label, parts, lr, target, points)
 
 
