@@ -84,15 +84,25 @@ def crossing(curve: list[list[float]], target: float) -> float | None:
 def tokens_to_target(runs: list[dict[str, Any]], target: float) -> tuple[float | None, str]:
     """From complete runs at several budgets: the fewest tokens ending at or below target,
     interpolated between the largest budget above it and the smallest one at or below."""
-    runs = sorted(runs, key=lambda r: r["tokens"])
+    pair = either_side(sorted(runs, key=lambda r: r["tokens"]), target)
+    if pair is None:
+        return None, "no budget reached the target"
+    lo, hi = pair
+    if lo is None:
+        return hi["tokens"], f"at most {hi['tokens']:,}: even the smallest budget reached it"
+    l0, l1 = lo["final_val_loss"], hi["final_val_loss"]
+    t = lo["tokens"] + (hi["tokens"] - lo["tokens"]) * (l0 - target) / (l0 - l1)
+    return t, f"between the {lo['tokens']:,}- and {hi['tokens']:,}-token runs"
+
+
+def either_side(runs: list[dict[str, Any]], target: float) -> tuple[dict[str, Any] | None,
+                                                                   dict[str, Any]] | None:
+    """Of runs sorted by budget, the first ending at or below target and the one before it
+    (None where it is the first); None where none reaches the target."""
     for lo, hi in zip([None, *runs], runs):
         if hi["final_val_loss"] <= target:
-            if lo is None:
-                return hi["tokens"], f"at most {hi['tokens']:,}: even the smallest budget reached it"
-            l0, l1 = lo["final_val_loss"], hi["final_val_loss"]
-            t = lo["tokens"] + (hi["tokens"] - lo["tokens"]) * (l0 - target) / (l0 - l1)
-            return t, f"between the {lo['tokens']:,}- and {hi['tokens']:,}-token runs"
-    return None, "no budget reached the target"
+            return lo, hi
+    return None
 
 
 def spread(values: list[float | None]) -> dict[str, Any]:

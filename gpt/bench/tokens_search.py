@@ -64,7 +64,7 @@ from typing import Any, Iterator
 
 from gpt.bench import recipes, tokens_bench, tokens_timing
 from gpt.bench.record import write_outputs
-from gpt.bench.tokens_bench import spread, tokens_to_target
+from gpt.bench.tokens_bench import either_side, spread, tokens_to_target
 from gpt.bench.tokens_cache import CACHE_NAME, RunCache, data_fingerprint, origins
 from gpt.bench.tokens_runner import Bench, NotCached
 from gpt.errors import UserError
@@ -168,12 +168,12 @@ def narrow_crossing(points: list[dict[str, Any]], target: float) -> int | None:
     are more than COARSEST x apart, else None. Tokens to the target are a straight line
     between those two runs, and the loss falls faster near the smaller one, so a coarse
     pair overstates the tokens (understates the ratio)."""
-    for lo, hi in zip(points, points[1:]):
-        if lo["final_val_loss"] > target >= hi["final_val_loss"]:
-            mid = (lo["steps"] + hi["steps"]) // 2
-            if hi["steps"] > COARSEST * lo["steps"] and lo["steps"] < mid < hi["steps"]:
-                return mid
-            return None
+    lo, hi = either_side(points, target) or (None, None)
+    if lo is None or hi is None:
+        return None
+    mid = (lo["steps"] + hi["steps"]) // 2
+    if hi["steps"] > COARSEST * lo["steps"] and lo["steps"] < mid < hi["steps"]:
+        return mid
     return None
 
 
