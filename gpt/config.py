@@ -215,15 +215,20 @@ class TrainConfig:
         "back to the OS every step; about 2x faster small-model steps for more resident memory "
         "(benchmarks/cpu_malloc.md)"
     )
-    chunked_loss: bool = _opt(
-        True, "the head and cross-entropy fused and computed a chunk of rows at a time, so "
+    chunked_loss: bool | None = _opt(
+        None, "the head and cross-entropy fused and computed a chunk of rows at a time, so "
         "the whole logits and their gradient are never held (gpt/chunked_ce.py); "
-        "--no-chunked-loss: the plain head and F.cross_entropy"
+        "--no-chunked-loss: the plain head and F.cross_entropy. Default: on, except for "
+        "compiled CUDA runs, where inductor's own fused loss over the whole logits measured "
+        "faster (it holds them once, in bf16: 5.7 GiB more at GPT-2 124M, micro-batch 64; "
+        "benchmarks/gpu/README.md); naming a --loss-kernel turns it on"
     )
     loss_kernel: str = _opt(
-        "ours", "whose fused head + loss the chunked loss runs: ours (gpt/chunked_ce.py, every "
+        "auto", "whose fused head + loss the chunked loss runs: ours (gpt/chunked_ce.py, every "
         "device), liger (Liger Kernel) or cce (Cut Cross-Entropy), both CUDA-only and "
-        "installed apart (gpt/loss_kernels.py)", choices=("ours", "liger", "cce"), since=2
+        "installed apart (gpt/loss_kernels.py); auto: liger on CUDA where it is installed "
+        "(measured faster than ours there), ours otherwise",
+        choices=("auto", "ours", "liger", "cce"), since=2
     )
     init_from: str | None = _opt(
         None, "start from OpenAI's GPT-2 weights (gpt2, gpt2-medium, gpt2-large, gpt2-xl; "
@@ -233,6 +238,15 @@ class TrainConfig:
     def compile_on(self, device_type: str) -> bool:
         """--compile as given, or (unset) on for CUDA only."""
         return self.compile if self.compile is not None else device_type == "cuda"
+
+    def chunked_loss_on(self, device_type: str) -> bool:
+        """--chunked-loss as given; unset, on where a --loss-kernel is named, and otherwise
+        everywhere but compiled CUDA runs (see the option's help)."""
+        if self.chunked_loss is not None:
+            return self.chunked_loss
+        if self.loss_kernel != "auto":
+            return True
+        return not (device_type == "cuda" and self.compile_on(device_type))
 
 
 @dataclass(frozen=True)

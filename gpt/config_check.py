@@ -74,7 +74,7 @@ def validate(cfg: Config) -> None:
     _check(not m.rotary or (m.n_embd // max(m.n_head, 1)) % 2 == 0,
            f"--rotary rotates channel pairs: the head size --n-embd {m.n_embd} / --n-head "
            f"{m.n_head} must be even")
-    _check(t.chunked_loss or t.loss_kernel == "ours",
+    _check(t.chunked_loss is not False or t.loss_kernel in ("auto", "ours"),
            f"--loss-kernel {t.loss_kernel} is a kernel of the chunked loss, and "
            f"--no-chunked-loss turns that off: drop one of the two")
     _check(m.logit_softcap == 0 or MIN_SOFTCAP <= m.logit_softcap < math.inf,

@@ -4,9 +4,12 @@ fused linear cross-entropy or Apple's Cut Cross-Entropy. All three compute the m
 cross_entropy(softcap(h @ weight.T), targets) without holding the whole logits.
 
 The libraries are optional (`pip install liger-kernel` / `cut-cross-entropy`, or the
-`kernels` extra) and CUDA-only: their kernels are Triton's. Whichever is faster on a
-GPU is what the GPU acceptance measures side by side (`python -m gpt.bench gpu`, the
-loss-kernel stage); until it has, ours is the default everywhere.
+`kernels` extra) and CUDA-only: their kernels are Triton's. The GPU acceptance measures
+them side by side (`python -m gpt.bench gpu`, stage 7): on an H200 at GPT-2 124M,
+micro-batch 64, compiled, a step took 254.6 ms with Liger's, 264.9 with ours (its chunk
+loop then still traced into the graph) and 371.2 with Cut Cross-Entropy's
+(benchmarks/gpu/README.md). So `auto`, the default, is Liger's on CUDA where it is
+installed and ours everywhere else.
 
 Each library kernel gets what ours gets: under autocast, the hidden states and the head
 weight cast to autocast's dtype (what F.linear would do), the loss in fp32, and the head
@@ -27,15 +30,23 @@ from gpt.errors import UserError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
-KERNELS = ("ours", "liger", "cce")
+KERNELS = ("ours", "liger", "cce")  # and "auto", which resolve() turns into one of them
 # the module each library kernel imports, and how to install it
 PACKAGES = {"liger": ("liger_kernel", "pip install liger-kernel"),
             "cce": ("cut_cross_entropy", "pip install cut-cross-entropy")}
 
 
+def resolve(kernel: str, device_type: str) -> str:
+    """--loss-kernel as given; auto: liger on CUDA where liger_kernel is installed, else ours."""
+    if kernel != "auto":
+        return kernel
+    liger_here = device_type == "cuda" and importlib.util.find_spec(PACKAGES["liger"][0]) is not None
+    return "liger" if liger_here else "ours"
+
+
 def check(kernel: str, device_type: str) -> None:
     """Refuse a library kernel where it cannot run: off CUDA, or not installed."""
-    if kernel == "ours":
+    if kernel in ("auto", "ours"):
         return
     module, hint = PACKAGES[kernel]
     if device_type != "cuda":
@@ -77,5 +88,5 @@ def cce(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
 
 
 def loss_fn(kernel: str) -> LossFn:
-    """The function GPT.loss calls for `kernel` (one of KERNELS)."""
+    """The function GPT.loss calls for `kernel` (one of KERNELS: resolved, not auto)."""
     return {"ours": linear_cross_entropy, "liger": liger, "cce": cce}[kernel]

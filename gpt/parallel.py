@@ -39,6 +39,7 @@ from torch.distributed.tensor.experimental import implicit_replication
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
+from gpt import loss_kernels
 from gpt.compat import needs_torch
 from gpt.config import ConfigError, OptimConfig, TrainConfig
 from gpt.dist import Runtime
@@ -95,8 +96,8 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
             f"--compile-mode {compile_mode} captures CUDA graphs, which cannot hold FSDP's "
             f"all-gathers between the blocks: use --compile-mode default or "
             f"max-autotune-no-cudagraphs with --parallel fsdp")
-    model.chunked_loss = train.chunked_loss  # before compile: traced into the graph
-    model.loss_kernel = train.loss_kernel
+    model.chunked_loss = train.chunked_loss_on(runtime.device_type)  # before compile: traced
+    model.loss_kernel = loss_kernels.resolve(train.loss_kernel, runtime.device_type)
     if train.activation_checkpointing:
         apply_activation_checkpointing(model)
     if train.parallel == "fsdp":

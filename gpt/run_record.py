@@ -59,7 +59,9 @@ def banner(run: Run) -> dict[str, Any]:
         f"device {rt.device} ({name}) x {rt.world_size} | parallel {cfg.train.parallel}"
         f" | precision {DTYPE_NAMES[run.autocast_dtype]}"
         f"{' + tf32' if cfg.train.tf32 and rt.device_type == 'cuda' else ''}"
-        f" | compile {cfg.train.compile_mode if par.compiled else False} | fused AdamW {par.fused} | params {run.model.num_params():,}"
+        f" | compile {cfg.train.compile_mode if par.compiled else False} | fused AdamW {par.fused}"
+        f" | loss {f'chunked ({run.model.loss_kernel})' if run.model.chunked_loss else 'whole logits'}"
+        f" | params {run.model.num_params():,}"
         f" | grad accum {run.accum} x {d.batch_size} x {d.seq_len} tokens"
         f" | train tokens {run.train_loader.num_tokens:,}"
     )
@@ -73,7 +75,9 @@ def banner(run: Run) -> dict[str, Any]:
         "type": "run", "config": to_dict(cfg), "device": str(rt.device),
         "device_name": name, "world_size": rt.world_size, "torch": torch.__version__,
         "dtype": DTYPE_NAMES[run.autocast_dtype], "compile": par.compiled,
-        "fused_adamw": par.fused, "params": run.model.num_params(), "grad_accum": run.accum,
+        "fused_adamw": par.fused, "chunked_loss": run.model.chunked_loss,
+        "loss_kernel": run.model.loss_kernel if run.model.chunked_loss else None,
+        "params": run.model.num_params(), "grad_accum": run.accum,
         "flops_per_token": flops_per_token(cfg.model, d.seq_len), "peak_tflops": peak,
         "peak_mem_source": peak_memory(rt.device)[1],
         "start_step": run.state.step,

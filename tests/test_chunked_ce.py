@@ -180,9 +180,43 @@ def test_compiled_the_chunk_loop_is_one_op_inductor_cannot_reorder() -> None:
         assert torch.equal(a, b)
 
 
+def test_unset_it_is_on_but_for_compiled_cuda_runs_where_auto_prefers_liger(monkeypatch) -> None:
+    from gpt import loss_kernels
+
+    assert TrainConfig().chunked_loss_on("cpu") and TrainConfig().chunked_loss_on("mps")
+    assert not TrainConfig().chunked_loss_on("cuda")  # compiled there by default
+    assert TrainConfig(compile=False).chunked_loss_on("cuda")
+    assert TrainConfig(compile=True).chunked_loss_on("cpu")  # measured on CUDA only
+    for kernel in ("ours", "liger", "cce"):  # naming a kernel asks for the chunked loss
+        assert TrainConfig(loss_kernel=kernel).chunked_loss_on("cuda")
+    assert TrainConfig(chunked_loss=True).chunked_loss_on("cuda")
+    assert not TrainConfig(chunked_loss=False).chunked_loss_on("cpu")
+    assert loss_kernels.resolve("auto", "cuda") == loss_kernels.resolve("auto", "cpu") == "ours"
+    monkeypatch.setattr(loss_kernels.importlib.util, "find_spec",
+                        lambda name: object() if name == "liger_kernel" else None)
+    assert loss_kernels.resolve("auto", "cuda") == "liger"  # installed: measured faster
+    assert loss_kernels.resolve("auto", "cpu") == loss_kernels.resolve("ours", "cuda") == "ours"
+    assert loss_kernels.resolve("cce", "cuda") == "cce"
+
+
+def test_a_compiled_cuda_plan_holds_the_whole_logits_once() -> None:
+    small = ["--model", "tiny", "--block-size", "64", "--seq-len", "64", "--batch-size", "32"]
+    cfg = parse_args(small)
+    default, chunked, eager_whole = (
+        memory.plan(parse_args([*small, *flags]), device_type="cuda")
+        for flags in ([], ["--chunked-loss"], ["--no-chunked-loss", "--no-compile"]))
+    assert (default.setup["chunked_loss"], chunked.setup["chunked_loss"]) == (False, True)
+    logits = 32 * 64 * cfg.model.vocab_size * 2  # bf16, once
+    assert default.peak_bytes - chunked.peak_bytes == logits
+    assert default.logits_and_loss_bytes - chunked.logits_and_loss_bytes == logits
+    assert default.peak_bytes < eager_whole.peak_bytes  # inductor's fused loss: no fp32 copies
+    assert any("inductor's fused cross-entropy" in a for a in default.assumptions)
+
+
 def test_the_switch_reaches_the_model_and_the_planner(tmp_path: Path) -> None:
-    assert parse_args([]).train.chunked_loss and TrainConfig().chunked_loss
-    assert not parse_args(["--no-chunked-loss"]).train.chunked_loss
+    assert parse_args([]).train.chunked_loss is TrainConfig().chunked_loss is None  # by device
+    assert parse_args(["--chunked-loss"]).train.chunked_loss is True
+    assert parse_args(["--no-chunked-loss"]).train.chunked_loss is False
     toml = tmp_path / "r.toml"
     toml.write_text("[train]\nchunked_loss = false\n")
     assert not parse_args(["--config", str(toml)]).train.chunked_loss

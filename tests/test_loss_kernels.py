@@ -36,13 +36,14 @@ def reference(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, cap: float | No
 
 
 def test_the_choices_are_the_kernels() -> None:
-    assert field_index()["loss_kernel"][1].metadata["choices"] == loss_kernels.KERNELS
-    assert TrainConfig().loss_kernel == "ours" and parse_args([]).train.loss_kernel == "ours"
+    assert field_index()["loss_kernel"][1].metadata["choices"] == ("auto", *loss_kernels.KERNELS)
+    assert TrainConfig().loss_kernel == "auto" and parse_args([]).train.loss_kernel == "auto"
     assert parse_args(["--loss-kernel", "liger"]).train.loss_kernel == "liger"
 
 
 def test_a_library_kernel_is_refused_off_cuda_and_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     loss_kernels.check("ours", "cpu")
+    loss_kernels.check("auto", "cpu")
     for kernel in ("liger", "cce"):
         with pytest.raises(UserError, match=f"--loss-kernel {kernel} runs Triton kernels on CUDA only"):
             loss_kernels.check(kernel, "cpu")
@@ -72,7 +73,7 @@ def test_the_trainer_and_its_dry_run_refuse_it_on_cpu_in_one_line(tmp_path: Path
 
 def test_the_planner_plans_a_library_kernel_as_ours() -> None:
     small = ["--model", "tiny", "--block-size", "64", "--seq-len", "64", "--batch-size", "8"]
-    ours = memory.plan(parse_args(small))
+    ours = memory.plan(parse_args([*small, "--loss-kernel", "ours"]))
     liger = memory.plan(parse_args([*small, "--loss-kernel", "liger"]))
     assert liger.peak_bytes == ours.peak_bytes
     assert any("planned as ours" in a for a in liger.assumptions)
