@@ -69,7 +69,8 @@ def test_plan_fits_each_session_riskiest_first(capsys: pytest.CaptureFixture[str
                    if not c["optional"])
     [kernels] = [c for c in calls if c["stage"] == 7]  # side by side, in one call, required
     assert not kernels["optional"] and names[calls.index(kernels)] == [
-        "ours-b64-default", "ours-b64-default-unchunked", "ours-b64-default-liger", "ours-b64-default-cce"]
+        "ours-b64-default-chunked", "ours-b64-default-unchunked", "ours-b64-default-liger",
+        "ours-b64-default-cce"]
     autotune = [c for c in calls if any("max-autotune" in cell["name"] for cell in c["cells"])]
     assert len(autotune) == 1 and autotune[0]["optional"] and len(autotune[0]["cells"]) == 1
     for c in calls:  # no optional call fits beside a required session: each needs its own
@@ -105,16 +106,20 @@ def test_without_wheels_the_command_installs_nothing(tmp_path: Path) -> None:
     assert done.returncode == 0 and done.stdout == "[.]\n", done
 
 
-def test_a_cell_loss_is_one_of_four() -> None:
+def test_a_cell_loss_is_the_default_or_one_of_four() -> None:
     flags = {loss: gpu_plan.ours_cell(SMOKE, Path("/d"), Path("/w"), 8, loss=loss)
              for loss in gpu_plan.LOSSES}
-    assert [c.name for c in flags.values()] == ["ours-b8-default", "ours-b8-default-unchunked",
-                                                "ours-b8-default-liger", "ours-b8-default-cce"]
+    assert [c.name for c in flags.values()] == [
+        "ours-b8-default", "ours-b8-default-chunked", "ours-b8-default-unchunked",
+        "ours-b8-default-liger", "ours-b8-default-cce"]
     assert all(c.params["loss"] == loss for loss, c in flags.items())
-    assert "--no-chunked-loss" in flags["unchunked"].cmd and "--loss-kernel" not in flags["ours"].cmd
+    assert "--no-chunked-loss" in flags["unchunked"].cmd
+    assert "--chunked-loss" not in flags["default"].cmd and "--loss-kernel" not in flags["default"].cmd
+    # ours named in full: on a compiled CUDA run the default is the whole logits
+    assert "--chunked-loss --loss-kernel ours" in " ".join(flags["ours"].cmd)
     for kernel in gpu_plan.CUDA_ONLY_LOSSES:  # --smoke adds no --compile-mode after them
         assert flags[kernel].params["trainer_argv"][-2:] == ["--loss-kernel", kernel]
-    with pytest.raises(ValueError, match="loss must be one of ours, unchunked, liger, cce"):
+    with pytest.raises(ValueError, match="loss must be one of default, ours, unchunked, liger, cce"):
         gpu_plan.ours_cell(SMOKE, Path("/d"), Path("/w"), 8, loss="chunked")
 
 
@@ -170,6 +175,17 @@ def test_stage2_smoke(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_stage8_smoke_profiles_each_cell_and_summarises_its_trace(tmp_path: Path) -> None:
+    cells = run_stage(8, tmp_path)
+    assert list(cells) == ["ours-b8-default-profile", "tiny-fsdp-ac-1gpu-profile"]
+    for cell in cells.values():
+        assert "--torch-profile" in cell["command"] and FIGURES <= cell["result"].keys()
+        profile = cell["result"]["profile"]
+        assert profile["steps"] == gpu_plan.PROFILED_STEPS and profile["device"] == "cpu"
+        assert profile["top"] and profile["kinds"]
+
+
+@pytest.mark.slow
 def test_stage3_smoke(tmp_path: Path) -> None:
     cells = run_stage(3, tmp_path)
     assert list(cells) == ["ours-b2-default", "build-nanogpt-b2", "ours-b4-default", "build-nanogpt-b4"]
@@ -198,19 +214,20 @@ def test_stage6_smoke(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_stage7_smoke(tmp_path: Path) -> None:
     cells = run_stage(7, tmp_path)
-    assert list(cells) == ["ours-b8-default", "ours-b8-default-unchunked", "ours-b8-default-liger",
-                           "ours-b8-default-cce"]
+    assert list(cells) == ["ours-b8-default-chunked", "ours-b8-default-unchunked",
+                           "ours-b8-default-liger", "ours-b8-default-cce"]
     assert [c["params"]["loss"] for c in cells.values()] == ["ours", "unchunked", "liger", "cce"]
-    ours, unchunked = cells["ours-b8-default"], cells["ours-b8-default-unchunked"]
+    ours, unchunked = cells["ours-b8-default-chunked"], cells["ours-b8-default-unchunked"]
     assert ours["status"] == unchunked["status"] == "ok"
-    assert "--no-chunked-loss" not in ours["command"] and "--loss-kernel" not in ours["command"]
+    assert "--chunked-loss" in ours["command"] and "--loss-kernel ours" in ours["command"]
     assert "--no-chunked-loss" in unchunked["command"] and FIGURES <= unchunked["result"].keys()
     for name, kernel in (("ours-b8-default-liger", "liger"), ("ours-b8-default-cce", "cce")):
         assert cells[name]["status"] == "skipped" and "command" not in cells[name]
         assert cells[name]["reason"] == f"--smoke: --loss-kernel {kernel} runs Triton kernels on CUDA only"
     report = json.loads((tmp_path / "gpu_stage7.json").read_text())
     [c] = report["loss_comparison"]  # the skipped kernels have none
-    assert (c["cell"], c["loss"], c["ours"]) == ("ours-b8-default-unchunked", "unchunked", "ours-b8-default")
+    assert (c["cell"], c["loss"], c["ours"]) == ("ours-b8-default-unchunked", "unchunked",
+                                                 "ours-b8-default-chunked")
     assert c["peak_mem_over_ours"] == pytest.approx(c["peak_mem_gb"] / c["ours_peak_mem_gb"])
     assert "The head + loss against ours" in (tmp_path / "gpu_stage7.md").read_text()
 
@@ -341,10 +358,12 @@ STAND_IN = textwrap.dedent('''
     total_batch_size = 524288 # 2**19, ~0.5M, in number of tokens
     B = 64 # micro batch size
     max_steps = 19073 # 19,073 steps is ~1 epoch
+    warmup_steps = 715
     use_compile = False # torch.compile interferes
     last_step = False
     tokens = np.load(os.path.join("edu_fineweb10B", "edufineweb_train_000000.npy"))
     assert use_compile and render_example is None and B == 4 and total_batch_size == 1024
+    assert warmup_steps == 10  # the trainer cells' warm-up
     for step in range(max_steps):
         if step % 250 == 0 or last_step:
             raise SystemExit("validation must be off")
@@ -378,6 +397,8 @@ def test_build_nanogpt_harness_runs_and_parses_and_makes_the_ratio(tmp_path: Pat
     [c] = gpu_results.comparisons([ours, other, record])
     assert (c["cell"], c["baseline"], c["batch_size"]) == ("ours-b4-default", "build-nanogpt-b4", 4)
     assert c["ours_over_baseline"] == pytest.approx(105.0 / 50.0)
+    assert c["losses_compared"] == SIZES.steps
+    assert c["max_abs_loss_diff"] == pytest.approx(max(abs(5.0 - x) for x in r["losses"]))
     report = {"stage": 3, "smoke": False, "seconds": 1, "budget_s": 1, "command": "c",
               "cells": [ours, other, record], "comparison": [c],
               "env": {"device": "cpu", "torch": "t", "cuda": None, "commit": "x"}}

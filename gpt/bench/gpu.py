@@ -52,8 +52,9 @@ import numpy as np
 import torch
 
 from gpt.bench import nanogpt
-from gpt.bench.gpu_plan import (CUDA_ONLY_LOSSES, REPO, STAGE_BUDGET_S, STAGES, Cell, Sizes,
-                                pytest_workers, render_plan, session_plan, stage_cells)
+from gpt.bench.gpu_plan import (CUDA_ONLY_LOSSES, LR_WARMUP_STEPS, REPO, STAGE_BUDGET_S, STAGES,
+                                Cell, Sizes, pytest_workers, render_plan, session_plan,
+                                stage_cells)
 from gpt.bench.gpu_results import (RESULTS, comparisons, loss_comparisons, predicted_memory,
                                    summary, with_measured)
 from gpt.bench.args import standalone_parser
@@ -100,7 +101,8 @@ def run_cell(cell: Cell, limit_s: float, sizes: Sizes, tokens: tuple[np.ndarray,
         try:
             script = nanogpt.prepare(nanogpt_dir, tmp / cell.name, *tokens,
                                      batch_size=cell.params["batch_size"],
-                                     total_batch_tokens=sizes.tokens_per_step, max_steps=cell.params["steps"])
+                                     total_batch_tokens=sizes.tokens_per_step, max_steps=cell.params["steps"],
+                                     warmup_steps=LR_WARMUP_STEPS)
         except (nanogpt.MissingBaseline, ValueError) as e:
             return {**record, "status": "failed", "reason": str(e)}
         cell.cmd = [sys.executable, str(script)]

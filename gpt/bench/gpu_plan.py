@@ -17,11 +17,13 @@ it spans three, each a fresh machine whose start and calls fit 870 s, riskiest f
                               side (ours, Liger Kernel, Cut Cross-Entropy) and
                               --no-chunked-loss
 
-and three optional sessions, one call each, alone for their long compiles:
+and four optional sessions, one call each, alone for their long compiles:
 
-  session 4  call 5  stage 4  124M at micro-batch 64 under --compile-mode max-autotune
-  session 5  call 6  stage 5  the speed ladder (python -m gpt.bench ladder)
-  session 6  call 7  stage 6  GPT-2 recipe vs the speedrun-era recipe (python -m gpt.bench tokens)
+  session 4  call 5  stage 8  124M at micro-batch 64 and XL, each with a torch.profiler
+                              trace of its last two steps, summarised (where the time goes)
+  session 5  call 6  stage 4  124M at micro-batch 64 under --compile-mode max-autotune
+  session 6  call 7  stage 5  the speed ladder (python -m gpt.bench ladder)
+  session 7  call 8  stage 6  GPT-2 recipe vs the speedrun-era recipe (python -m gpt.bench tokens)
 
 Calls are numbered in the plan's order, so a call's number and its stage's can differ.
 Every process compiles its own graphs (the trainer's command line cannot share a compiled
@@ -33,6 +35,7 @@ that the loss kernels are compared on one machine, in one call.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from dataclasses import dataclass, field
@@ -148,17 +151,29 @@ STAGES: dict[int, Stage] = {
     7: Stage("GPT-2 124M at micro-batch 64: the chunked loss's kernels (ours, Liger Kernel, "
              "Cut Cross-Entropy) and no chunking",
              "which fused head + loss is fastest on CUDA, and the peak memory of each"),
+    8: Stage("GPT-2 124M at micro-batch 64 and GPT-2 XL (FSDP2 + checkpointing), each with a "
+             "torch.profiler trace of its last two steps",
+             "where a step's GPU time goes: each kind of kernel's share, the top kernels, the "
+             "gaps between them", optional=True),
 }
 # The sessions, in the plan's order: each a fresh machine (its own start) whose calls, one
 # per stage, fit SESSION_BUDGET_S; the riskiest first, the optional ones (a session is
 # optional when its stages are) after the acceptance.
-SESSIONS: tuple[tuple[int, ...], ...] = ((1, 2), (3,), (7,), (4,), (5,), (6,))
-# A 124M cell's head + loss: the chunked loss through ours (gpt/chunked_ce.py), Liger
-# Kernel's or Cut Cross-Entropy's kernel (--loss-kernel, CUDA only), or the whole logits
-# (--no-chunked-loss): its name's suffix and its flags.
+SESSIONS: tuple[tuple[int, ...], ...] = ((1, 2), (3,), (7,), (8,), (4,), (5,), (6,))
+PROFILED_STEPS = 2  # stage 8 traces each cell's last steps (after compiling and warming up)
+PROFILE_S = 15.0  # a guess, not yet measured: writing and summarising a trace of two steps
+# The learning rate's warm-up of every trainer cell, and build-nanogpt's beside them (its own
+# is 715 steps): the same rate at each step, so the two runs' losses compare step by step.
+LR_WARMUP_STEPS = 10
+# A 124M cell's head + loss: the trainer's default (stages 1 and 3: on a compiled CUDA
+# run, the whole logits), or, side by side in stage 7, the chunked loss through ours
+# (gpt/chunked_ce.py), Liger Kernel's or Cut Cross-Entropy's kernel (--loss-kernel, CUDA
+# only), and the whole logits (--no-chunked-loss): its name's suffix and its flags.
 LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "ours": ("", ()), "unchunked": ("-unchunked", ("--no-chunked-loss",)),
+    "default": ("", ()), "ours": ("-chunked", ("--chunked-loss", "--loss-kernel", "ours")),
+    "unchunked": ("-unchunked", ("--no-chunked-loss",)),
     "liger": ("-liger", ("--loss-kernel", "liger")), "cce": ("-cce", ("--loss-kernel", "cce"))}
+STAGE7_LOSSES = ("ours", "unchunked", "liger", "cce")  # ours first: the others' baseline
 CUDA_ONLY_LOSSES = ("liger", "cce")  # Triton kernels: --smoke (CPU) records them as skipped
 # Stage 6's corpus: real English shards prepared here and carried (random tokens, which the
 # other stages use, have no loss to compare); benchmarks/gpu/README.md says how.
@@ -228,8 +243,11 @@ def stage_cells(stage: int, s: Sizes, data: Path, work: Path, tmp: Path, workers
         return [ladder_cell(s, tmp)]
     if stage == 6:
         return [tokens_cell(s, data, tmp)]
+    if stage == 8:
+        return [profiled(ours_cell(s, data, work, s.batches[-1]), s),
+                profiled(xl_cell(s, data, work), s)]
     if stage == 7:  # ours first, then each other head + loss beside it, on the same machine
-        return [ours_cell(s, data, work, s.batches[-1], loss=loss) for loss in LOSSES]
+        return [ours_cell(s, data, work, s.batches[-1], loss=loss) for loss in STAGE7_LOSSES]
     raise ValueError(f"--stage must be one of {', '.join(map(str, STAGES))}, got {stage}")
 
 
@@ -243,7 +261,7 @@ def pytest_cell(tmp: Path, workers: int, smoke: bool) -> Cell:
 
 
 def ours_cell(s: Sizes, data: Path, work: Path, batch: int, mode: str = "default",
-              loss: str = "ours") -> Cell:
+              loss: str = "default") -> Cell:
     """The trainer at `s.model`; `loss` (one of LOSSES) picks its head + loss."""
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
@@ -252,6 +270,19 @@ def ours_cell(s: Sizes, data: Path, work: Path, batch: int, mode: str = "default
                                                 mode=mode)
     return trainer_cell(f"ours-b{batch}-{mode}{suffix}", s, data, work, batch=batch, mode=mode,
                         steps=s.steps, estimate=estimate, extra=list(flags) or None, loss=loss)
+
+
+def profiled(cell: Cell, s: Sizes) -> Cell:
+    """`cell` with a torch.profiler trace of its last PROFILED_STEPS steps (--torch-profile),
+    which its result summarises (gpt/bench/trace_summary.py)."""
+    folder = Path(cell.params["out"]) / "trace"
+    flags = ["--torch-profile", str(folder), "--profile-start", str(s.steps - PROFILED_STEPS),
+             "--profile-steps", str(PROFILED_STEPS)]
+    return dataclasses.replace(
+        cell, name=f"{cell.name}-profile", cmd=[*cell.cmd, *flags],
+        estimate_s=cell.estimate_s + (0.0 if s.smoke else PROFILE_S),
+        params={**cell.params, "trainer_argv": [*cell.params["trainer_argv"], *flags],
+                "profile_dir": str(folder)})
 
 
 def nanogpt_cell(s: Sizes, batch: int) -> Cell:
@@ -310,14 +341,14 @@ def ladder_cell(s: Sizes, tmp: Path) -> Cell:
 def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int, mode: str,
                  steps: int, estimate: float, model: str | None = None,
                  tokens_per_step: int | None = None, extra: list[str] | None = None,
-                 loss: str = "ours") -> Cell:
+                 loss: str = "default") -> Cell:
     out = work / name
     tokens = tokens_per_step or max(s.tokens_per_step, batch * s.seq_len)
     # --no-save-checkpoints: a benchmark keeps nothing (a final checkpoint is 1.5 GB at 124M,
     # 18.7 GB at XL, written with fsync and a CRC pass)
     argv = ["--model", model or s.model, "--seq-len", str(s.seq_len), "--block-size", str(s.seq_len),
             "--batch-size", str(batch), "--total-batch-tokens", str(tokens),
-            "--max-steps", str(steps), "--warmup-steps", "10", "--log-every", "1",
+            "--max-steps", str(steps), "--warmup-steps", str(LR_WARMUP_STEPS), "--log-every", "1",
             "--val-every", "0", "--sample-every", "0", "--no-save-checkpoints",
             "--data-dir", str(data), "--out-dir", str(out), *s.device_flags(), *(extra or [])]
     if not s.smoke:
@@ -395,8 +426,8 @@ def render_plan(plan: dict[str, Any]) -> str:
     required = [s for s in sessions if not s["optional"]]
     optional = [s for s in sessions if s["optional"]]
     lines = [f"GPU acceptance: {len(required)} sessions, {sum(len(s['calls']) for s in required)} "
-             f"device calls, then {len(optional)} optional sessions (seconds are estimates, not "
-             "yet measured)",
+             f"device calls, then {len(optional)} optional sessions (seconds are estimates; the "
+             "first GPU run's measured times, mostly shorter, are in benchmarks/gpu/README.md)",
              f"Each session is a fresh machine, its start counted: it must fit {plan['budget_s']} s "
              f"of its {plan['session_limit_s']} s of device time."]
     for s in sessions:

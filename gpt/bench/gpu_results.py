@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gpt.bench import nanogpt
+from gpt.bench import nanogpt, trace_summary
 from gpt.bench.gpu_plan import WARMUP, Cell, Sizes
 from gpt.bench.runs import read_metrics
 from gpt.bench.tables import Column, fmt_pct, md_table
@@ -58,6 +58,8 @@ def trainer_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, 
     out.update(peak_mem_gb=max(r["peak_mem_gb"] for r in steps), peak_mem_source=header["peak_mem_source"],
                compile=header["compile"], fused_adamw=header["fused_adamw"], dtype=header["dtype"],
                params=header["params"], trainer_mfu=[r["mfu"] for r in steps])
+    if cell.params.get("profile_dir"):  # stage 8
+        out["profile"] = trace_summary.summarize_dir(Path(cell.params["profile_dir"]))
     return out
 
 
@@ -147,9 +149,12 @@ def comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 or c["params"].get("model") != BASELINE_MODEL:
             continue
         ours, theirs = c["result"]["tokens_per_s_median"], b["result"]["tokens_per_s_median"]
+        # the same tokens and learning rate at each step: the losses should agree to bf16's noise
+        pairs = list(zip(c["result"]["losses"], b["result"]["losses"]))
         out.append({"cell": c["name"], "baseline": b["name"], "batch_size": c["params"]["batch_size"],
                     "ours_tokens_per_s": ours, "baseline_tokens_per_s": theirs,
-                    "ours_over_baseline": ours / theirs})
+                    "ours_over_baseline": ours / theirs, "losses_compared": len(pairs),
+                    "max_abs_loss_diff": max((abs(x - y) for x, y in pairs), default=None)})
     return out
 
 

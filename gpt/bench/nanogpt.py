@@ -32,6 +32,8 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     ("total_batch_size = 524288 # 2**19, ~0.5M, in number of tokens",
      "total_batch_size = {total_batch_tokens}", "the same tokens per step as the trainer's cell"),
     ("max_steps = 19073 #", "max_steps = {max_steps} #", "a short run"),
+    ("warmup_steps = 715", "warmup_steps = {warmup_steps}",
+     "the trainer cell's warm-up: the same learning rate at every step, so the losses compare"),
     ("use_compile = False", "use_compile = True", "compile on, as the comparison asks"),
     ("if step % 250 == 0 or last_step:", "if False:", "no validation (nor its checkpoint)"),
 ]
@@ -62,7 +64,7 @@ def check(script_dir: Path) -> None:
     run here: its script is there, every substitution applies, and tiktoken's cache holds
     GPT-2's BPE files, which the script loads at start (the device machine cannot download)."""
     patch(_script(script_dir).read_text(encoding="utf-8"), batch_size=1, total_batch_tokens=1,
-          max_steps=1)
+          max_steps=1, warmup_steps=1)
     if not _in_tiktoken_cache():
         raise MissingBaseline(
             "tiktoken's cache lacks GPT-2's BPE files, which build-nanogpt's script loads at "
@@ -81,13 +83,14 @@ def _script(script_dir: Path) -> Path:
 
 
 def prepare(script_dir: Path, work: Path, train: np.ndarray, val: np.ndarray, *,
-            batch_size: int, total_batch_tokens: int, max_steps: int) -> Path:
+            batch_size: int, total_batch_tokens: int, max_steps: int, warmup_steps: int) -> Path:
     """A scratch folder with the patched script and its .npy shards of the given tokens;
     returns the script to run (with `work` as its working directory)."""
     script = _script(script_dir)
     work.mkdir(parents=True, exist_ok=True)
     patched = patch(script.read_text(encoding="utf-8"), batch_size=batch_size,
-                    total_batch_tokens=total_batch_tokens, max_steps=max_steps)
+                    total_batch_tokens=total_batch_tokens, max_steps=max_steps,
+                    warmup_steps=warmup_steps)
     (work / "train_gpt2.py").write_text(patched, encoding="utf-8")
     data = work / DATA_FOLDER
     shutil.rmtree(data, ignore_errors=True)

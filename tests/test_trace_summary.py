@@ -1,0 +1,73 @@
+"""Where a profiled step's time goes (gpt/bench/trace_summary.py): on a trace written in
+torch.profiler's Chrome format by hand, whose answers are known, and on a real CPU trace
+of the trainer's --torch-profile."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import QUIET, TINY, run_cli, write_random_shards
+from gpt.bench import trace_summary
+
+
+def kernel(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7}
+
+
+def test_busy_time_shares_and_top_kernels_of_a_known_trace() -> None:
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#10", "ts": 0, "dur": 500},
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#11", "ts": 500, "dur": 500},
+        kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 0, 300),
+        kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 250, 100),  # overlaps the first: 350 busy
+        kernel("pytorch_flash::flash_fwd_kernel", 400, 200),  # 50 us gap before it
+        kernel("triton_red_fused_add_native_layer_norm_0", 700, 100),  # 100 us gap before it
+        kernel("Memcpy DtoD (Device -> Device)", 800, 50, cat="gpu_memcpy"),
+        kernel("ncclDevKernel_AllReduce_Sum_f32", 850, 50),
+        kernel("elementwise_kernel", 900, 100),
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 999, "tid": 1},  # not GPU
+    ]
+    s = trace_summary.summarize({"traceEvents": events})
+    assert s["device"] == "cuda" and s["steps"] == 2 and s["kernels"] == 7
+    assert s["gpu_span_ms_per_step"] == pytest.approx(1.0 / 2)  # 0 .. 1000 us over two steps
+    assert s["gpu_busy_ms_per_step"] == pytest.approx(0.85 / 2)  # all but the two gaps
+    assert s["busy_fraction"] == pytest.approx(0.85)
+    total = 300 + 100 + 200 + 100 + 50 + 50 + 100
+    kinds = s["kinds"]
+    assert list(kinds)[0] == "matmul" and kinds["matmul"]["share"] == pytest.approx(400 / total, abs=1e-4)
+    assert {k: kinds[k]["ms_per_step"] for k in kinds} == pytest.approx(
+        {"matmul": 0.2, "attention": 0.1, "triton": 0.05, "other": 0.05, "copy/fill": 0.025,
+         "collective": 0.025})
+    top = s["top"][0]
+    assert (top["kind"], top["calls"], top["ms_per_step"]) == ("matmul", 2, 0.2)
+    assert {t["name"]: t["kind"] for t in s["top"]}["Memcpy DtoD (Device -> Device)"] == "copy/fill"
+
+
+def test_a_cpu_trace_is_summarised_from_its_outermost_operators() -> None:
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::linear", "ts": 0, "dur": 100, "tid": 1},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 80, "tid": 1},  # inside
+              {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 150, "dur": 50, "tid": 1}]
+    s = trace_summary.summarize({"traceEvents": events}, steps=1)
+    assert s["device"] == "cpu" and s["kernels"] == 2
+    assert s["busy_fraction"] == pytest.approx(150 / 200)
+    assert s["kinds"]["matmul"]["share"] == pytest.approx(100 / 150, abs=1e-4)
+    with pytest.raises(ValueError, match="neither GPU kernels nor CPU operators"):
+        trace_summary.summarize({"traceEvents": []})
+
+
+def test_the_trainers_own_trace_summarises(tmp_path: Path) -> None:
+    data = write_random_shards(tmp_path, seed=5, train=(5_000,))
+    trace = tmp_path / "trace"
+    proc = run_cli(*TINY, *QUIET, "--max-steps", "4", "--no-save-checkpoints",
+                   "--torch-profile", str(trace), "--profile-start", "2", "--profile-steps", "2",
+                   "--data-dir", str(data), "--out-dir", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = trace_summary.summarize_dir(trace)
+    assert s["trace"].startswith("rank0_step") and s["device"] == "cpu" and s["steps"] == 2
+    assert s["top"] and 0 < s["busy_fraction"] <= 1
+    json.dumps(s)  # what the stage's JSON holds
+    with pytest.raises(ValueError, match="no torch profiler trace"):
+        trace_summary.summarize_dir(tmp_path)
