@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from gpt import memory, weights
+from gpt import loss_kernels, memory, weights
 from gpt.checkpoint import check_resume_config, choose
 from gpt.checkpoint_contents import stored_step
 from gpt.config import Config, describe
@@ -76,9 +76,12 @@ def main(cfg: Config) -> int:
     print(describe(cfg))
     print(f"params:     {param_count(cfg.model):,} ({memory.model_name(cfg)} model)")
     if device is not None:
+        chunked = cfg.train.chunked_loss_on(device.type)
+        loss = (f"chunked ({loss_kernels.resolve(cfg.train.loss_kernel, device.type)})"
+                if chunked else "whole logits")
         print(f"device:     {device} ({device_name(device)}) x {world} process(es) | parallel "
               f"{cfg.train.parallel} | precision {DTYPE_NAMES.get(dtype, '?')} | compile "
-              f"{cfg.train.compile_on(device.type)}")
+              f"{cfg.train.compile_on(device.type)} | loss {loss}")
     d = cfg.data
     if accum is not None:
         print(f"batch:      {d.batch_size} x {d.seq_len} tokens per micro-batch x {world} "

@@ -241,6 +241,15 @@ def test_the_trainer_logs_the_same_losses_either_way(tmp_path: Path) -> None:
                        "--data-dir", str(data), "--out-dir", str(tmp_path / "runs" / name))
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[name] = read_metrics(tmp_path / "runs" / name, "train")
+        # which loss ran: the start line, the metrics log's header, the dry run
+        said = "loss chunked (ours)" if name == "on" else "loss whole logits"
+        assert said in proc.stdout
+        [header] = read_metrics(tmp_path / "runs" / name, "run")
+        assert (header["chunked_loss"], header["loss_kernel"]) == (
+            (True, "ours") if name == "on" else (False, None))
+        dry = run_cli(*TINY, "--dry-run", flag, "--data-dir", str(data),
+                      "--out-dir", str(tmp_path / "runs" / name))
+        assert dry.returncode == 0 and said in dry.stdout, dry.stdout[-2000:]
     on, off = runs["on"], runs["off"]
     assert [r["loss"] for r in on] == pytest.approx([r["loss"] for r in off], rel=1e-5)
     assert [r["grad_norm"] for r in on] == pytest.approx([r["grad_norm"] for r in off], rel=1e-4)
