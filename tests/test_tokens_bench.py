@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpt.bench.tokens_bench import crossing, tokens_to_target
+from gpt.bench.tokens_bench import crossing, part_effect, tokens_to_target
 
 
 def test_a_curve_crossing_is_interpolated() -> None:
@@ -20,3 +20,23 @@ def test_tokens_to_target_come_from_whole_runs_at_each_budget() -> None:
     assert tokens_to_target(runs, 5.5)[0] == 100  # even the smallest: a bound
     assert "at most" in tokens_to_target(runs, 5.5)[1]
     assert tokens_to_target(runs, 2.0) == (None, "no budget reached the target")
+
+
+@pytest.mark.parametrize("with_part, without, verdict, helps, hurts", [
+    ([100, 200, 300], [110, 210, 310], "helps", 3, 0),
+    ([120, 200, 300], [110, 210, 310], "unclear", 2, 1),  # one seed the other way
+    ([100, 210, 300], [110, 210, 310], "unclear", 2, 0),  # a tie is not a help
+    ([None, 300, 400], [110, 210, 310], "hurts", 0, 3),   # never reached: worse than any
+    ([500, 300, 400], [None, None, 310], "unclear", 2, 1),
+    ([None, None], [None, None], "unclear", 0, 0),
+])
+def test_a_part_helps_only_where_it_does_on_every_seed(with_part, without, verdict, helps,
+                                                       hurts) -> None:
+    e = part_effect(with_part, without, "tokens to the target")
+    assert (e["verdict"], e["helps"], e["hurts"], e["seeds"]) == (verdict, helps, hurts,
+                                                                   len(with_part))
+
+
+def test_part_effect_pairs_the_same_seeds() -> None:
+    with pytest.raises(ValueError):
+        part_effect([1.0, 2.0], [1.0], "final val loss")

@@ -140,7 +140,19 @@ def test_the_ablation_adds_each_part_to_gpt2_and_takes_it_from_the_recipe(
     assert rows["new - rotary"]["tokens_ratio"] == pytest.approx(3.0, rel=0.02)
     assert rows["gpt2 + relu2"]["tokens_ratio"] == pytest.approx(1.0, rel=0.02)
     assert rows["new + value_embeds"]["parts"] == [*recipes.NEW_PARTS, "value_embeds"]
-    assert "gpt2 + rotary" in (tmp_path / "out" / "tokens.md").read_text()
+    # seed by seed: rotary helps whether added to GPT-2 (a lower final loss) or taken from
+    # the recipe (more tokens without it); ReLU^2 and value embeddings change nothing here
+    effect = {k: r["part_effect"] for k, r in rows.items()}
+    assert effect["gpt2 + rotary"] == {"verdict": "helps", "helps": 2, "hurts": 0, "seeds": 2,
+                                       "measure": "final val loss at the full budget"}
+    assert effect["new - rotary"]["verdict"] == "helps"
+    assert effect["new - rotary"]["measure"] == "tokens to the target"
+    for name in ("gpt2 + relu2", "new - relu2", "new + value_embeds"):
+        assert (effect[name]["verdict"], effect[name]["helps"], effect[name]["hurts"]) == (
+            "unclear", 0, 0)
+    md = (tmp_path / "out" / "tokens.md").read_text()
+    assert "| gpt2 + rotary |" in md and "helps on all 2 seeds (final val loss at the full" in md
+    assert "unclear: helps on 0, hurts on 0 of 2 seeds (tokens to the target)" in md
 
 
 @pytest.mark.parametrize("steps, losses, want", [

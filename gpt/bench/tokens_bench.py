@@ -114,6 +114,24 @@ def spread(values: list[float | None]) -> dict[str, Any]:
             "reached": f"{len(got)}/{len(values)}"}
 
 
+def part_effect(with_part: list[float | None], without: list[float | None],
+                measure: str) -> dict[str, Any]:
+    """Seed by seed (the same seed: the same init and data order), whether a part helps:
+    `with_part` and `without` are per-seed values where lower is better (tokens to the
+    target, None where that seed never reached it; or final validation losses). It helps
+    (hurts) where it is lower (higher) on every seed; anything else is 'unclear'. A part
+    that changes nothing still comes out 'helps' one time in 2^seeds (eight with three),
+    and 'hurts' as often."""
+    worst = float("inf")
+    pairs = [(worst if a is None else a, worst if b is None else b)
+             for a, b in zip(with_part, without, strict=True)]
+    helps, hurts = sum(a < b for a, b in pairs), sum(a > b for a, b in pairs)
+    verdict = ("helps" if helps == len(pairs) else "hurts" if hurts == len(pairs)
+               else "unclear")
+    return {"verdict": verdict, "helps": helps, "hurts": hurts, "seeds": len(pairs),
+            "measure": measure}
+
+
 def prepare_corpus(corpus: Path, data_dir: Path) -> None:
     """Every .txt file under corpus is a document; shuffled (seed 0), so that the val split
     (the first 250,000 tokens) is not one topic, then sharded by fineweb.py."""

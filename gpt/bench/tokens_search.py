@@ -64,7 +64,7 @@ from typing import Any, Iterator
 
 from gpt.bench import recipes, tokens_bench, tokens_timing
 from gpt.bench.record import write_outputs
-from gpt.bench.tokens_bench import either_side, spread, tokens_to_target
+from gpt.bench.tokens_bench import either_side, part_effect, spread, tokens_to_target
 from gpt.bench.tokens_cache import CACHE_NAME, RunCache, data_fingerprint, origins
 from gpt.bench.tokens_runner import Bench, NotCached
 from gpt.errors import UserError
@@ -345,7 +345,8 @@ def measure(b: Bench, args: argparse.Namespace) -> tuple[dict[str, Any], dict[st
         "tied_head": crossing(tied, target, base, args.seeds),
     }
     if args.ablation:
-        report["ablation"] = ablation(b, args, base, scale, target)
+        report["ablation"] = ablation(b, args, base, scale, target,
+                                      report["best"]["tokens_to_target_per_seed"])
     report["timing"] = None
     if args.timing_repeats == 0:
         return report, base, best
@@ -362,11 +363,14 @@ def measure(b: Bench, args: argparse.Namespace) -> tuple[dict[str, Any], dict[st
 
 
 def ablation(b: Bench, args: argparse.Namespace, base: dict[str, Any], scale: float,
-             target: float) -> list[dict[str, Any]]:
+             target: float, new_tokens: list[float | None]) -> list[dict[str, Any]]:
     """Each of the recipe's parts alone on the GPT-2 recipe and the full recipe without it;
     each further part on the full recipe (whether to add it is the question): tokens to the
-    target for each, over the same seeds, on bisect_budgets' points. --jobs variants at a
-    time, so that their runs fill the slots and the variants complete about in order."""
+    target for each, over the same seeds, on bisect_budgets' points, and whether the part
+    helps seed by seed (part_effect: against the full recipe's tokens, `new_tokens`; on
+    the GPT-2 recipe, whose own tokens are the full budget, by the final loss there).
+    --jobs variants at a time, so that their runs fill the slots and the variants complete
+    about in order."""
     variants = []
     base_parts = tuple(base["parts"])
     for part in args.parts or list(recipes.PARTS):
@@ -385,7 +389,16 @@ def ablation(b: Bench, args: argparse.Namespace, base: dict[str, Any], scale: fl
             points = bisect_budgets(b, label, parts, lr, target)
         except NotCached as e:  # --cached-only: this variant has not all run yet
             return {**head, "not_yet_run": str(e)}
-        return {**head, **crossing(points, target, base, args.seeds)}
+        c = crossing(points, target, base, args.seeds)
+        if label.startswith("gpt2"):
+            full = next(p for p in points if p["steps"] == args.steps)
+            losses = [[s["final_val_loss"] for s in p["seeds"]] for p in (full, base)]
+            effect = part_effect(*losses, "final val loss at the full budget")
+        else:
+            mine = c["tokens_to_target_per_seed"]
+            pair = (new_tokens, mine) if label.startswith("new -") else (mine, new_tokens)
+            effect = part_effect(*pair, "tokens to the target")
+        return {**head, **c, "part_effect": effect}
 
     return b.together([partial(row, *v) for v in variants], at_most=args.jobs)
 
@@ -400,6 +413,16 @@ def _ratio(c: dict[str, Any], key: str) -> str:
     if key == "time_ratio" and c.get("time_ratio_range"):
         text += " [{:.2f}, {:.2f}]".format(*c["time_ratio_range"])
     return text
+
+
+def _effect(e: dict[str, Any] | None) -> str:
+    """part_effect in words, e.g. 'helps on all 3 seeds (tokens to the target)'."""
+    if e is None:
+        return ""
+    if e["verdict"] == "unclear":
+        return (f"unclear: helps on {e['helps']}, hurts on {e['hurts']} of {e['seeds']} seeds "
+                f"({e['measure']})")
+    return f"{e['verdict']} on all {e['seeds']} seeds ({e['measure']})"
 
 
 def _origin(o: dict[str, Any]) -> str:
@@ -432,17 +455,18 @@ def summary(r: dict[str, Any]) -> str:
              f"Runs: {r['runs_run_now']} run now, {r['runs_reused']} reused from "
              f"`{r['run_cache']}`; " + "; ".join(_origin(o) for o in r["run_origins"]) + ".", "",
              "| variant | tokens to target | tokens_ratio | time_ratio | time_ratio from run "
-             "times |", "|---|---|---|---|---|"]
+             "times | the part, seed by seed |", "|---|---|---|---|---|---|"]
     rows = [("new recipe (best)", r["best"]), ("new recipe, tied head (equal parameters)",
                                                r["tied_head"])]
     rows += [(a["variant"], a) for a in r.get("ablation", [])]
     for name, c in rows:
         if "not_yet_run" in c:
-            lines.append(f"| {name} | not yet run (first missing: {c['not_yet_run']}) | | | |")
+            lines.append(f"| {name} | not yet run (first missing: {c['not_yet_run']}) | | | | |")
             continue
         tokens = f"{c['tokens_to_target']:,.0f} ({c['how']})" if c["tokens_to_target"] else c["how"]
         lines.append(f"| {name} | {tokens} | {_ratio(c, 'tokens_ratio')} | "
-                     f"{_ratio(c, 'time_ratio')} | {_ratio(c, 'time_ratio_from_run_times')} |")
+                     f"{_ratio(c, 'time_ratio')} | {_ratio(c, 'time_ratio_from_run_times')} | "
+                     f"{_effect(c.get('part_effect'))} |")
     if timing:
         lines += _timing(timing)
     else:
