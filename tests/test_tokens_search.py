@@ -37,7 +37,9 @@ class FakeTrainer:
     def __init__(self, monkeypatch, speed: dict[str, float], stop_at: int = 0,
                  stop=None, best_lr: dict[str, float] | None = None) -> None:
         self.speed, self.flags_of, self.calls = speed, {}, []
-        # {"gpt2" / "muon": the --max-lr where that recipe does best}; else any rate is as good
+        # {"gpt2" / "muon" / "adamw, untied head": the --max-lr where runs of that kind do
+        # best (the last, AdamW with an untied head, as GPT-2 if not given)}; else any rate
+        # is as good
         self.best_lr = best_lr or {}
         self.stop_at, self.stop = stop_at, stop  # at call number stop_at, stop() (an interrupt)
         for module in (tokens_runner, tokens_timing):
@@ -65,7 +67,9 @@ class FakeTrainer:
                     for s in range(steps)]
         rate = 1.0 + sum(v for p, v in self.speed.items() if self.FLAG[p] in flags)
         loss = 10.0 - 0.01 * rate * steps + 0.01 * (seed - 1337)
-        best = self.best_lr.get("muon" if "muon" in flags else "gpt2")
+        kind = ("muon" if "muon" in flags else
+                "adamw, untied head" if "--untied-head" in flags else "gpt2")
+        best = self.best_lr.get(kind, self.best_lr.get("gpt2"))
         if best is not None:
             loss += 0.05 * math.log2(float(value("--max-lr")) / best) ** 2
         return [{"type": "train", "step": steps - 1, "ms": ms,
@@ -153,6 +157,27 @@ def test_the_ablation_adds_each_part_to_gpt2_and_takes_it_from_the_recipe(
     md = (tmp_path / "out" / "tokens.md").read_text()
     assert "| gpt2 + rotary |" in md and "helps on all 2 seeds (final val loss at the full" in md
     assert "unclear: helps on 0, hurts on 0 of 2 seeds (tokens to the target)" in md
+
+
+def test_the_ablation_sweeps_the_rate_where_muon_is_the_part(tmp_path: Path, monkeypatch) -> None:
+    """Adding Muon to GPT-2 or taking it from the recipe leaves a variant whose optimizer no
+    recipe tuned with its other parts: it gets a sweep of its own, bracketed; the other
+    variants run at their optimizer's tuned rate."""
+    FakeTrainer(monkeypatch, {"muon": 2.0, "rotary": 0.5},
+                best_lr={"gpt2": 1e-3, "adamw, untied head": 6e-3})
+    r = run_bench(tmp_path, "--ablation", "--parts", "muon", "rotary")
+    rows = {a["variant"]: a for a in r["ablation"]}
+    assert r["baseline"]["lr"] == 1e-3
+    no_muon = rows["new - muon"]  # 1e-3 and 3e-3, then twice the best twice: 6e-3 is inside
+    assert (no_muon["lr"], no_muon["lr_swept"], no_muon["lr_bracketed"]) == (
+        6e-3, [1e-3, 3e-3, 6e-3, 1.2e-2], True)
+    assert rows["gpt2 + muon"]["lr_swept"] == [1.0]  # --new-lr-scales: one scale here
+    assert rows["gpt2 + rotary"]["lr"] == 1e-3 and rows["gpt2 + rotary"]["lr_swept"] is None
+    assert rows["new - rotary"]["lr"] == r["new_best_lr_scale"]
+    # its smaller budgets at its own best rate
+    assert {p["lr"] for p in r["points"] if p["label"] == "new - muon" and p["steps"] < 64} == {6e-3}
+    md = (tmp_path / "out" / "tokens.md").read_text()
+    assert "| new - muon (best lr of its own sweep: 0.006) |" in md
 
 
 @pytest.mark.parametrize("steps, losses, want", [

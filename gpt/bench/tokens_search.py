@@ -383,12 +383,13 @@ def ablation(b: Bench, args: argparse.Namespace, base: dict[str, Any], scale: fl
             variants.append((f"new + {part}", part, (*recipes.NEW_PARTS, part)))
 
     def row(label: str, part: str, parts: tuple[str, ...]) -> dict[str, Any]:
-        lr = scale if "muon" in parts else base["lr"]
         head = {"variant": label, "part": part, "parts": list(parts)}
         try:
-            points = bisect_budgets(b, label, parts, lr, target)
+            rate = variant_rate(b, label, parts, part == "muon", base["lr"], scale)
+            points = bisect_budgets(b, label, parts, rate["lr"], target)
         except NotCached as e:  # --cached-only: this variant has not all run yet
             return {**head, "not_yet_run": str(e)}
+        head.update(rate)
         c = crossing(points, target, base, args.seeds)
         if label.startswith("gpt2"):
             full = next(p for p in points if p["steps"] == args.steps)
@@ -401,6 +402,23 @@ def ablation(b: Bench, args: argparse.Namespace, base: dict[str, Any], scale: fl
         return {**head, **c, "part_effect": effect}
 
     return b.together([partial(row, *v) for v in variants], at_most=args.jobs)
+
+
+def variant_rate(b: Bench, label: str, parts: tuple[str, ...], swept: bool, adamw_lr: float,
+                 scale: float) -> dict[str, Any]:
+    """An ablation variant's learning rate: its optimizer's tuned one (the new recipe's scale
+    with Muon, the GPT-2 recipe's rate with AdamW alone), unless `swept` (Muon is the part
+    added or taken away, so no recipe tuned that optimizer with these parts): then the best
+    of its own sweep at the full budget (--new-lr-scales with Muon, else --baseline-lrs,
+    bracketed as the recipes' are)."""
+    muon = "muon" in parts
+    if not swept:
+        return {"lr": scale if muon else adamw_lr, "lr_swept": None}
+    rates = b.args.new_lr_scales if muon else b.args.baseline_lrs
+    points = b.together([partial(b.point, label, parts, b.args.steps, lr) for lr in rates])
+    best, bracketed = bracket_rate(b, points)
+    return {"lr": best["lr"], "lr_swept": sorted(p["lr"] for p in points),
+            "lr_bracketed": bracketed}
 
 
 def _ratio(c: dict[str, Any], key: str) -> str:
@@ -458,7 +476,8 @@ def summary(r: dict[str, Any]) -> str:
              "times | the part, seed by seed |", "|---|---|---|---|---|---|"]
     rows = [("new recipe (best)", r["best"]), ("new recipe, tied head (equal parameters)",
                                                r["tied_head"])]
-    rows += [(a["variant"], a) for a in r.get("ablation", [])]
+    rows += [(a["variant"] + (f" (best lr of its own sweep: {a['lr']:g})" if a.get("lr_swept")
+                              else ""), a) for a in r.get("ablation", [])]
     for name, c in rows:
         if "not_yet_run" in c:
             lines.append(f"| {name} | not yet run (first missing: {c['not_yet_run']}) | | | | |")
