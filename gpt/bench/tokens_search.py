@@ -22,7 +22,8 @@ and data order: --seed, --seed + 1, ...), and reported as the mean and standard 
    rate and schedule; Muon at the new recipe's best scale) and the full recipe without
    each part (the further parts of gpt/bench/recipes.py: with each), tokens to the
    target for each, over the same seeds, on only the budgets that bracket each crossing
-   (bisect_budgets).
+   (bisect_budgets), and whether the part helps on every seed (part_effect). Where Muon
+   is the part, the variant's rate is its own sweep's best (variant_rate).
 5. The timing phase (gpt/bench/tokens_timing.py): the target's GPT-2 recipe, the best new
    recipe and its tied-head variant, --timing-steps steps each, alternately, --timing-repeats
    times, in this invocation; each recipe's median step time, with min and max (none with
