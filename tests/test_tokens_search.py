@@ -121,11 +121,17 @@ def test_seeds_schedules_bracketing_and_the_tied_head(tmp_path: Path, monkeypatc
     assert best["time_ratio"] == pytest.approx(best["tokens_ratio"] / 2, rel=0.02)
     tied = r["tied_head"]
     assert tied["tokens_ratio"] == pytest.approx(3.35 / 1.1, rel=0.02)
+    # parameters: GPT-2's V*d + T*d + L*(12d^2 + 13d) + 2d at V=50304, T=64, d=32, L=1; the
+    # untied head adds V*d
+    d, vocab = 32, 50304
+    assert r["baseline"]["params"] == vocab * d + 64 * d + 12 * d * d + 13 * d + 2 * d
+    assert best["params"] - tied["params"] == vocab * d
     assert all("--untied-head" not in run["flags"] for run in r["runs"]
                if run["label"] == "new, tied head")
     md = (tmp_path / "out" / "tokens.md").read_text()
     assert "tied head (equal parameters)" in md and "+-" in md and "from run times" in md
     assert "Target: GPT-2 recipe (trapezoid schedule, --max-lr 0.001)" in md
+    assert "1.62M parameters" in md and "| new recipe (best) | 3.23M |" in md
     assert (tmp_path / "out" / "tokens.png").exists()  # both best curves
     peaks = {p["label"]: p["peak_mem_gb"] for p in r["points"]}
     assert peaks["new"] == 1.0 and peaks["new, tied head"] == 0.5 and "peak GiB" in md
@@ -439,7 +445,7 @@ def test_cached_only_reports_what_the_cache_holds_and_trains_nothing(
     assert rows["gpt2 + relu2"]["not_yet_run"] == "gpt2 + relu2 (64 steps, lr 0.001, seed 1337)"
     assert r["timing"] is None and r["best"]["tokens_ratio"] == done["best"]["tokens_ratio"]
     md = (tmp_path / "out" / "tokens-cached.md").read_text()
-    assert "| new - relu2 | not yet run (first missing: new - relu2 (64 steps" in md
+    assert "| new - relu2 | 3.23M | not yet run (first missing: new - relu2 (64 steps" in md
     assert "--cached-only" in md  # the command, at the top
     # without the runs the target needs: one line, and nothing written
     FakeTrainer(monkeypatch, speed)

@@ -15,6 +15,7 @@ so that no run sees a token twice.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import shlex
@@ -112,6 +113,23 @@ def spread(values: list[float | None]) -> dict[str, Any]:
     return {"values": values, "mean": statistics.mean(got) if got else None,
             "std": statistics.stdev(got) if len(got) > 1 else 0.0 if got else None,
             "reached": f"{len(got)}/{len(values)}"}
+
+
+def parameters(args: argparse.Namespace, parts: tuple[str, ...] | list[str]) -> int:
+    """The parameter count of the bench's model with `parts` (tied weights once), built on
+    the meta device: no memory, no time."""
+    import torch
+
+    from gpt.bench import recipes
+    from gpt.config import ModelConfig, model_preset
+    from gpt.model import GPT
+
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    fields = {k: v for k, v in recipes.fields(parts, args.steps).items() if k in names}
+    config = model_preset(args.model, n_layer=args.n_layer, n_head=args.n_head,
+                          n_embd=args.n_embd, block_size=args.seq_len, **fields)
+    with torch.device("meta"):
+        return GPT(config).num_params()
 
 
 def part_effect(with_part: list[float | None], without: list[float | None],

@@ -20,6 +20,10 @@ def _ratio(c: dict[str, Any], key: str) -> str:
     return text
 
 
+def _params(c: dict[str, Any]) -> str:
+    return f"{c['params'] / 1e6:.2f}M" if c.get("params") else ""  # a report from before it
+
+
 def _effect(e: dict[str, Any] | None) -> str:
     """part_effect in words, e.g. 'helps on all 3 seeds (tokens to the target)'."""
     if e is None:
@@ -55,22 +59,24 @@ def summary(r: dict[str, Any]) -> str:
              f"schedule, --max-lr "
              f"{base['lr']:g}) after {base['tokens']:,} tokens ({base['steps']} steps): "
              + (f"{base['seconds']:.1f} s at its side-by-side step time, " if timing else "")
-             + f"{base['train_seconds']:.1f} s in its own runs. New recipe at lr scale "
+             + f"{base['train_seconds']:.1f} s in its own runs, {_params(base)} parameters. "
+             f"New recipe at lr scale "
              f"x{r['new_best_lr_scale']:g}. {_rates(r)}.", "",
              f"Runs: {r['runs_run_now']} run now, {r['runs_reused']} reused from "
              f"`{r['run_cache']}`; " + "; ".join(_origin(o) for o in r["run_origins"]) + ".", "",
-             "| variant | tokens to target | tokens_ratio | time_ratio | time_ratio from run "
-             "times | the part, seed by seed |", "|---|---|---|---|---|---|"]
+             "| variant | parameters | tokens to target | tokens_ratio | time_ratio | "
+             "time_ratio from run times | the part, seed by seed |", "|---|---|---|---|---|---|---|"]
     rows = [("new recipe (best)", r["best"]), ("new recipe, tied head (equal parameters)",
                                                r["tied_head"])]
     rows += [(a["variant"] + (f" (best lr of its own sweep: {a['lr']:g})" if a.get("lr_swept")
                               else ""), a) for a in r.get("ablation", [])]
     for name, c in rows:
         if "not_yet_run" in c:
-            lines.append(f"| {name} | not yet run (first missing: {c['not_yet_run']}) | | | | |")
+            lines.append(f"| {name} | {_params(c)} | not yet run (first missing: "
+                         f"{c['not_yet_run']}) | | | | |")
             continue
         tokens = f"{c['tokens_to_target']:,.0f} ({c['how']})" if c["tokens_to_target"] else c["how"]
-        lines.append(f"| {name} | {tokens} | {_ratio(c, 'tokens_ratio')} | "
+        lines.append(f"| {name} | {_params(c)} | {tokens} | {_ratio(c, 'tokens_ratio')} | "
                      f"{_ratio(c, 'time_ratio')} | {_ratio(c, 'time_ratio_from_run_times')} | "
                      f"{_effect(c.get('part_effect'))} |")
     if timing:

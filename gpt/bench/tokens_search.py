@@ -65,7 +65,8 @@ from typing import Any, Iterator
 
 from gpt.bench import recipes, tokens_bench, tokens_timing
 from gpt.bench.record import write_outputs
-from gpt.bench.tokens_bench import either_side, part_effect, spread, tokens_to_target
+from gpt.bench.tokens_bench import (either_side, parameters, part_effect, spread,
+                                    tokens_to_target)
 from gpt.bench.tokens_cache import CACHE_NAME, RunCache, data_fingerprint, origins
 from gpt.bench.tokens_report import summary
 from gpt.bench.tokens_runner import Bench, NotCached
@@ -341,10 +342,12 @@ def measure(b: Bench, args: argparse.Namespace) -> tuple[dict[str, Any], dict[st
         "baseline_lr_bracketed": base_bracketed, "new_lr_scale_bracketed": new_bracketed,
         "target_val_loss": target, "target_val_loss_std": base["final_val_loss_std"],
         "baseline": {"parts": base["parts"], "lr": base["lr"], "steps": base["steps"],
-                     "tokens": base["tokens"], "train_seconds": base["train_seconds"]},
+                     "tokens": base["tokens"], "train_seconds": base["train_seconds"],
+                     "params": parameters(args, base["parts"])},
         "new_best_lr_scale": scale,
-        "best": crossing(points, target, base, args.seeds),
-        "tied_head": crossing(tied, target, base, args.seeds),
+        "best": {"params": parameters(args, recipes.NEW_PARTS),
+                 **crossing(points, target, base, args.seeds)},
+        "tied_head": {"params": parameters(args, TIED), **crossing(tied, target, base, args.seeds)},
     }
     if args.ablation:
         report["ablation"] = ablation(b, args, base, scale, target,
@@ -385,7 +388,8 @@ def ablation(b: Bench, args: argparse.Namespace, base: dict[str, Any], scale: fl
             variants.append((f"new + {part}", part, (*recipes.NEW_PARTS, part)))
 
     def row(label: str, part: str, parts: tuple[str, ...]) -> dict[str, Any]:
-        head = {"variant": label, "part": part, "parts": list(parts)}
+        head = {"variant": label, "part": part, "parts": list(parts),
+                "params": parameters(args, parts)}
         try:
             rate = variant_rate(b, label, parts, part == "muon", base["lr"], scale)
             points = bisect_budgets(b, label, parts, rate["lr"], target)
