@@ -15,7 +15,6 @@ so that no run sees a token twice.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import shlex
@@ -116,20 +115,16 @@ def spread(values: list[float | None]) -> dict[str, Any]:
 
 
 def parameters(args: argparse.Namespace, parts: tuple[str, ...] | list[str]) -> int:
-    """The parameter count of the bench's model with `parts` (tied weights once), built on
-    the meta device: no memory, no time."""
-    import torch
-
+    """The parameter count of the bench's model with `parts` (tied weights once), by the
+    preflight's formula: no model is built."""
     from gpt.bench import recipes
-    from gpt.config import ModelConfig, model_preset
-    from gpt.model import GPT
+    from gpt.config import model_preset, section_names
+    from gpt.preflight import param_count
 
-    names = {f.name for f in dataclasses.fields(ModelConfig)}
-    fields = {k: v for k, v in recipes.fields(parts, args.steps).items() if k in names}
-    config = model_preset(args.model, n_layer=args.n_layer, n_head=args.n_head,
-                          n_embd=args.n_embd, block_size=args.seq_len, **fields)
-    with torch.device("meta"):
-        return GPT(config).num_params()
+    model = section_names("model")
+    fields = {k: v for k, v in recipes.fields(parts, args.steps).items() if k in model}
+    return param_count(model_preset(args.model, n_layer=args.n_layer, n_head=args.n_head,
+                                    n_embd=args.n_embd, block_size=args.seq_len, **fields))
 
 
 def part_effect(with_part: list[float | None], without: list[float | None],
