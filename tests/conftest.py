@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,8 @@ import pytest
 from helpers import QUIET, SHAKESPEARE, SHARED_DATA, TINY, run_cli, write_random_shards
 
 TIKTOKEN_CACHE = SHARED_DATA / "tiktoken_cache"
+_HOME_ROOT = pytest.StashKey[Path]()
+_HOME_BEFORE = pytest.StashKey[set]()
 
 
 CUDA_SKIP = ("needs an NVIDIA GPU: torch.cuda.is_available() is False here; run "
@@ -30,11 +34,61 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+# Every place the package and the libraries it drives (datasets, lm-eval, matplotlib, W&B,
+# Triton) would write under the user's home, pointed into one temporary folder for the
+# whole test run: tests write into temporary folders only, never into ~/.cache or ~/.config.
+# Set before any of those libraries is imported (datasets reads its cache path at import),
+# and inherited by every subprocess a test starts.
+HOME_WRITES = {
+    "XDG_CACHE_HOME": "cache",        # gpt.hellaswag's downloads, and most libraries'
+    "XDG_CONFIG_HOME": "config",
+    "XDG_DATA_HOME": "data",
+    "HF_HOME": "huggingface",
+    "HF_DATASETS_CACHE": "huggingface/datasets",  # lm-eval's tasks, read through datasets
+    "MPLCONFIGDIR": "matplotlib",
+    "TRITON_CACHE_DIR": "triton",
+    "WANDB_DIR": "wandb",
+    "WANDB_CONFIG_DIR": "wandb/config",
+    "WANDB_CACHE_DIR": "wandb/cache",
+    "WANDB_DATA_DIR": "wandb/data",
+}
+# What those libraries would create in the home when the variables above were missed: the
+# run fails at its end if one of these appears there during it.
+HOME_PATHS = [".cache/huggingface", ".cache/gpt2-trainer", ".cache/matplotlib",
+              ".config/matplotlib", ".config/wandb", ".cache/wandb", ".triton"]
+
+
+def _home_paths() -> set[str]:
+    home = Path.home()
+    return {p for p in HOME_PATHS if (home / p).exists()}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # tiktoken downloads its BPE files unless they are cached; offline machines (CI
     # here) have them under shared/data. Subprocesses inherit this too.
     if TIKTOKEN_CACHE.is_dir() and "TIKTOKEN_CACHE_DIR" not in os.environ:
         os.environ["TIKTOKEN_CACHE_DIR"] = str(TIKTOKEN_CACHE)
+    root = Path(tempfile.mkdtemp(prefix="gpt2-trainer-tests-home-"))
+    config.stash[_HOME_ROOT] = root
+    config.stash[_HOME_BEFORE] = _home_paths()
+    for name, sub in HOME_WRITES.items():
+        (root / sub).mkdir(parents=True, exist_ok=True)
+        os.environ[name] = str(root / sub)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    created = _home_paths() - session.config.stash.get(_HOME_BEFORE, set())
+    if created:
+        print(f"\nthe tests wrote into the home folder: {sorted(created)} under {Path.home()}; "
+              "point that library's cache at the temporary folder in tests/conftest.py",
+              file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root = config.stash.get(_HOME_ROOT, None)
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
