@@ -68,11 +68,13 @@ def comparison_lines(scores: dict[str, dict[str, float]]) -> list[str]:
                 line += f" | GPT-2 {size} {ref:.4f}"
             lines.append(line)
     core, left_out = centred_mean(scores)
+    not_counted = f"not counted (no random baseline known): {', '.join(left_out)}"
     if core is not None:
         lines.append(f"centred mean accuracy (as DCLM's CORE) {core:.4f} over "
                      f"{len(scores) - len(left_out)} task(s)"
-                     + (f"; not counted (no random baseline known): {', '.join(left_out)}"
-                        if left_out else ""))
+                     + (f"; {not_counted}" if left_out else ""))
+    elif left_out:  # the verdict still says why there is no summary number
+        lines.append(f"centred mean accuracy (as DCLM's CORE): none; {not_counted}")
     if any(task in PUBLISHED for task in scores):
         lines.append(f"GPT-2 scores: {SOURCE}")
     return lines
