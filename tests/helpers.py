@@ -15,7 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN_SCRIPT = REPO / "train_gpt2.py"
-SHARED_DATA = REPO.parent / "shared" / "data"  # the workplace's offline caches, when present
+SHARED_DATA = REPO.parent / "shared" / "data"  # offline caches beside the checkout, when present
 SHAKESPEARE = REPO / "gpt" / "assets" / "tinyshakespeare.txt"  # shipped with the package
 
 # A 2-layer, 64-wide model on 32-token sequences: a CPU step takes well under a second.
