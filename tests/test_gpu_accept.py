@@ -66,8 +66,6 @@ def test_plan_lists_every_stage_its_cells_and_estimates(capsys, monkeypatch) -> 
     text = capsys.readouterr().out
     assert f"about {plan['total_s']} s" in text and "needs --nanogpt PATH" in text
     assert "fp8 *:" in text and "throughput:" in text and "needs --corpus DIR" in text
-    for word in ("session", "device", "call", ".carry", "$OUT"):  # a user's plan, nothing else
-        assert word not in text.lower()
 
 
 def test_plan_for_a_choice_of_stages_under_a_budget(capsys, monkeypatch) -> None:
