@@ -78,8 +78,9 @@ def check(stages: dict[str, list[Cell]], args: Any) -> None:
                 raise StageError(f"stage {name}: --nanogpt {args.nanogpt}: {e}; nothing was run") from None
         if "corpus" in STAGES[name].needs and cells:
             check_corpus(name, args.corpus)
+        fp8 = any(c.params.get("fp8", "off") != "off" for c in cells)  # torchao: FP8's cells only
         for module in STAGES[name].requires:
-            if cells and not importable(module) and wheel_for(module, wheels_dir(args)) is None:
+            if fp8 and not importable(module) and wheel_for(module, wheels_dir(args)) is None:
                 raise StageError(f"stage {name} needs {module}: {why_missing(module, wheels_dir(args))}; "
                                  f"nothing was run")
 
