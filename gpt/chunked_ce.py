@@ -97,7 +97,7 @@ def _chunks(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, softca
 # Traced, the loop is unrolled and inductor is free to reorder it: on CUDA (H200, GPT-2
 # 124M, micro-batch 64) it kept about every chunk's gradient alive at once, a peak 5.7 GiB
 # above the plan and no lower than the whole logits' (benchmarks/gpu/2026-11-26-h200,
-# stage 7); on CPU, 3.21 GiB of peak RSS against 0.58 eagerly
+# the loss kernels' stage); on CPU, 3.21 GiB of peak RSS against 0.58 eagerly
 # (benchmarks/chunked_loss/compiled-rss.json).
 _opaque_chunks = torch.library.custom_op("gpt2_trainer::linear_cross_entropy_chunks",
                                          _chunks, mutates_args=())

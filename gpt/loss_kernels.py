@@ -5,7 +5,7 @@ cross_entropy(softcap(h @ weight.T), targets) without holding the whole logits.
 
 The libraries are optional (`pip install liger-kernel` / `cut-cross-entropy`, or the
 `kernels` extra) and CUDA-only: their kernels are Triton's. The GPU acceptance measures
-them side by side (`python -m gpt.bench gpu`, stage 7): on an H200 at GPT-2 124M,
+them side by side (`python -m gpt.bench gpu loss-kernels`): on an H200 at GPT-2 124M,
 micro-batch 64, compiled, a step took 254.6 ms with Liger's, 264.9 with ours (its chunk
 loop then still traced into the graph) and 371.2 with Cut Cross-Entropy's
 (benchmarks/gpu/README.md). So `auto`, the default, is Liger's on CUDA where it is

@@ -257,7 +257,7 @@ def test_the_trainer_logs_the_same_losses_either_way(tmp_path: Path) -> None:
 
 @pytest.mark.cuda
 def test_compiled_on_cuda_it_holds_a_chunk_not_every_chunks_gradient() -> None:
-    # The GPU acceptance's first run (stage 7): traced into inductor's graph, the chunked
+    # The GPU acceptance's first run (its loss kernels' stage): traced into inductor's graph, the chunked
     # loss at 124M, micro-batch 64 peaked 5.7 GiB above its plan, as high as the whole logits
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(16 * 1024, 768, device="cuda", generator=g).requires_grad_()

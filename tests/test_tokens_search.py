@@ -5,11 +5,13 @@ one slow test runs the real trainer end to end."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,6 +23,7 @@ from gpt.bench.cli import main as bench_main
 from gpt.errors import UserError
 from helpers import write_random_shards
 
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None  # the plot extra
 ARGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--seq-len", "64",
         "--batch-size", "2", "--total-batch-tokens", "128", "--val-every", "2", "--val-steps", "1"]
 
@@ -132,7 +135,7 @@ def test_seeds_schedules_bracketing_and_the_tied_head(tmp_path: Path, monkeypatc
     assert "tied head (equal parameters)" in md and "+-" in md and "from run times" in md
     assert "Target: GPT-2 recipe (trapezoid schedule, --max-lr 0.001)" in md
     assert "1.62M parameters" in md and "| new recipe (best) | 3.23M |" in md
-    assert (tmp_path / "out" / "tokens.png").exists()  # both best curves
+    assert (tmp_path / "out" / "tokens.png").exists() == HAS_MATPLOTLIB  # both best curves
     peaks = {p["label"]: p["peak_mem_gb"] for p in r["points"]}
     assert peaks["new"] == 1.0 and peaks["new, tied head"] == 0.5 and "peak GiB" in md
 
@@ -224,6 +227,18 @@ def test_the_ablation_runs_only_the_budgets_that_bracket_each_crossing(
     assert sum("--rotary" not in f and "muon" in f for f in fake.calls) == 3
 
 
+def test_without_matplotlib_the_plot_is_left_out_in_one_line(tmp_path: Path, monkeypatch,
+                                                             capsys) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    bench(tmp_path, monkeypatch, {"muon": 2.0, "untied_head": 0.75, "rotary": 0.25})
+    out = capsys.readouterr()
+    assert not (tmp_path / "out" / "tokens.png").exists() and (tmp_path / "out" / "tokens.md").exists()
+    notes = [line for line in out.err.splitlines() if "tokens.png" in line]
+    assert notes == ["note: tokens.png left out: matplotlib is not installed; pip install "
+                     "matplotlib (or pip install gpt2-trainer[plot])"]
+    assert "tokens.png" not in out.out
+
+
 @pytest.mark.slow
 def test_the_command_trains_both_recipes_for_real(tmp_path: Path) -> None:
     """The real trainer, tiny and short: every point over 2 seeds, curves and times kept."""
@@ -249,7 +264,7 @@ def test_the_command_trains_both_recipes_for_real(tmp_path: Path) -> None:
     assert all(t["median_step_s"] > 0 for t in r["timing"]["recipes"].values())
     assert r["runs_run_now"] == 12
     assert len((out / "tokens-runs.jsonl").read_text().splitlines()) == 12
-    assert (out / "tokens.png").stat().st_size > 0
+    assert not HAS_MATPLOTLIB or (out / "tokens.png").stat().st_size > 0
 
 
 def cache_lines(tmp_path: Path) -> list[str]:
@@ -429,7 +444,7 @@ def test_jobs_fill_every_slot_from_the_points_that_wait_on_nothing(tmp_path: Pat
 
 def test_cached_only_reports_what_the_cache_holds_and_trains_nothing(
         tmp_path: Path, monkeypatch, capsys) -> None:
-    """A bench of many sessions shows its progress: the ablation's variants whose runs are
+    """A bench of many invocations shows its progress: the ablation's variants whose runs are
     all in the cache get their row, the others 'not yet run', in tokens-cached.json/.md;
     the complete report's files stay as they were."""
     speed = {"muon": 2.0, "rotary": 0.5}
@@ -448,6 +463,7 @@ def test_cached_only_reports_what_the_cache_holds_and_trains_nothing(
     assert "| new - relu2 | 3.23M | not yet run (first missing: new - relu2 (64 steps" in md
     assert "--cached-only" in md  # the command, at the top
     # without the runs the target needs: one line, and nothing written
+    capsys.readouterr()  # what the benches above printed
     FakeTrainer(monkeypatch, speed)
     (tmp_path / "empty").mkdir()
     run_bench(tmp_path / "empty", "--cached-only", code=1)

@@ -71,3 +71,29 @@ def test_the_trainers_own_trace_summarises(tmp_path: Path) -> None:
     json.dumps(s)  # what the stage's JSON holds
     with pytest.raises(ValueError, match="no torch profiler trace"):
         trace_summary.summarize_dir(tmp_path)
+
+
+def annotation(name: str, ts: float, dur: float, cat: str, pid: int = 0, tid: int = 1) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"External id": 1}}
+
+
+def test_a_cuda_trace_counts_each_step_once_though_the_gpu_rows_repeat_it() -> None:
+    """A CUDA trace holds each ProfilerStep# range on the CPU row (user_annotation) and again
+    on every GPU stream that ran its kernels (gpu_user_annotation, as torch.profiler writes
+    them): two steps on two streams are six ranges, and still two steps. Counting the
+    ranges halved every per-step figure of the H100 baseline's traces."""
+    events = [annotation("ProfilerStep#11", 0, 500, "user_annotation"),
+              annotation("ProfilerStep#12", 500, 500, "user_annotation"),
+              annotation("ProfilerStep#11", 10, 480, "gpu_user_annotation", tid=7),
+              annotation("ProfilerStep#12", 510, 480, "gpu_user_annotation", tid=7),
+              annotation("ProfilerStep#11", 20, 100, "gpu_user_annotation", tid=13),  # a 2nd stream
+              annotation("ProfilerStep#12", 520, 100, "gpu_user_annotation", tid=13),
+              kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 10, 480),
+              kernel("ncclDevKernel_AllGather_RING_LL", 20, 100) | {"tid": 13},
+              kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 510, 480),
+              kernel("ncclDevKernel_AllGather_RING_LL", 520, 100) | {"tid": 13}]
+    s = trace_summary.summarize({"traceEvents": events})
+    assert s["steps"] == 2
+    assert s["gpu_span_ms_per_step"] == pytest.approx(0.98 / 2)  # 10 .. 990 us over two steps
+    assert s["kinds"]["matmul"]["ms_per_step"] == pytest.approx(0.48)

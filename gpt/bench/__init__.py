@@ -8,8 +8,8 @@ Subcommands:
     compile     eager vs torch.compile (attention and whole model), compile time apart
     comm        all-reduce bandwidth, DDP compute vs communication (under torchrun)
     prepare     fineweb.py's shard preparation vs a multiprocessing.Pool baseline
-    gpu         the GPU acceptance run (--plan: a session's calls): CUDA tests, 124M vs
-                build-nanogpt, XL, max-autotune, ladder
+    gpu         the GPU acceptance run, stages by name (--plan lists them): CUDA tests,
+                124M vs build-nanogpt, XL, loss kernels, profiles, FP8, recipes, ladder
     cpu-malloc  the CPU step with and without --cpu-malloc-reuse
 
 Every subcommand times with one helper (gpt.bench.timing.time_fn: warm-up, synchronised

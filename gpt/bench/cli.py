@@ -30,8 +30,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                 "compile time reported apart"),
     "comm": ("comm", "all-reduce bandwidth and DDP compute vs communication (under torchrun)"),
     "prepare": ("prepare_bench", "shard preparation throughput and memory vs a Pool baseline"),
-    "gpu": ("gpu", "GPU acceptance: CUDA tests, 124M vs build-nanogpt, XL, max-autotune, "
-            "ladder (one stage per device call; --plan lists them)"),
+    "gpu": ("gpu", "GPU acceptance, stages by name: CUDA tests, 124M vs build-nanogpt, XL, "
+            "loss kernels, profiles, FP8, recipes, ladder (--plan lists them)"),
     "cpu-malloc": ("malloc_bench", "CPU step time and peak memory with and without "
                    "--cpu-malloc-reuse"),
     "memory": ("memory_bench", "predict a training run's peak memory per device (takes the "

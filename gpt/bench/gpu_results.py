@@ -1,7 +1,8 @@
 """The GPU acceptance run's figures: each cell's output read into numbers, the memory
 planner's prediction beside the measured peak, ours against build-nanogpt at each
-micro-batch, the other heads + losses against ours (stage 7), and the markdown summary of a
-stage."""
+micro-batch, each variant against its baseline in the same stage (the other heads + losses
+against ours, FP8 against bf16, the speedrun recipe against GPT-2's), FP8's losses against
+bf16's step by step, and the markdown summary of a stage."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import Any
 import torch
 
 from gpt.bench import nanogpt, trace_summary
-from gpt.bench.gpu_plan import WARMUP, Cell, Sizes
+from gpt.bench.gpu_estimates import WARMUP
+from gpt.bench.gpu_plan import Cell, Sizes
 from gpt.bench.runs import read_metrics
 from gpt.bench.tables import Column, fmt_pct, md_table
 from gpt.bench.timing import summarize
@@ -58,7 +60,7 @@ def trainer_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, 
     out.update(peak_mem_gb=max(r["peak_mem_gb"] for r in steps), peak_mem_source=header["peak_mem_source"],
                compile=header["compile"], fused_adamw=header["fused_adamw"], dtype=header["dtype"],
                params=header["params"], trainer_mfu=[r["mfu"] for r in steps])
-    if cell.params.get("profile_dir"):  # stage 8
+    if cell.params.get("profile_dir"):  # the profile stage
         out["profile"] = trace_summary.summarize_dir(Path(cell.params["profile_dir"]))
     return out
 
@@ -150,47 +152,93 @@ def comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         ours, theirs = c["result"]["tokens_per_s_median"], b["result"]["tokens_per_s_median"]
         # the same tokens and learning rate at each step: the losses should agree to bf16's noise
-        pairs = list(zip(c["result"]["losses"], b["result"]["losses"]))
         out.append({"cell": c["name"], "baseline": b["name"], "batch_size": c["params"]["batch_size"],
                     "ours_tokens_per_s": ours, "baseline_tokens_per_s": theirs,
-                    "ours_over_baseline": ours / theirs, "losses_compared": len(pairs),
-                    "max_abs_loss_diff": max((abs(x - y) for x, y in pairs), default=None)})
+                    "ours_over_baseline": ours / theirs,
+                    **loss_agreement(c["result"]["losses"], b["result"]["losses"])})
     return out
 
 
-def loss_comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each trainer cell with another head + loss (a library's kernel, the whole logits)
-    against ours at the same model, micro-batch and compile mode, where both ran: median step
-    time, tokens/s and peak memory, and each as a ratio to ours."""
-    def key(c: dict[str, Any]) -> tuple:
-        return tuple(c["params"].get(k) for k in ("model", "batch_size", "compile_mode"))
+def loss_agreement(ours: list[float], theirs: list[float]) -> dict[str, Any]:
+    """Two runs' losses step by step (the same tokens and learning rate at each step): the
+    largest difference, the mean difference (ours - theirs) over all steps and over the last
+    quarter, where the start's transient is over."""
+    pairs = list(zip(ours, theirs))
+    diffs = [x - y for x, y in pairs]
+    tail = diffs[len(diffs) - max(1, len(diffs) // 4):] if diffs else []
+    return {"losses_compared": len(pairs),
+            "max_abs_loss_diff": max((abs(d) for d in diffs), default=None),
+            "mean_loss_diff": sum(diffs) / len(diffs) if diffs else None,
+            "last_quarter_mean_loss_diff": sum(tail) / len(tail) if tail else None}
 
-    ran = [c for c in cells if c["kind"] == "trainer" and c["status"] == "ok"]
-    ours = {key(c): c for c in ran if c["params"].get("loss", "ours") == "ours"}
+
+def side_by_side(cells: list[dict[str, Any]], field: str, base: str,
+                 losses: bool = False) -> list[dict[str, Any]]:
+    """Each trainer cell whose params[field] is not `base` against the cell that has `base`
+    at the same model, micro-batch, compile mode and steps, where both ran: median step
+    time, tokens/s and peak memory, and each as a ratio to the base's ("ours"); with
+    `losses`, how their losses agree step by step (where both see the same tokens at the
+    same learning rate, and only the arithmetic differs)."""
+    def key(c: dict[str, Any]) -> tuple:
+        return tuple(c["params"].get(k) for k in ("model", "batch_size", "compile_mode", "steps"))
+
+    ran = [c for c in cells if c["kind"] == "trainer" and c["status"] == "ok" and field in c["params"]]
+    ours = {key(c): c for c in ran if c["params"][field] == base}
     out = []
     for c in ran:
-        base = ours.get(key(c))
-        if c["params"].get("loss", "ours") == "ours" or base is None:
+        b = ours.get(key(c))
+        if c["params"][field] == base or b is None:
             continue
-        r, b = c["result"], base["result"]
-        ms, ours_ms = r["step_ms"]["median"], b["step_ms"]["median"]
-        tok, ours_tok = r["tokens_per_s_median"], b["tokens_per_s_median"]
-        mem, ours_mem = r["peak_mem_gb"], b["peak_mem_gb"]
-        out.append({"cell": c["name"], "loss": c["params"]["loss"], "ours": base["name"],
+        r, o = c["result"], b["result"]
+        ms, ours_ms = r["step_ms"]["median"], o["step_ms"]["median"]
+        tok, ours_tok = r["tokens_per_s_median"], o["tokens_per_s_median"]
+        mem, ours_mem = r["peak_mem_gb"], o["peak_mem_gb"]
+        out.append({"cell": c["name"], field: c["params"][field], "ours": b["name"],
                     "step_ms": ms, "ours_step_ms": ours_ms, "step_ms_over_ours": ms / ours_ms,
                     "tokens_per_s": tok, "ours_tokens_per_s": ours_tok,
                     "tokens_per_s_over_ours": tok / ours_tok, "peak_mem_gb": mem,
                     "ours_peak_mem_gb": ours_mem,
-                    "peak_mem_over_ours": mem / ours_mem if ours_mem else None})
+                    "peak_mem_over_ours": mem / ours_mem if ours_mem else None,
+                    **(loss_agreement(r["losses"], o["losses"]) if losses else {})})
     return out
 
 
-LOSS_COLUMNS = [Column("cell", lambda c: c["cell"], "left"), Column("loss", lambda c: c["loss"], "left"),
-                Column("step ms (/ ours)", lambda c: f"{c['step_ms']:.1f} ({c['step_ms_over_ours']:.3f}x)"),
-                Column("tokens/s (/ ours)",
-                       lambda c: f"{c['tokens_per_s']:,.0f} ({c['tokens_per_s_over_ours']:.3f}x)"),
-                Column("peak GiB (/ ours)", lambda c: f"{c['peak_mem_gb']:.2f} ("
-                       + (f"{c['peak_mem_over_ours']:.3f}x)" if c["peak_mem_over_ours"] else "-)"))]
+def loss_comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each cell with another head + loss (a library's kernel, the whole logits) against
+    the chunked loss through ours."""
+    return side_by_side([c for c in cells if c.get("params", {}).get("loss", "default") != "default"],
+                        "loss", "ours")
+
+
+# Each comparison of a variant against its baseline in one stage: its JSON key, the field
+# of a cell's params that tells them apart and the baseline's value, and the summary's words.
+COMPARED = {"loss_comparison": ("loss", "ours", "The head + loss against ours (the chunked loss, "
+                                "gpt/chunked_ce.py), in the same stage:"),
+            "fp8_comparison": ("fp8", "off", "FP8 matmuls against bf16, in the same stage (loss "
+                               "diff: FP8 - bf16 at each step, mean over the last quarter of the steps):"),
+            "recipe_comparison": ("recipe", "gpt2", "The speedrun recipe against the GPT-2 recipe, "
+                                  "in the same stage:")}
+
+
+def comparisons_of(cells: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """A stage's every comparison, as its JSON holds them."""
+    return {"comparison": comparisons(cells), "loss_comparison": loss_comparisons(cells),
+            "fp8_comparison": side_by_side(cells, "fp8", "off", losses=True),
+            "recipe_comparison": side_by_side(cells, "recipe", "gpt2")}
+
+
+def side_by_side_columns(field: str) -> list[Column]:
+    columns = [Column("cell", lambda c: c["cell"], "left"), Column(field, lambda c: c[field], "left"),
+               Column("step ms (/ ours)", lambda c: f"{c['step_ms']:.1f} ({c['step_ms_over_ours']:.3f}x)"),
+               Column("tokens/s (/ ours)",
+                      lambda c: f"{c['tokens_per_s']:,.0f} ({c['tokens_per_s_over_ours']:.3f}x)"),
+               Column("peak GiB (/ ours)", lambda c: f"{c['peak_mem_gb']:.2f} ("
+                      + (f"{c['peak_mem_over_ours']:.3f}x)" if c["peak_mem_over_ours"] else "-)"))]
+    if field == "fp8":
+        columns += [Column("steps", lambda c: str(c["losses_compared"])),
+                    Column("loss diff, max abs", lambda c: f"{c['max_abs_loss_diff']:.4f}"),
+                    Column("loss diff, last quarter", lambda c: f"{c['last_quarter_mean_loss_diff']:+.4f}")]
+    return columns
 
 
 # The summary's columns: a cell, what it took, then its figures
@@ -240,16 +288,19 @@ def summary(report: dict[str, Any]) -> str:
                 row["peak GiB (predicted, ratio)"] = memory_text(c)
     notes = sorted({c["memory"]["planner"] for c in report["cells"]
                     if "memory" in c and c["memory"].get("predicted_peak_bytes") is None})
+    budget = f" of a {report['budget_s']:.0f} s budget" if report.get("budget_s") else ""
     lines = [f"# GPU acceptance, stage {report['stage']}{' (smoke, CPU)' if report['smoke'] else ''}", "",
              f"{env['device']} | torch {env['torch']} | CUDA {env['cuda']} | commit {env['commit']} | "
-             f"{report['seconds']} s of a {report['budget_s']:.0f} s budget", "",
+             f"{report['seconds']} s{budget}", "",
              f"`{report['command']}`", "", md_table(rows, SUMMARY_COLUMNS), "",
              "s (est.): seconds the cell took (the plan's estimate); peak GiB: measured "
              "(gpt.memory.plan's prediction, measured / predicted)"]
     lines += [f"No prediction: {note}" for note in notes]
-    if report.get("loss_comparison"):
-        lines += ["", "The head + loss against ours (the chunked loss, gpt/chunked_ce.py), in the "
-                      "same call:", "", md_table(report["loss_comparison"], LOSS_COLUMNS)]
+    if report.get("packages"):
+        lines += ["", "Packages: " + "; ".join(f"{m} {how}" for m, how in report["packages"].items())]
+    for name, (field, _, words) in COMPARED.items():
+        if report.get(name):
+            lines += ["", words, "", md_table(report[name], side_by_side_columns(field))]
     return "\n".join(lines) + "\n"
 
 

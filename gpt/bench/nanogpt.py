@@ -1,27 +1,28 @@
 """karpathy/build-nanogpt's train_gpt2.py as a baseline, run side by side with the trainer.
 
-Its code is never part of this repository: a session brings it with the `fetch` tool and
-copies `train_gpt2.py` into the git-ignored `.carry/build-nanogpt/` (benchmarks/gpu/README.md
-says how); a stage with its cells fails at once, running nothing, when it is missing (check).
-At run time the script is copied into a scratch folder and a short list of text
+Its code is never part of this repository: the user downloads train_gpt2.py from
+https://github.com/karpathy/build-nanogpt and names it with `--nanogpt PATH`; a stage with
+its cells fails at once, running nothing, when it is missing or has changed (check). At
+run time the script is copied into a scratch folder and a short list of text
 substitutions (SUBSTITUTIONS, each required to match exactly once) points it at the same
 tokens the trainer reads, sets its micro-batch and step count, turns torch.compile on and
-its evaluation, HellaSwag and sampling off. Its per-step log line is parsed into step times,
-tokens/s and losses.
+its evaluation, HellaSwag and sampling off. It loads GPT-2's BPE files through tiktoken at
+start; where tiktoken's cache lacks them, the copies this package ships are put in a
+scratch cache for it (tiktoken_env), so a machine without internet runs it too. Its
+per-step log line is parsed into step times, tokens/s and losses.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 
-# tiktoken's cache rules, as the trainer's tokenizer reads them: whether the files are there
-from gpt.tokenizer import _in_tiktoken_cache
-
-DEFAULT_DIR = Path(".carry") / "build-nanogpt"
+# tiktoken's cache rules and file names, as the trainer's tokenizer reads them
+from gpt.tokenizer import _BPE_FILES, _URL, ASSETS, _in_tiktoken_cache
 
 # (what to find, what to put instead, why). Each must occur exactly once in the script.
 SUBSTITUTIONS: list[tuple[str, str, str]] = [
@@ -43,8 +44,7 @@ DATA_FOLDER = "edu_fineweb10B"  # the folder its DataLoaderLite reads, relative 
 
 
 class MissingBaseline(Exception):
-    """build-nanogpt cannot run here: its script is not where it should be, or tiktoken's
-    cache lacks what it loads (the stage fails, saying how to bring it)."""
+    """build-nanogpt cannot run here: its script is not where --nanogpt says."""
 
 
 def patch(source: str, **values: object) -> str:
@@ -59,36 +59,45 @@ def patch(source: str, **values: object) -> str:
     return source
 
 
-def check(script_dir: Path) -> None:
+def check(path: Path) -> None:
     """Raises MissingBaseline (or ValueError for a changed script) unless the baseline can
-    run here: its script is there, every substitution applies, and tiktoken's cache holds
-    GPT-2's BPE files, which the script loads at start (the device machine cannot download)."""
-    patch(_script(script_dir).read_text(encoding="utf-8"), batch_size=1, total_batch_tokens=1,
+    run here: its script is there and every substitution applies."""
+    patch(script(path).read_text(encoding="utf-8"), batch_size=1, total_batch_tokens=1,
           max_steps=1, warmup_steps=1)
-    if not _in_tiktoken_cache():
-        raise MissingBaseline(
-            "tiktoken's cache lacks GPT-2's BPE files, which build-nanogpt's script loads at "
-            "start: copy ../shared/data/tiktoken_cache to .carry/ and set "
-            "TIKTOKEN_CACHE_DIR=$PWD/.carry/tiktoken_cache (benchmarks/gpu/README.md)")
 
 
-def _script(script_dir: Path) -> Path:
-    script = script_dir / "train_gpt2.py"
-    if not script.is_file():
-        raise MissingBaseline(
-            f"{script} not found: bring karpathy/build-nanogpt with the fetch tool "
-            f"(github:karpathy/build-nanogpt) and copy its train_gpt2.py to {DEFAULT_DIR}/ "
-            f"(benchmarks/gpu/README.md), or name its folder with --nanogpt")
-    return script
+def script(path: Path) -> Path:
+    """build-nanogpt's train_gpt2.py: `path` itself, or the file of that name in the folder
+    `path`."""
+    found = path / "train_gpt2.py" if path.is_dir() else path
+    if not found.is_file():
+        raise MissingBaseline(f"{found} not found: download train_gpt2.py from "
+                              f"https://github.com/karpathy/build-nanogpt and pass its path")
+    return found
 
 
-def prepare(script_dir: Path, work: Path, train: np.ndarray, val: np.ndarray, *,
+def tiktoken_env(scratch: Path) -> dict[str, str]:
+    """The environment build-nanogpt's tiktoken call needs to find GPT-2's BPE files
+    without downloading: none where tiktoken's cache has them, else a cache in `scratch`
+    holding the copies this package ships (named as tiktoken names them: the sha1 of the
+    file's URL)."""
+    if _in_tiktoken_cache():
+        return {}
+    scratch.mkdir(parents=True, exist_ok=True)
+    for name in _BPE_FILES:
+        target = scratch / hashlib.sha1((_URL + name).encode()).hexdigest()
+        if not target.is_file():
+            shutil.copyfile(ASSETS / "gpt2" / name, target)
+    return {"TIKTOKEN_CACHE_DIR": str(scratch)}
+
+
+def prepare(path: Path, work: Path, train: np.ndarray, val: np.ndarray, *,
             batch_size: int, total_batch_tokens: int, max_steps: int, warmup_steps: int) -> Path:
     """A scratch folder with the patched script and its .npy shards of the given tokens;
     returns the script to run (with `work` as its working directory)."""
-    script = _script(script_dir)
+    source = script(path)
     work.mkdir(parents=True, exist_ok=True)
-    patched = patch(script.read_text(encoding="utf-8"), batch_size=batch_size,
+    patched = patch(source.read_text(encoding="utf-8"), batch_size=batch_size,
                     total_batch_tokens=total_batch_tokens, max_steps=max_steps,
                     warmup_steps=warmup_steps)
     (work / "train_gpt2.py").write_text(patched, encoding="utf-8")

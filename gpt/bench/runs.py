@@ -24,9 +24,9 @@ from gpt.errors import UserError
 TRAINER = REPO / "train_gpt2.py"
 FINEWEB = REPO / "fineweb.py"
 KILL_GRACE_S = 10.0  # after SIGTERM: the trainer's stop handler ends its step, torchrun its workers
-# A process group of its own for each run, so that a timeout ends all of it. Not a session of
-# its own where Python allows (3.11+): the device tool ends what a command leaves behind in its
-# session, when it returns or is killed at its limit, but not a new session's processes.
+# A process group of its own for each run, so that a timeout ends all of it; where Python
+# allows (3.11+) without setsid, so that the runs stay in the caller's terminal and job:
+# whatever ends those (a closed terminal, a batch system's job end) ends the runs too.
 GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
                          else {"start_new_session": True})
 

@@ -15,7 +15,7 @@ Rules it enforces, so that numbers are right by construction:
   where the OS allows it (Linux) and otherwise the peak since the process started; the
   result says which.
 - On CUDA the host's time to enqueue one iteration (from an idle GPU) is measured too: if
-  it is close to the device time, the GPU is waiting for the CPU (launch overhead, the
+  it is close to the GPU time, the GPU is waiting for the CPU (launch overhead, the
   usual trap with small models) and the result says so.
 """
 
@@ -37,7 +37,7 @@ from gpt.metrics import peak_memory, reset_peak_memory
 
 from gpt.profiling import cuda_profiler_range, nvtx_range
 
-# Host enqueue time / device time above which a result is flagged as launch-bound.
+# Host enqueue time / GPU time above which a result is flagged as launch-bound.
 LAUNCH_BOUND_RATIO = 0.9
 
 

@@ -1,5 +1,5 @@
 """The tokens bench's run cache, `<--out>/tokens-runs.jsonl`: every run the bench completes,
-one JSON object a line, so that a bench stopped part-way (a session's end, Ctrl-C, SIGTERM)
+one JSON object a line, so that a bench stopped part-way (a batch job's time limit, Ctrl-C, SIGTERM)
 starts again where it was: a run whose key is in the file is read back, not trained again.
 
 Each line (format 1) holds:
@@ -9,7 +9,7 @@ Each line (format 1) holds:
   temporary folder) and ``--data-dir`` left out (see without_places); ``data``, the data folder's fingerprint (data_fingerprint):
   ``shards``, each train_/val_ shard file's name and the SHA-256 of its bytes (not
   metadata.json: it names the day and the temporary file a corpus was prepared from, so
-  the same tokens prepared again in a later session would not match); ``threads``, the
+  the same tokens prepared again later would not match); ``threads``, the
   OMP_NUM_THREADS the trainer runs inherit (unset: null), since the number of threads
   changes the order of the sums and so, slightly, the result.
 - ``run``: the run's record as Bench.train returns it (label, seed, steps, lr, curve,
@@ -19,7 +19,7 @@ Each line (format 1) holds:
   name), ``cpu_count`` (os.cpu_count()), ``platform``, ``time`` (UTC, ISO 8601).
 
 The commit is recorded, not compared: a run is reused across commits (the bench's point is
-to resume across sessions), so after a change to the trainer or the model pass --no-reuse.
+to resume across invocations), so after a change to the trainer or the model pass --no-reuse.
 Lines are only ever appended, each in one write, fsynced, so a killed bench leaves every
 completed run and at worst a truncated last line, which the next read skips with a warning
 (the next append starts on a line of its own). A key written twice (--no-reuse) is read
@@ -97,7 +97,7 @@ PLACES = ("--out-dir", "--data-dir")  # where a run writes and reads: not what i
 def without_places(flags: Sequence[str]) -> list[str]:
     """The flags less PLACES (``--out-dir DIR`` or ``--out-dir=DIR``, likewise --data-dir):
     the run's folder has no part in the result, and the data's is its fingerprint's, so the
-    same corpus prepared into another folder in a later session still matches."""
+    same corpus prepared into another folder later still matches."""
     out: list[str] = []
     skip = False
     for f in flags:

@@ -97,7 +97,7 @@ def _timing(timing: dict[str, Any]) -> list[str]:
               f"invocation ({timing['repeats']} alternating runs of {timing['steps']} steps per "
               f"recipe, median ms/step from step {timing['warmup_steps']} on; in brackets the "
               f"ratio at the repeats' fastest and slowest). The runs' own times were measured "
-              f"at different times (and sessions) under this shared machine's load then, so "
+              f"at different times (and in separate invocations) under this shared machine's load then, so "
               f"'from run times' measures that load too.", "",
               "| timed recipe | median ms/step | min | max |", "|---|---|---|---|"]
     lines += [f"| {name} | {t['median_step_s'] * 1000:.1f} | {t['min_step_s'] * 1000:.1f} | "

@@ -36,7 +36,7 @@ the new recipe's tokens to the target. time_ratio = the GPT-2 recipe's full budg
 x its median step time / the new recipe's steps to the target x its median step time, both
 step times from the timing phase. Why not the runs' own training times: those were measured
 at different times, under whatever load this shared machine had then, and with the run cache
-in different sessions, commits and machines; a ratio of sums of them measures the load as
+in different invocations, commits and machines; a ratio of sums of them measures the load as
 much as the recipes. They are kept as time_ratio_from_run_times (the trainer's own step
 times, no start-up, no evaluation, interpolated as the tokens are), with each run's wall time
 and peak memory; the ablation's variants are not timed side by side, and have only that one.
@@ -71,6 +71,7 @@ from gpt.bench.tokens_cache import CACHE_NAME, RunCache, data_fingerprint, origi
 from gpt.bench.tokens_report import summary
 from gpt.bench.tokens_runner import Bench, NotCached
 from gpt.errors import UserError
+from gpt.plot import MATPLOTLIB_HINT
 
 TIED = tuple(p for p in recipes.NEW_PARTS if p != "untied_head")
 PARTIAL = "tokens-cached"  # --cached-only's report, beside tokens.json and never over it
@@ -299,6 +300,9 @@ def run(args: argparse.Namespace) -> int:
                                 target, out / "tokens.png")
     print(markdown)
     print(f"wrote {out}/tokens.json, tokens.md{', tokens.png' if plotted else ''}")
+    if not plotted:
+        print(f"note: tokens.png left out: matplotlib is not installed; {MATPLOTLIB_HINT}",
+              file=sys.stderr)
     return 0
 
 

@@ -1,7 +1,7 @@
 """The tokens bench's timing phase: time to the target from step times measured side by side.
 
 The bench's runs are made at different times, and with the run cache (tokens_cache) in
-different sessions, on a machine that other jobs share: summing their own training times
+different invocations, on a machine that other jobs share: summing their own training times
 (train_seconds) puts whatever load each met into the ratio. So at the end of the bench the
 recipes compared (the GPT-2 recipe of the target, the best new recipe, its tied-head
 variant) run again, --timing-steps steps each, alternately (each first in turn, see

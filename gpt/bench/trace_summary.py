@@ -60,9 +60,17 @@ def outermost(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def profiler_steps(events: list[dict[str, Any]]) -> int:
+    """How many steps a trace covers: its distinct ProfilerStep#N ranges. A CUDA trace holds
+    each twice or more, once on the CPU row (user_annotation) and again on every GPU stream
+    that ran the step's kernels (gpu_user_annotation), so the ranges are not counted."""
+    return len({str(e["name"]) for e in events
+                if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")})
+
+
 def summarize(trace: dict[str, Any], steps: int | None = None) -> dict[str, Any]:
     """The summary of one Chrome trace (its parsed JSON). `steps`: how many training steps
-    it covers, to report per-step times (default: the ProfilerStep ranges it holds)."""
+    it covers, to report per-step times (default: its distinct ProfilerStep#N ranges)."""
     timed = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and e.get("dur") is not None]
     gpu = [e for e in timed if e.get("cat") in GPU_CATEGORIES]
     device = "cuda" if gpu else "cpu"
@@ -71,8 +79,7 @@ def summarize(trace: dict[str, Any], steps: int | None = None) -> dict[str, Any]
     if not gpu:
         raise ValueError("the trace holds neither GPU kernels nor CPU operators")
     if steps is None:
-        steps = sum(1 for e in trace["traceEvents"]
-                    if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+        steps = profiler_steps(trace["traceEvents"])
     steps = max(1, steps)
     intervals = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in gpu]
     span = max(b for _, b in intervals) - min(a for a, _ in intervals)
