@@ -85,7 +85,7 @@ def build_model(cfg: Config, ckpt: dict[str, Any] | None, runtime: Runtime) -> G
     with torch.device("meta"):
         model = GPT(cfg.model)
     if ckpt is not None:
-        state = model_weights(ckpt, "checkpoint")[1]
+        state = model_weights(ckpt, "checkpoint", warn=False)[1]  # open() read it, and said so
     elif cfg.train.init_from:
         state = weights.load_pretrained(
             cfg.train.init_from, vocab_size=cfg.model.vocab_size, block_size=cfg.model.block_size,
