@@ -196,6 +196,13 @@ def validate(cfg: Config) -> None:
            f"--eval-tasks-limit must be >= 1, got {e.eval_tasks_limit}")
     _check(not e.eval_tasks_every or bool(e.eval_tasks),
            "--eval-tasks-every needs --eval-tasks LIST (e.g. hellaswag,arc_easy)")
+    _check(e.eval_tasks is None or any(t.strip() for t in e.eval_tasks.split(",")),
+           f"--eval-tasks {e.eval_tasks!r} names no task: give a comma-separated list, e.g. "
+           f"hellaswag,arc_easy")
+    # Tasks named but never scored: a run that was asked for scores must not end without them
+    _check(e.eval_tasks is None or e.eval_tasks_every != 0,
+           f"--eval-tasks {e.eval_tasks} is scored every --eval-tasks-every N steps (and at "
+           f"the end), and that is 0 (off): give N, or drop --eval-tasks")
     for name in ("val_every", "sample_every", "hellaswag_every", "eval_tasks_every"):
         _check(getattr(e, name) >= 0, f"{flag(name)} must be >= 0 (0 disables), got {getattr(e, name)}")
     _check(c.checkpoint_every >= 0,
