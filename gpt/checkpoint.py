@@ -43,6 +43,7 @@ from gpt import parallel
 from gpt.config import (INIT_ONLY, SCHEMA_VERSION, CheckpointConfig, Config, ConfigError,
                         ModelConfig, to_dict, upgrade_dict)
 from gpt.checkpoint_contents import BadContents, check_contents, check_weights_fit, stored_step
+from gpt.config_check import assumed_defaults, check_saved
 from gpt.data import ShardLoader
 from gpt.dist import Runtime, all_reduce_mean, broadcast_object, gather_objects
 from gpt.errors import UserError
@@ -125,21 +126,26 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu",
 
 def saved_config(ckpt: Any, path: str | os.PathLike) -> dict[str, Any]:
     """A checkpoint's config as a dict in today's sections (config.upgrade_dict, told the
-    schema it was written with), or a one-line error naming the file."""
+    schema it was written with), checked as the command line's values are
+    (config_check.check_saved), or a one-line error naming the file."""
     try:
-        return upgrade_dict(ckpt["config"], ckpt.get(SCHEMA_KEY))
+        saved = upgrade_dict(ckpt["config"], ckpt.get(SCHEMA_KEY))
     except (ConfigError, TypeError, AttributeError, KeyError) as e:
         raise CheckpointError(f"{path}: its config cannot be read ({e})") from None
+    try:
+        return check_saved(saved, f"{path}: its saved config")
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
 
 
-def model_weights(ckpt: Any, path: str | os.PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def model_weights(ckpt: Any, path: str | os.PathLike, warn: bool = True
+                  ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The model's config and weights in a loaded checkpoint, checked against each other,
     or a one-line error naming the file. Every reader comes here (resume, generate,
-    evaluate, export), so none builds a model the weights do not fit."""
-    try:
-        model_cfg = ModelConfig(**saved_config(ckpt, path)["model"])
-    except TypeError as e:
-        raise CheckpointError(f"{path}: its config cannot be read ({e})") from None
+    evaluate, export), so none builds a model the weights do not fit. A file from before
+    config schemas whose config lacks model fields is read with their defaults, and
+    (`warn`) one warning says which."""
+    model_cfg = ModelConfig(**saved_config(ckpt, path)["model"])
     weights = ckpt.get("model")
     if not isinstance(weights, dict) or not all(isinstance(k, str) and torch.is_tensor(v)
                                                 for k, v in weights.items()):
@@ -148,6 +154,14 @@ def model_weights(ckpt: Any, path: str | os.PathLike) -> tuple[ModelConfig, dict
         check_weights_fit(model_cfg, weights)
     except BadContents as e:
         raise CheckpointError(f"{path}: {e}") from None
+    assumed = assumed_defaults(ckpt["config"].get("model") or {}, ckpt.get(SCHEMA_KEY))
+    if warn and assumed:
+        print(f"warning: {path}: its config lacks {', '.join(assumed)} and, written before "
+              f"configs held their schema version, cannot say whether they were removed or "
+              f"did not exist yet: read as {', '.join(f'{k}={v!r}' for k, v in assumed.items())}"
+              f" (what the trainer did before they existed); the weights fit that model, "
+              f"but if it was trained with other values this reads it as another model",
+              file=sys.stderr)
     return model_cfg, weights
 
 

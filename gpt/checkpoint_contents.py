@@ -51,7 +51,8 @@ def check_weights_fit(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> Non
     """The weights' names and shapes are those of cfg's model (a rotary one has no
     position embedding, an untied head a weight of its own), and a tied head is the
     embedding; a tied head may be listed once. What weights cannot show (--relu2,
-    --qk-norm, --logit-softcap) the config schema's version guards (config.upgrade_dict)."""
+    --qk-norm, --logit-softcap) the config schema's version guards (config.upgrade_dict);
+    a file from before schemas gets a warning naming the fields assumed (model_weights)."""
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in GPT(cfg).state_dict().items()}
     got = {k: tuple(v.shape) for k, v in weights.items()}

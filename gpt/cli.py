@@ -21,7 +21,7 @@ from typing import Any
 
 from gpt.config import (PRESETS, SECTIONS, Config, ConfigError, field_index, field_type, flag,
                         section_names)
-from gpt.config_check import resolve
+from gpt.config_check import check_value, resolve
 
 try:
     import tomllib  # Python 3.11+
@@ -265,18 +265,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if value not in PRESETS:
             raise ConfigError(f"{source}: preset {value!r} unknown; choose one of {', '.join(PRESETS)}")
         return value
-    tp = field_type(name)
-    ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
-    if not ok:
-        raise ConfigError(
-            f"{source}: {name} = {value!r} must be {tp.__name__} (flag {flag(name)})"
-        )
-    choices = field_index()[name][1].metadata.get("choices")
-    if choices and value not in choices:
-        raise ConfigError(f"{source}: {name} = {value!r} must be one of {', '.join(choices)}")
-    return value
+    return check_value(name, value, source)
 
 
 def to_toml(cfg: Config) -> str:

@@ -9,7 +9,8 @@ import dataclasses
 import math
 from typing import Any
 
-from gpt.config import SECTIONS, Config, ConfigError, field_index, flag, model_preset
+from gpt.config import (INIT_ONLY, SECTIONS, Config, ConfigError, ModelConfig, field_index,
+                        field_type, flag, model_preset)
 
 MAX_LR = 1.0  # see validate()
 MAX_DIST_TIMEOUT = 7 * 24 * 3600.0  # seconds: no collective should wait longer than a week
@@ -43,16 +44,85 @@ def _check(cond: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def validate(cfg: Config) -> None:
-    """Reject values that cannot work, naming the flag."""
-    m, d, o, t = cfg.model, cfg.data, cfg.optim, cfg.train
-    e, c, p = cfg.eval, cfg.checkpoint, cfg.profile
+def check_value(name: str, value: Any, source: str, optional: bool = False) -> Any:
+    """A value read from a file (a TOML config, a checkpoint's saved config) for field
+    `name`: of the field's type (an int where a float is wanted becomes one; None only
+    where `optional` and the field allows it) and among its choices; else a ConfigError
+    naming `source`, the field and its flag. Flags get the same from argparse."""
+    tp = field_type(name)
+    if value is None and optional and field_index()[name][1].default is None:
+        return value
+    ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise ConfigError(f"{source}: {name} = {value!r} must be {tp.__name__} (flag {flag(name)})")
+    choices = field_index()[name][1].metadata.get("choices")
+    if choices and value not in choices:
+        raise ConfigError(f"{source}: {name} = {value!r} must be one of {', '.join(choices)}")
+    return value
+
+
+def check_saved(saved: dict[str, Any], source: str) -> dict[str, Any]:
+    """A saved config (a checkpoint's, in today's sections: upgrade_dict's output) checked
+    as the command line checks one: every value of its field's type, and the model's
+    rules (validate_model); the checked dict, or a ConfigError naming `source`. The
+    other sections' ranges were checked by the rules of the day it was written, and rules
+    added since must not make a trained model unreadable: of them only the types are
+    checked, since readers use a few (max_steps, optimizer)."""
+    checked = {section: {name: check_value(name, value, source, optional=True)
+                         for name, value in saved[section].items()} for section in SECTIONS}
+    try:
+        validate_model(ModelConfig(**checked["model"]))
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    return {**saved, **checked}
+
+
+def assumed_defaults(model: dict[str, Any], schema: int | None) -> dict[str, Any]:
+    """field -> the default it is read with, for each model field missing from a saved
+    config written before config schemas (schema None; in a newer one a missing field is
+    upgrade_dict's error). Such a file cannot tell a field added since it was written from
+    one removed from it: only the weights can refuse some (check_weights_fit)."""
+    if schema is not None:
+        return {}
+    return {f.name: f.default for f in dataclasses.fields(ModelConfig)
+            if f.name not in model and f.name not in INIT_ONLY}
+
+
+def validate_model(m: ModelConfig) -> None:
+    """The model's own rules (validate() runs them first): what a saved config must meet
+    too, or the model cannot be built."""
     for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
         _check(getattr(m, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(m, name)}")
     _check(
         m.n_embd % m.n_head == 0,
         f"--n-embd {m.n_embd} must be divisible by --n-head {m.n_head}",
     )
+    _check(not m.rotary or (m.n_embd // max(m.n_head, 1)) % 2 == 0,
+           f"--rotary rotates channel pairs: the head size --n-embd {m.n_embd} / --n-head "
+           f"{m.n_head} must be even")
+    _check(m.logit_softcap == 0 or MIN_SOFTCAP <= m.logit_softcap < math.inf,
+           f"--logit-softcap {m.logit_softcap}: must be 0 (off) or a cap of at least "
+           f"{MIN_SOFTCAP:g} (logits are bounded to +-cap: below 1 the softmax is nearly "
+           f"uniform and nothing is learned; the speedrun uses 15)")
+    _check(0.0 <= m.dropout < 1.0, f"--dropout must be in [0, 1), got {m.dropout}")
+    for name in ("attn_window", "attn_window_final"):
+        _check(0 <= getattr(m, name) <= m.block_size,
+               f"{flag(name)} {getattr(m, name)}: must be in [0, --block-size {m.block_size}]")
+    _check(not m.attn_window_final or 0 < m.attn_window <= m.attn_window_final,
+           f"--attn-window-final {m.attn_window_final} needs an --attn-window from 1 up to it, "
+           f"got {m.attn_window}")
+    _check(not m.value_embeds or m.n_layer >= 2,
+           f"--value-embeds shares tables between the first and last blocks: needs --n-layer "
+           f">= 2, got {m.n_layer}")
+
+
+def validate(cfg: Config) -> None:
+    """Reject values that cannot work, naming the flag."""
+    m, d, o, t = cfg.model, cfg.data, cfg.optim, cfg.train
+    e, c, p = cfg.eval, cfg.checkpoint, cfg.profile
+    validate_model(m)
     # Muon orthogonalises each matrix as a whole; under FSDP2 a rank holds row shards
     _check(not (o.optimizer == "muon" and t.parallel == "fsdp"),
            "--optimizer muon orthogonalises whole weight matrices, and --parallel fsdp holds "
@@ -71,26 +141,9 @@ def validate(cfg: Config) -> None:
            f"(each step multiplies the weights by 1 - lr x weight decay)")
     _check(o.muon_momentum_warmup >= 0,
            f"--muon-momentum-warmup {o.muon_momentum_warmup}: must be >= 0")
-    _check(not m.rotary or (m.n_embd // max(m.n_head, 1)) % 2 == 0,
-           f"--rotary rotates channel pairs: the head size --n-embd {m.n_embd} / --n-head "
-           f"{m.n_head} must be even")
     _check(t.chunked_loss is not False or t.loss_kernel in ("auto", "ours"),
            f"--loss-kernel {t.loss_kernel} is a kernel of the chunked loss, and "
            f"--no-chunked-loss turns that off: drop one of the two")
-    _check(m.logit_softcap == 0 or MIN_SOFTCAP <= m.logit_softcap < math.inf,
-           f"--logit-softcap {m.logit_softcap}: must be 0 (off) or a cap of at least "
-           f"{MIN_SOFTCAP:g} (logits are bounded to +-cap: below 1 the softmax is nearly "
-           f"uniform and nothing is learned; the speedrun uses 15)")
-    _check(0.0 <= m.dropout < 1.0, f"--dropout must be in [0, 1), got {m.dropout}")
-    for name in ("attn_window", "attn_window_final"):
-        _check(0 <= getattr(m, name) <= m.block_size,
-               f"{flag(name)} {getattr(m, name)}: must be in [0, --block-size {m.block_size}]")
-    _check(not m.attn_window_final or 0 < m.attn_window <= m.attn_window_final,
-           f"--attn-window-final {m.attn_window_final} needs an --attn-window from 1 up to it, "
-           f"got {m.attn_window}")
-    _check(not m.value_embeds or m.n_layer >= 2,
-           f"--value-embeds shares tables between the first and last blocks: needs --n-layer "
-           f">= 2, got {m.n_layer}")
     for name in ("batch_size", "seq_len", "total_batch_tokens"):
         _check(getattr(d, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(d, name)}")
     _check(d.batch_size * d.seq_len <= MAX_MICRO_TOKENS,
@@ -143,6 +196,13 @@ def validate(cfg: Config) -> None:
            f"--eval-tasks-limit must be >= 1, got {e.eval_tasks_limit}")
     _check(not e.eval_tasks_every or bool(e.eval_tasks),
            "--eval-tasks-every needs --eval-tasks LIST (e.g. hellaswag,arc_easy)")
+    _check(e.eval_tasks is None or any(t.strip() for t in e.eval_tasks.split(",")),
+           f"--eval-tasks {e.eval_tasks!r} names no task: give a comma-separated list, e.g. "
+           f"hellaswag,arc_easy")
+    # Tasks named but never scored: a run that was asked for scores must not end without them
+    _check(e.eval_tasks is None or e.eval_tasks_every != 0,
+           f"--eval-tasks {e.eval_tasks} is scored every --eval-tasks-every N steps (and at "
+           f"the end), and that is 0 (off): give N, or drop --eval-tasks")
     for name in ("val_every", "sample_every", "hellaswag_every", "eval_tasks_every"):
         _check(getattr(e, name) >= 0, f"{flag(name)} must be >= 0 (0 disables), got {getattr(e, name)}")
     _check(c.checkpoint_every >= 0,

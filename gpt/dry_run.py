@@ -7,9 +7,10 @@ accumulation, and the memory planner's predicted peak per device (gpt.memory) ag
 the device's memory, with what to lower if it will not fit. It builds no model on the
 device, starts no process group and writes nothing (the run folder's lock is not taken).
 Under torchrun, rank 0 answers for the world (WORLD_SIZE processes); the others exit.
-Its checks are the run's own (the launch environment, gpt/preflight.py, the loader's
-rule for enough tokens), so "the run would start" is a promise the run keeps; a planned
-peak beyond the device's memory is a problem too (the run would stop in its first step).
+Its checks are the run's own (the launch environment, gpt/preflight.py: the batch, the
+data and its token ids, the run folder, the --eval-tasks names), so "the run would
+start" is a promise the run keeps; a planned peak beyond the device's memory is a problem
+too (the run would stop in its first step).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from gpt.config import Config, describe
 from gpt.dist import DTYPE_NAMES, Runtime, device_name, launch_environment, pick_device, resolve_dtype
 from gpt.errors import UserError
 from gpt.metrics import check_tracking
-from gpt.preflight import check_data, check_start, device_memory, param_count
+from gpt.preflight import (check_data, check_eval_tasks, check_out_dir, check_start,
+                           device_memory, param_count)
 from gpt.shards import check_not_being_written, find_shards
 from gpt.units import human_count
 
@@ -89,6 +91,8 @@ def main(cfg: Config) -> int:
               f"per step; {cfg.train.max_steps:,} steps = "
               f"{human_count(cfg.train.max_steps * d.total_batch_tokens)} tokens")
     check(lambda: _data(cfg, world))
+    check(lambda: check_out_dir(cfg.train.out_dir))
+    check(lambda: check_eval_tasks(cfg))
     check(lambda: _start(cfg))
     if accum is not None and dtype is not None:  # the planner refuses what check_start did
         check(lambda: _memory(cfg, world, device))

@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.hellaswag is None and args.data_dir is None and args.tasks is None:
         parser.error("nothing to do: give --tasks LIST, --hellaswag FILE and/or --data-dir DIR")
+    if args.tasks is not None and not any(t.strip() for t in args.tasks.split(",")):
+        parser.error(f"--tasks {args.tasks!r} names no task: give a comma-separated list, "
+                     f"e.g. hellaswag,arc_easy")
     check_at_least_one(parser, args, ("batch_examples", "val_steps", "batch_size", "seq_len",
                                       "hellaswag_max_examples", "limit", "tasks_batch_size"))
 

@@ -32,6 +32,7 @@ from lm_eval.api.registry import get_model, register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from gpt.dist import autocast
+from gpt.harness_tasks import HarnessError
 from gpt.model import GPT, unwrap
 from gpt.tokenizer import GPT2_EOT, GPT2_VOCAB, gpt2_tokenizer
 
@@ -72,7 +73,8 @@ class GPT2TrainerLM(TemplateLM):
         if isinstance(dtype, str):  # the harness's users write torch's names
             dtype = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
             if dtype not in ("auto", "fp32", "bf16", "fp16"):
-                raise ValueError(f"dtype={dtype!r}: expected auto, fp32, bf16 or fp16")
+                raise HarnessError(f"model_args dtype={dtype!r}: expected auto, fp32, bf16 or "
+                                   f"fp16")
         self.dtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype, self._device)
         self._rank = rank if rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
         self._world_size = world_size if world_size is not None else (
@@ -85,6 +87,7 @@ class GPT2TrainerLM(TemplateLM):
         self.vocab = min(gpt.config.vocab_size, GPT2_VOCAB)
         self.generator = torch.Generator().manual_seed(seed)
         self.quiet = quiet  # no progress bars of ours (the trainer's log stays readable)
+        self._where: list[str] | None = None  # the requests loglikelihood() is scoring
 
     # -------------------------------------------------------------- the harness's contract
 
@@ -139,13 +142,38 @@ class GPT2TrainerLM(TemplateLM):
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False
                       ) -> list[tuple[float, bool]]:
-        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or self.quiet)
+        """The harness's TemplateLM splits each (context, continuation) into tokens and
+        hands them to _loglikelihood_tokens, which refuses, naming the task and document,
+        what cannot be scored."""
+        where = [_where(r) for r in requests]
+        self._refuse([f"{w}: its context and continuation are both empty: nothing to score"
+                      for w, r in zip(where, requests) if not r.args[0] and not r.args[1]])
+        self._where = where
+        try:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm or self.quiet)
+        finally:
+            self._where = None
 
     def _loglikelihood_tokens(self, requests: list[Request], disable_tqdm: bool = False,
                               **kwargs: Any) -> list[tuple[float, bool]]:
         """(sum of log-probs of the continuation, whether it is the greedy one) of each
         request, in its order. Scored in batches of similar length (longest first); the
-        input is the last block_size tokens of context + continuation, less the last."""
+        input is the last block_size tokens of context + continuation, less the last,
+        which holds the whole continuation wherever it fits in a block: one longer than
+        the block size, or empty, is refused before anything is scored (the harness's
+        `hf` model cannot score either)."""
+        where = self._where if self._where and len(self._where) == len(requests) else None
+        problems = []
+        for i, (_, _, cont) in enumerate(requests):
+            who = where[i] if where else "a request"
+            if not cont:
+                problems.append(f"{who}: its continuation is empty (no tokens): there is "
+                                f"nothing to score")
+            elif len(cont) > self.max_length:
+                problems.append(f"{who}: its continuation is {len(cont)} tokens, more than the "
+                                f"model's block size of {self.max_length}: no window of the "
+                                f"model holds it whole")
+        self._refuse(problems)
         order = sorted(range(len(requests)),
                        key=lambda i: (-len(requests[i][1]) - len(requests[i][2]),
                                       tuple(requests[i][1] + requests[i][2])))
@@ -160,8 +188,6 @@ class GPT2TrainerLM(TemplateLM):
             logits = self._logits(x.to(self._device))
             for j, i in enumerate(chunk):
                 cont = requests[i][2]
-                if not cont:
-                    raise ValueError("the harness asked for an empty continuation")
                 end = len(rows[j])
                 # Only the positions that predict cont, in fp32: a (batch, block, vocab)
                 # fp32 copy of all the logits would be 3 GiB at 16 x 1024 x 50257.
@@ -176,6 +202,8 @@ class GPT2TrainerLM(TemplateLM):
         """log P(text) of each text: its tokens in disjoint windows of the block size, each
         window conditioned on the tokens before it (EOT before the first), as the
         harness's `hf` model windows them; every window of every text in one batched pass."""
+        self._refuse([f"{_where(r)}: the text to score is empty: its perplexities per word "
+                      f"and per byte would divide by nothing" for r in requests if not r.args[0]])
         windows: list[Request] = []
         owner: list[int] = []
         for n, req in enumerate(requests):
@@ -197,18 +225,31 @@ class GPT2TrainerLM(TemplateLM):
         requests of the same generation settings and context length run as one batch."""
         out: list[str] = [""] * len(requests)
         groups: dict[tuple[str, int], list[tuple[int, list[int]]]] = {}
-        settings: dict[str, dict[str, Any]] = {}
-        for n, req in enumerate(requests):
+        settings: dict[str, tuple[dict[str, Any], int]] = {}  # gen_kwargs, max_gen_toks
+        problems, prompts = [], []
+        for req in requests:  # every request checked before any is generated
             context, gen_kwargs = req.args
-            key = json.dumps(gen_kwargs, sort_keys=True, default=str)
-            settings[key] = dict(gen_kwargs)
-            max_new = self._max_new(settings[key])
-            ids = self.tok_encode(context)[-(self.max_length - max_new):]
+            ids = self.tok_encode(context)
+            max_new = self._max_new(gen_kwargs)
+            if not ids:
+                problems.append(f"{_where(req)}: its context is empty: nothing to generate from")
+            elif max_new is None or not 0 < max_new < self.max_length:
+                asked = gen_kwargs.get("max_gen_toks", self._max_gen_toks)
+                problems.append(f"{_where(req)}: max_gen_toks {asked!r} "
+                                f"must be a whole number from 1 to {self.max_length - 1}, below "
+                                f"the model's block size of {self.max_length}, which holds the "
+                                f"context and the generated tokens")
+            prompts.append((ids, max_new))
+        self._refuse(problems)
+        for n, (req, (ids, max_new)) in enumerate(zip(requests, prompts)):
+            key = json.dumps(req.args[1], sort_keys=True, default=str)
+            settings[key] = (dict(req.args[1]), max_new)
+            ids = ids[-(self.max_length - max_new):]
             groups.setdefault((key, len(ids)), []).append((n, ids))
         for (key, _), items in sorted(groups.items(), key=lambda kv: -kv[0][1]):
             for start in range(0, len(items), self.batch_size):
                 chunk = items[start:start + self.batch_size]
-                texts = self._generate([ids for _, ids in chunk], settings[key])
+                texts = self._generate([ids for _, ids in chunk], *settings[key])
                 for (n, _), text in zip(chunk, texts):
                     out[n] = text
         return out
@@ -226,20 +267,40 @@ class GPT2TrainerLM(TemplateLM):
             self.gpt.train(was_training)
         return logits
 
-    def _max_new(self, gen_kwargs: dict[str, Any]) -> int:
-        max_new = int(gen_kwargs.get("max_gen_toks", self._max_gen_toks))
-        if not 0 < max_new < self.max_length:
-            raise ValueError(f"max_gen_toks {max_new} must be in 1..{self.max_length - 1} "
-                             f"(the model's block size is {self.max_length})")
-        return max_new
+    def _max_new(self, gen_kwargs: dict[str, Any]) -> int | None:
+        """The request's max_gen_toks (else the model's), or None if it is not a number."""
+        value = gen_kwargs.get("max_gen_toks", self._max_gen_toks)
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            return None
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        return int(number) if number.is_integer() else None
+
+    def _refuse(self, problems: list[str]) -> None:
+        """Raise one line naming the first request that cannot be scored (and how many
+        more there are), before any is. Under torchrun each rank holds its share of the
+        requests, and one that stopped alone would leave the others waiting in the next
+        collective: the ranks agree first, and all raise the same line."""
+        first, count = (problems[0] if problems else None), len(problems)
+        if self._world_size > 1:
+            every: list[Any] = [None] * self._world_size
+            dist.all_gather_object(every, (first, count))
+            first = next((f for f, _ in every if f is not None), None)
+            count = sum(c for _, c in every)
+        if first is not None:
+            more = f" ({count - 1} more such request(s))" if count > 1 else ""
+            raise HarnessError(f"{first}{more}; refused before scoring: fix the task's data "
+                               f"or its settings")
 
     @torch.no_grad()
-    def _generate(self, prompts: list[list[int]], gen_kwargs: dict[str, Any]) -> list[str]:
+    def _generate(self, prompts: list[list[int]], gen_kwargs: dict[str, Any],
+                  max_new: int) -> list[str]:
         """Generate from prompts of one length together (prefill, then one token a step
         from the KV cache); each row stops at a stop string, EOT or max_gen_toks."""
         until = gen_kwargs.get("until") or []
         stops = [until] if isinstance(until, str) else list(until)
-        max_new = self._max_new(gen_kwargs)
         temperature = float(gen_kwargs.get("temperature", 0.0) or 0.0)
         greedy = not gen_kwargs.get("do_sample", False) or temperature == 0.0
         x = torch.tensor(prompts, dtype=torch.long, device=self._device)
@@ -282,6 +343,12 @@ class GPT2TrainerLM(TemplateLM):
         return texts
 
 
+def _where(request: Any) -> str:
+    """'task NAME, document N' of a harness request (an Instance)."""
+    return (f"task {getattr(request, 'task_name', None) or '?'}, document "
+            f"{getattr(request, 'doc_id', '?')}")
+
+
 def _positive_int(value: int | str, name: str, default: int) -> int:
     """model_args arrive as text; 'auto' (the harness's adaptive batch size) is not
     measured here, so it means the default."""
@@ -292,7 +359,7 @@ def _positive_int(value: int | str, name: str, default: int) -> int:
     except (TypeError, ValueError):
         number = 0
     if number < 1:
-        raise ValueError(f"{name}={value!r}: expected a positive whole number")
+        raise HarnessError(f"model_args {name}={value!r}: expected a positive whole number")
     return number
 
 

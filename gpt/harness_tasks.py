@@ -1,16 +1,20 @@
-"""Running lm-evaluation-harness tasks on a model (gpt/harness.py's LM): loading the
-tasks, one line for a task whose data cannot be loaded, and the scores as
-{task: {metric: value}} for gpt.evaluate and the trainer's --eval-tasks.
+"""Running lm-evaluation-harness tasks on a model (gpt/harness.py's LM): the task names
+checked (before a run starts, too), the tasks loaded, one line saying what is wrong with
+a task that cannot be (its template, its own data file, or Hub data not yet cached), and
+the scores as {task: {metric: value}} for gpt.evaluate, gpt2-lm-eval and the trainer's
+--eval-tasks.
 
 lm-eval is an optional extra; nothing here imports it before it is needed, and without
-it require_lm_eval() says in one line how to install it.
+it (or with an install that fails to import) require_lm_eval() says so in one line.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 from gpt.errors import UserError
@@ -19,16 +23,39 @@ INSTALL = 'pip install -e ".[eval]"'
 
 
 class HarnessError(UserError):
-    """lm-eval is missing, or a task cannot be loaded; the message says which and why."""
+    """lm-eval is missing or broken, a task cannot be loaded or scored; the message says
+    which and why."""
+
+
+# Hugging Face datasets' builders that read the files a task names (`dataset_path: json`
+# with `data_files`): a task on them loads without network, so that is not the advice.
+LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow", "pandas")
 
 
 def require_lm_eval(what: str) -> None:
-    """Raise one line naming `what` (the flag that needs it) if lm-eval is not installed."""
+    """Raise one line naming `what` (the flag that needs it) if lm-eval is not installed,
+    or is installed but fails to import (a dependency missing or of a version it cannot
+    use): the two need different fixes."""
     try:
         import lm_eval  # noqa: F401  # optional: the eval extra
-    except ImportError:
-        raise HarnessError(f"{what} runs EleutherAI's lm-evaluation-harness, which is not "
-                           f"installed: {INSTALL}") from None
+    except ImportError as e:
+        if e.name == "lm_eval":
+            raise HarnessError(f"{what} runs EleutherAI's lm-evaluation-harness, which is not "
+                               f"installed: {INSTALL}") from None
+        broken: BaseException = e
+    except Exception as e:  # noqa: BLE001 - an import can fail in any way
+        broken = e
+    else:
+        try:  # the parts used here: they import datasets, transformers' tokenizers, ...
+            import lm_eval.evaluator  # noqa: F401
+            import lm_eval.tasks  # noqa: F401
+            return
+        except Exception as e:  # noqa: BLE001
+            broken = e
+    reason = " ".join(str(broken).split())[:200]
+    raise HarnessError(f"{what} runs EleutherAI's lm-evaluation-harness, which is installed "
+                       f"but fails to import ({type(broken).__name__}: {reason}): a package "
+                       f"it needs is missing or of another version; reinstall with {INSTALL}")
 
 
 def parse_tasks(text: str | None) -> list[str]:
@@ -43,19 +70,61 @@ def data_home() -> str:
     return str(config.HF_DATASETS_CACHE)
 
 
-def load_tasks(names: list[str], include_path: str | None = None
-               ) -> tuple[dict[Any, Any], list[str]]:
-    """(the harness's task dict of every task that loads, one line for each that does
-    not). A name the harness does not know raises: that is a typo, not missing data."""
+@functools.lru_cache(maxsize=4)
+def _manager(include_path: str | None, stamp: tuple[tuple[str, int], ...]) -> Any:
     from lm_eval.tasks import TaskManager
 
+    return TaskManager(include_path=include_path)
+
+
+def task_manager(include_path: str | None) -> Any:
+    """The harness's index of its tasks (and those in include_path). Indexing its ~15,000
+    task files takes seconds, and a run checks the names before it starts and loads the
+    tasks later: one index serves both, rebuilt when a task file in include_path changes."""
     logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its progress chatter
-    manager = TaskManager(include_path=include_path)
+    stamp: tuple[tuple[str, int], ...] = ()
+    if include_path is not None:
+        stamp = tuple(sorted((str(f), f.stat().st_mtime_ns) for f in Path(include_path).rglob("*")
+                             if f.suffix in (".yaml", ".yml", ".py")))
+    return _manager(include_path, stamp)
+
+
+def check_tasks(text: str | None, include_path: str | None, flag: str = "--tasks",
+                include_flag: str = "--include-path", patterns: bool = False
+                ) -> tuple[Any, list[str]]:
+    """(the harness's task index, the task names) for `flag`'s comma-separated list, or
+    one line: lm-eval not importable, the include folder missing, no name at all, a name
+    the harness does not know (a typo, not missing data). With `patterns` (the harness's
+    command line takes them), a name like arc_* stands for the tasks it matches. Loads no
+    data: the dry run and the trainer's checks before it starts call this too."""
+    require_lm_eval(flag)
+    if include_path is not None and not Path(include_path).is_dir():
+        what = "is not a folder" if Path(include_path).exists() else "no such folder"
+        raise HarnessError(f"{include_flag} {include_path}: {what} (the folder of task "
+                           f"YAMLs of your own)")
+    names = parse_tasks(text)
+    if not names:
+        raise HarnessError(f"{flag} {text!r} names no task: give a comma-separated list, "
+                           f"e.g. hellaswag,arc_easy")
+    manager = task_manager(include_path)
+    if patterns:
+        names = list(dict.fromkeys(m for n in names for m in (
+            (manager.match_tasks([n]) or [n]) if any(c in n for c in "*?[") else [n])))
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
-        where = f" or in {include_path}" if include_path else ""
-        raise HarnessError(f"--tasks {','.join(unknown)}: no such lm-eval task{where} "
+        where = f" or in {include_flag} {include_path}" if include_path else ""
+        raise HarnessError(f"{flag} {','.join(unknown)}: no such lm-eval task{where} "
                            f"(`lm_eval ls tasks` lists them)")
+    return manager, names
+
+
+def load_tasks(names: list[str] | str, include_path: str | None = None, flag: str = "--tasks",
+               include_flag: str = "--include-path", patterns: bool = False
+               ) -> tuple[dict[Any, Any], list[str]]:
+    """(the harness's task dict of every task that loads, one line for each that does
+    not). What check_tasks refuses raises."""
+    text = names if isinstance(names, str) else ",".join(names)
+    manager, names = check_tasks(text, include_path, flag, include_flag, patterns)
     tasks: dict[Any, Any] = {}
     failed: list[str] = []
     for name in names:
@@ -64,12 +133,37 @@ def load_tasks(names: list[str], include_path: str | None = None
                 warnings.simplefilter("ignore", DeprecationWarning)
                 tasks.update(manager.load_task_or_group([name]))
         except Exception as e:  # noqa: BLE001 - datasets raises many kinds for missing data
-            reason = " ".join(str(e).split())[:200] or type(e).__name__
-            offline = " (HF_DATASETS_OFFLINE is set)" if os.environ.get("HF_DATASETS_OFFLINE") else ""
-            failed.append(f"task {name}: its data could not be loaded{offline}: {reason}; the "
-                          f"harness loads it with Hugging Face datasets from the Hub into "
-                          f"{data_home()} (HF_DATASETS_CACHE): run once with network")
+            failed.append(load_failure(manager, name, e))
     return tasks, failed
+
+
+def load_failure(manager: Any, name: str, e: BaseException) -> str:
+    """The line for a task that did not load, saying what is wrong: its template (which
+    the harness tries on the first document as it loads), a data file of its own that
+    holds no documents or cannot be read, or data from the Hub that is not cached."""
+    reason = " ".join(str(e).split())[:200] or type(e).__name__
+    entry = manager.task_index.get(name) if hasattr(manager, "task_index") else None
+    yaml_path = getattr(entry, "yaml_path", None) or (entry.get("yaml_path") if isinstance(
+        entry, dict) else None)
+    cfg = getattr(entry, "cfg", None)
+    dataset = str(cfg.get("dataset_path", "")) if isinstance(cfg, dict) else ""
+    where = f" ({yaml_path})" if yaml_path else ""
+    if type(e).__module__.split(".")[0] == "jinja2":
+        return (f"task {name}: its template cannot be rendered on its documents "
+                f"({type(e).__name__}: {reason}): fix doc_to_text, doc_to_target or "
+                f"doc_to_choice{where}, or the fields of its data")
+    if dataset in LOCAL_BUILDERS or (dataset and Path(dataset).exists()):
+        files = (cfg.get("dataset_kwargs") or {}).get("data_files") if isinstance(cfg, dict) else None
+        if isinstance(files, dict):
+            files = ", ".join(str(f) for f in files.values())
+        source = f" ({files})" if files else where
+        if isinstance(e, StopIteration):
+            return f"task {name}: its data holds no documents{source}"
+        return f"task {name}: its data could not be read{source}: {type(e).__name__}: {reason}"
+    offline = " (HF_DATASETS_OFFLINE is set)" if os.environ.get("HF_DATASETS_OFFLINE") else ""
+    return (f"task {name}: its data could not be loaded{offline}: {reason}; the harness loads "
+            f"it with Hugging Face datasets from the Hub into {data_home()} "
+            f"(HF_DATASETS_CACHE): run once with network")
 
 
 def run_tasks(lm: Any, tasks: dict[Any, Any], limit: int | None = None

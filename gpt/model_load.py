@@ -11,9 +11,9 @@ import os
 import torch
 
 from gpt.attention_mask import set_attention_step
-from gpt.checkpoint import CheckpointError, model_weights
+from gpt.checkpoint import CheckpointError, model_weights, saved_config
 from gpt.checkpoint import load as load_checkpoint_file
-from gpt.config import ModelConfig, from_dict
+from gpt.config import ModelConfig
 from gpt.errors import UserError
 from gpt.model import GPT
 from gpt.step import count_nonfinite
@@ -71,6 +71,7 @@ def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = 
     try:
         ckpt = load_checkpoint_file(path, required=("model", "config"))
         cfg, sd = model_weights(ckpt, path)
+        max_steps = saved_config(ckpt, path)["train"]["max_steps"]
     except CheckpointError as e:
         raise PretrainedError(f"--checkpoint {e}") from None
     sd = dict(sd)
@@ -79,5 +80,5 @@ def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = 
     model = build_model(cfg, sd, f"--checkpoint {path}", device)
     if isinstance(ckpt.get("step"), int) and ckpt["step"] > 0:
         # A growing attention window: the one its weights were last trained with
-        set_attention_step(model, ckpt["step"] - 1, from_dict(ckpt["config"]).train.max_steps)
+        set_attention_step(model, ckpt["step"] - 1, max_steps)
     return model

@@ -1,7 +1,9 @@
 """What a run must meet before anything is built, beyond its config's own rules
 (gpt/config_check.py): the sharded modes' process group, the batch divided over the
-world it runs in, enough tokens in each split for one step of every rank, and the
-memory its parameters alone need against the device's.
+world it runs in, enough tokens in each split for one step of every rank (and, with
+--check-tokens, every token id within the vocabulary), the memory its parameters alone
+need against the device's, an --out-dir that can be a run folder, and --eval-tasks the
+harness knows.
 
 The trainer (gpt/train.py), its dry run (gpt/dry_run.py) and the memory planner
 (gpt/memory.py) all call these functions (the planner those that need no device or
@@ -13,18 +15,20 @@ an absurd size is refused in milliseconds, not after minutes of building it.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Iterable
 
 import torch
 
-from gpt import loss_kernels, value_embeds
+from gpt import harness_tasks, loss_kernels, value_embeds
 from gpt.config import Config, ConfigError, ModelConfig
 from gpt.config_check import grad_accum_steps
 from gpt.data import steps_per_pass
 from gpt.dist import Runtime
 from gpt.errors import UserError
 from gpt.parallel import check_mode
-from gpt.shards import check_not_being_written, find_shards, shard_num_tokens
+from gpt.shards import check_not_being_written, find_shards, read_shard, shard_num_tokens
 
 GiB = 2**30
 
@@ -108,11 +112,19 @@ def check_world(cfg: Config, world_size: int) -> int:
 def check_data(cfg: Config, world_size: int) -> tuple[int, int | None]:
     """Tokens in the train split, and in the val split if validation would run on one
     (None if not), each checked with the loader's own rule: one step of every rank needs
-    batch x seq_len x world + 1 tokens. Reads the shards' headers only; a folder that
-    fineweb.py is still writing is refused first (its warning is the callers' to print)."""
+    batch x seq_len x world + 1 tokens. Reads the shards' headers only, unless
+    --check-tokens asks for every token id to be within --vocab-size (the run's one scan:
+    its loaders do not repeat it); a folder that fineweb.py is still writing is refused
+    first (its warning is the callers' to print)."""
     d = cfg.data
     check_not_being_written(d.data_dir, d.allow_incomplete_data)  # first: it says why
-    train = sum(shard_num_tokens(p) for p in find_shards(d.data_dir, "train"))
+
+    def tokens(paths: list[Path]) -> int:
+        if d.check_tokens:
+            return sum(read_shard(p, cfg.model.vocab_size).size for p in paths)
+        return sum(shard_num_tokens(p) for p in paths)
+
+    train = tokens(find_shards(d.data_dir, "train"))
     steps_per_pass(d.data_dir, "train", train, d.batch_size, d.seq_len, world_size)
     if not cfg.eval.val_every:
         return train, None
@@ -120,7 +132,7 @@ def check_data(cfg: Config, world_size: int) -> tuple[int, int | None]:
         val_shards = find_shards(d.data_dir, "val")
     except UserError:
         return train, None  # no val_* shards: validation is off, as the trainer says
-    val = sum(shard_num_tokens(p) for p in val_shards)
+    val = tokens(val_shards)
     steps_per_pass(d.data_dir, "val", val, d.batch_size, d.seq_len, world_size)
     return train, val
 
@@ -134,3 +146,30 @@ def check_start(cfg: Config, runtime: Runtime) -> int:
     accum = check_world(cfg, runtime.world_size)
     check_fits(cfg, runtime.world_size, device_memory(runtime.device), str(runtime.device))
     return accum
+
+
+def check_out_dir(out_dir: str) -> None:
+    """--out-dir names a folder, or a path where one can be made and written: a file
+    there (or in its way) is refused before anything is built. Nothing is created: the
+    run makes the folder when it takes it (gpt/checkpoint.py), the dry run never."""
+    path = Path(out_dir)
+    probe = path
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        what = "it" if probe == path else str(probe)
+        raise ConfigError(f"--out-dir {out_dir}: cannot write there: {what} is a file, not a "
+                          f"folder; name a folder for the run's log, metrics and checkpoints")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        inside = "" if probe == path else f" (in {probe}, where it would be made)"
+        raise ConfigError(f"--out-dir {out_dir}: cannot write there{inside}: permission denied")
+
+
+def check_eval_tasks(cfg: Config) -> None:
+    """--eval-tasks: lm-eval importable, --eval-tasks-include a folder, every task a name
+    the harness knows. No task's data is loaded (that may download): a task whose data
+    cannot be loaded is a warning when the run starts, and the run goes on without it."""
+    e = cfg.eval
+    if e.eval_tasks_every:
+        harness_tasks.check_tasks(e.eval_tasks, e.eval_tasks_include, flag="--eval-tasks",
+                                  include_flag="--eval-tasks-include")

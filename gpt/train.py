@@ -32,7 +32,7 @@ from gpt.metrics import (Progress, StepTimer, check_tracking, close_trackers, fl
                          open_trackers, peak_memory)
 from gpt.model import GPT
 from gpt.optim import lr_at
-from gpt.preflight import check_data, check_start
+from gpt.preflight import check_data, check_eval_tasks, check_out_dir, check_start
 from gpt.profiling import Profiler
 from gpt.run import Run
 from gpt.run_record import open_log, run_peak
@@ -60,10 +60,11 @@ def build_loaders(cfg: Config, runtime: Runtime) -> tuple[ShardLoader, ShardLoad
         print(f"warning: {note}", file=sys.stderr)
 
     def loader(split: str, shuffle: bool = False) -> ShardLoader:
+        # --check-tokens scanned every shard in train()'s preflight (check_data), as the
+        # dry run does; each batch is still checked as it is read (max_token)
         return ShardLoader(d.data_dir, split, batch_size=d.batch_size, seq_len=d.seq_len,
                            rank=runtime.rank, world_size=runtime.world_size, seed=cfg.train.seed,
                            shuffle=shuffle, device=runtime.device,
-                           vocab_size=cfg.model.vocab_size if d.check_tokens else None,
                            max_token=cfg.model.vocab_size - 1)
 
     train = loader("train", shuffle=d.shuffle)
@@ -85,7 +86,7 @@ def build_model(cfg: Config, ckpt: dict[str, Any] | None, runtime: Runtime) -> G
     with torch.device("meta"):
         model = GPT(cfg.model)
     if ckpt is not None:
-        state = model_weights(ckpt, "checkpoint")[1]
+        state = model_weights(ckpt, "checkpoint", warn=False)[1]  # open() read it, and said so
     elif cfg.train.init_from:
         state = weights.load_pretrained(
             cfg.train.init_from, vocab_size=cfg.model.vocab_size, block_size=cfg.model.block_size,
@@ -396,6 +397,8 @@ def train(cfg: Config) -> dict[str, Any]:
     planned = planned_runtime(cfg.train.device)
     check_start(cfg, planned)
     check_data(cfg, planned.world_size)
+    check_out_dir(cfg.train.out_dir)
+    check_eval_tasks(cfg)
     runtime = init_runtime(cfg.train.device, cfg.train.dist_timeout)
     if runtime.device_type == "cpu" and cfg.train.cpu_malloc_reuse:
         reuse_freed_memory()

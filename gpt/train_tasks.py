@@ -2,8 +2,9 @@
 --eval-tasks-every steps (and at the end), each metric in the metrics log and so in
 TensorBoard and W&B ("tasks/<task>/<metric>"), beside GPT-2's published scores.
 
-The tasks are loaded once, when the run starts: an unknown task name stops the run
-there, a task whose data cannot be loaded is one line and the run goes on without it.
+The task names are checked before the run starts (gpt/preflight.py: the dry run says the
+same) and the tasks loaded once, as it starts: a task whose data cannot be loaded, or
+that fails while being scored, is one warning and the run goes on without it.
 """
 
 from __future__ import annotations
@@ -29,27 +30,49 @@ class _Run(Protocol):
 
 class TrainingTasks:
     def __init__(self, e: EvalConfig, runtime: Runtime, sharded: bool) -> None:
-        harness_tasks.require_lm_eval("--eval-tasks")
         self.limit = e.eval_tasks_limit
         # Under FSDP a forward pass is a collective: every rank scores every example, in
         # step; otherwise each rank scores its share and rank 0 gathers the results.
         self.rank, self.world_size = (0, 1) if sharded else (runtime.rank, runtime.world_size)
-        self.tasks, failed = harness_tasks.load_tasks(harness_tasks.parse_tasks(e.eval_tasks),
-                                                      e.eval_tasks_include)
-        if runtime.is_master:
-            for line in failed:
-                print(f"warning: --eval-tasks {line}; training goes on without it", flush=True)
+        # In one process, or when every rank scores every example, a task that fails to
+        # score fails on every rank alike; otherwise only the refusals the ranks agree on
+        # (gpt/harness.py) can be survived: the others would wait for a stopped rank.
+        self.lockstep = self.world_size == 1
+        self.tasks, failed = harness_tasks.load_tasks(
+            e.eval_tasks or "", e.eval_tasks_include, flag="--eval-tasks",
+            include_flag="--eval-tasks-include")
+        self.is_master = runtime.is_master
+        for line in failed:
+            self._warn(f"{line}; training goes on without it")
+
+    def _warn(self, line: str) -> None:
+        if self.is_master:
+            print(f"warning: --eval-tasks {line}", flush=True)
 
     def score(self, run: _Run, step: int) -> None:
-        """Score the model on the tasks; print and log the results (rank 0)."""
+        """Score the model on each task; print and log the results (rank 0). A task that
+        fails while being scored is one warning and is dropped, as one that cannot load
+        is: training and its checkpoints go on."""
         if not self.tasks:
             return
         from gpt.harness import GPT2TrainerLM
 
         lm = GPT2TrainerLM(model=run.model, dtype=run.autocast_dtype, rank=self.rank,
                            world_size=self.world_size, quiet=True)
-        scores = harness_tasks.run_tasks(lm, self.tasks, self.limit)
-        if not scores:  # not rank 0
+        scores: dict[str, dict[str, float]] = {}
+        for name, task in list(self.tasks.items()):
+            try:
+                scores.update(harness_tasks.run_tasks(lm, {name: task}, self.limit))
+            except Exception as e:  # noqa: BLE001 - the harness and its metrics raise any kind
+                if not (self.lockstep or isinstance(e, harness_tasks.HarnessError)):
+                    raise
+                del self.tasks[name]
+                why = " ".join(str(e).split())[:300]
+                if not isinstance(e, harness_tasks.HarnessError):  # the harness's own error
+                    why = f"{type(e).__name__}: {why}"
+                self._warn(f"task {_label(name)} could not be scored at step {step} ({why}); "
+                           f"training goes on without it")
+        if not scores:  # not rank 0, or nothing scored
             return
         for line in gpt2_scores.comparison_lines(scores):
             run.say(f"step {step:6d} | {line}")
@@ -60,3 +83,8 @@ class TrainingTasks:
         if centred is not None:
             record["centred_mean"] = centred
         run.log.write(record)
+
+
+def _label(key: Any) -> str:
+    """A task dict's key: a task's name, or a group (an object with a group_name)."""
+    return str(getattr(key, "group_name", None) or getattr(key, "group", None) or key)

@@ -122,3 +122,45 @@ def write_hellaswag_both_ways(folder: Path, harness_yaml: Path) -> tuple[Path, P
         f"include: {harness_yaml}\ntask: hellaswag_local\ntag: []\ndataset_path: json\n"
         f"dataset_kwargs:\n  data_files:\n    validation: {theirs}\ntraining_split: null\n")
     return ours, tasks
+
+
+# Tasks a tiny model (block size 64) cannot score, one of each kind (odd_*), and tasks
+# that cannot load (broken_*). The first document of each odd_* task is the odd one.
+_LL = ("output_type: loglikelihood\ndoc_to_text: \"{{ctx}}\"\ndoc_to_target: \"{{cont}}\"\n"
+       "metric_list:\n  - metric: acc\n")
+_GEN = ("output_type: generate_until\ndoc_to_text: \"{{q}}\"\ndoc_to_target: \"{{a}}\"\n"
+        "generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: {max}\n  do_sample: false\n"
+        "metric_list:\n  - metric: exact_match\n")
+_ROLL = ("output_type: loglikelihood_rolling\ndoc_to_text: \"\"\ndoc_to_target: \"{{page}}\"\n"
+         "metric_list:\n  - metric: word_perplexity\n  - metric: bits_per_byte\n")
+_MC = ("output_type: multiple_choice\ndoc_to_text: \"{{ctx}}\"\n"
+       "doc_to_choice: \"{{endings}}\"\ndoc_to_target: \"{{label}}\"\n")
+ODD = {
+    "odd_long_continuation": ([{"ctx": "Hello", "cont": " word" * 100},
+                               {"ctx": "Hi", "cont": " there"}], _LL),
+    "odd_empty_continuation": ([{"ctx": "Hello", "cont": ""}, {"ctx": "Hi", "cont": " there"}], _LL),
+    "odd_max_gen_toks": ([{"q": "Question: 2+2?\nAnswer:", "a": "4"}],
+                         _GEN.replace("{max}", "100")),
+    "odd_empty_context": ([{"q": "", "a": "4"}, {"q": "Question:", "a": "4"}],
+                          _GEN.replace("{max}", "5")),
+    "odd_empty_document": ([{"page": ""}, {"page": "Some text to score."}], _ROLL),
+    # the third document has no choices: the harness fails on it only as it scores it
+    "odd_later_document": ([MC[0], MC[1], {"ctx": "Nothing", "endings": [], "label": 0}], _MC),
+}
+# A continuation of exactly 64 tokens (the block size) and one of 63: both fit a window.
+FITS = [{"ctx": "Hello", "cont": " word" * 64}, {"ctx": "Hi", "cont": " word" * 63}]
+
+
+def write_odd_tasks(folder: Path) -> Path:
+    """ODD's tasks, fits_block (FITS), and broken_* tasks that cannot load: an empty data
+    file, a missing one, a template that does not parse, a field the data lacks."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, (rows, yaml) in ODD.items():
+        _write(folder, name, rows, yaml)
+    _write(folder, "fits_block", FITS, _LL)
+    _write(folder, "broken_empty", [], _MC)
+    _write(folder, "broken_missing", MC, _MC)
+    (folder / "broken_missing.jsonl").unlink()
+    _write(folder, "broken_template", MC, _MC.replace("{{ctx}}", "{{ctx"))
+    _write(folder, "broken_field", MC, _MC.replace("{{ctx}}", "{{question}}"))
+    return folder

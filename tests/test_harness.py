@@ -184,8 +184,10 @@ def test_without_lm_eval_one_line_says_how_to_install(tmp_path: Path,
     assert len(err) == 1 and 'pip install -e ".[eval]"' in err[0] and "--tasks" in err[0]
 
 
-def test_a_task_without_its_data_is_named_with_where_the_harness_looks(
+def test_a_local_task_without_its_data_file_is_named_with_the_file(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Its data is a file of its own: the line names the file, not the Hub's cache (a
+    task of the Hub's is tests/test_reliability_round5_harness.py's)."""
     from gpt.evaluate import main
 
     from helpers import write_checkpoint
@@ -196,7 +198,8 @@ def test_a_task_without_its_data_is_named_with_where_the_harness_looks(
     assert main(["--checkpoint", str(ckpt), "--tasks", "tiny_mc", "--include-path", str(folder),
                  "--device", "cpu"]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert "task tiny_mc" in err[0] and "HF_DATASETS_CACHE" in err[0]
+    assert "task tiny_mc: its data could not be read" in err[0]
+    assert str(folder / "tiny_mc.jsonl") in err[0] and "network" not in err[0]
     assert "1 of the --tasks could not be loaded" in err[-1]
 
 

@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
         args.jobs, args.timing_repeats = 1, 0
     device = pick_device(args.device)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    tokens_bench.make_out(out)
     if args.corpus and not (Path(args.data_dir) / "metadata.json").exists():
         tokens_bench.prepare_corpus(Path(args.corpus), Path(args.data_dir))
     train_tokens = sum(shard_num_tokens(p) for p in find_shards(args.data_dir, "train"))
