@@ -255,6 +255,26 @@ def choose(out_dir: Path, resume: str) -> tuple[Path | None, dict[str, Any] | No
     return Path(resume), usable(Path(resume)), []  # a clear error if unusable
 
 
+def resume_config(out_dir: Path, resume: str) -> dict[str, Any] | None:
+    """The config (in today's sections) of the checkpoint `--resume` would continue from,
+    read before the run starts, without its tensors or the CRC check that the resume
+    itself makes (Checkpointer.open); None for a fresh start, or if the file cannot be
+    read (the resume then says why)."""
+    if resume == "none":
+        return None
+    if resume == "auto":
+        found, _ = by_stored_step(out_dir)
+        if not found:
+            return None
+        path = found[0][1]
+    else:
+        path = Path(resume)
+    try:
+        return saved_config(_unpickle(path), path)
+    except (CheckpointError, TypeError, KeyError):
+        return None
+
+
 def rotate(out_dir: Path, keep: int, protect: set[str]) -> list[Path]:
     """Delete all but the newest `keep` checkpoints by the step stored in each, never those
     named in `protect`. A file that cannot be read is neither counted nor deleted (resume

@@ -169,14 +169,21 @@ def build_parser(prog: str = TRAINER) -> argparse.ArgumentParser:
             help_text = f.metadata["help"]
             if "default" not in help_text:  # a help that explains its default says it once
                 help_text += f" (default: {'off' if f.default is None else f.default})"
+            spellings = f.metadata.get("spellings")
             if tp is bool:
                 group.add_argument(
                     flag(f.name), action=argparse.BooleanOptionalAction, help=help_text
                 )
+            elif spellings:  # a switch that grew values: --flag [VALUE] and --no-flag
+                group.add_argument(flag(f.name), nargs="?", const=spellings[True], type=tp,
+                                   choices=f.metadata.get("choices"), help=help_text)
+                group.add_argument("--no-" + flag(f.name)[2:], dest=f.name,
+                                   action="store_const", const=spellings[False],
+                                   help=f"the same as {flag(f.name)} {spellings[False]}")
             else:
                 group.add_argument(
                     flag(f.name),
-                    type=tp,
+                    type=_or_words(tp, f.metadata.get("words", ())),
                     choices=f.metadata.get("choices"),
                     metavar=None if f.metadata.get("choices") else tp.__name__.upper(),
                     help=help_text,
@@ -184,6 +191,26 @@ def build_parser(prog: str = TRAINER) -> argparse.ArgumentParser:
     if prog != TRAINER:  # another command that takes the trainer's flags
         parser.hint = f"(python {TRAINER} --help lists every trainer flag)\n"
     return parser
+
+
+def _or_words(tp: type, words: tuple[str, ...]) -> typing.Callable[[str], Any]:
+    """argparse's type for a field of type `tp` that also takes these words
+    (--batch-size auto); `tp` itself where it takes none."""
+    if not words:
+        return tp
+
+    def parse(text: str) -> Any:
+        if text in words:
+            return text
+        try:
+            return tp(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is neither {'an' if tp is int else 'a'} {tp.__name__} nor "
+                f"{' or '.join(words)}") from None
+
+    parse.__name__ = tp.__name__  # argparse's metavar and messages name the type
+    return parse
 
 
 def parse_args(argv: list[str] | None = None, prog: str = TRAINER) -> Config:

@@ -31,14 +31,23 @@ class ConfigError(UserError, ValueError):
 # what the code did before) from one that was removed from a config that had it (an
 # error: read with its default, a --relu2 model would load as a GELU one). Adding a field
 # raises it, and the field's `since` says from which version on configs hold it.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+# The word an option takes to have the trainer choose its value before the run
+# (gpt/layout.py): --parallel auto, --activation-checkpointing auto, --batch-size auto.
+AUTO = "auto"
 
 
 def _opt(default: Any, help: str, choices: tuple[Any, ...] | None = None,
-         since: int = 1) -> Any:
+         since: int = 1, words: tuple[str, ...] = (), spellings: dict[bool, str] | None = None
+         ) -> Any:
     """A config field: its default, its help (the flag's), its allowed values, and the
-    SCHEMA_VERSION from which every saved config holds it."""
-    return field(default=default, metadata={"help": help, "choices": choices, "since": since})
+    SCHEMA_VERSION from which every saved config holds it. `words`: strings a field of
+    another type also takes (batch_size's "auto"); `spellings`: the values that the
+    booleans of a field that once was a switch stand for (true/false in old config files
+    and checkpoints, --flag and --no-flag on the command line)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "since": since,
+                                            "words": words, "spellings": spellings})
 
 
 @dataclass(frozen=True)
@@ -112,7 +121,10 @@ def model_preset(name: str, **overrides: Any) -> ModelConfig:
 class DataConfig:
     data_dir: str = _opt("data/fineweb-edu-10B", "folder of train_*/val_* token shards "
                          "(fineweb.py's; llm.c's .bin and build-nanogpt's .npy shards too)")
-    batch_size: int = _opt(64, "micro-batch size B: sequences per forward pass per process")
+    batch_size: int | str = _opt(
+        64, "micro-batch size B: sequences per forward pass per process; auto: the largest "
+        "that the memory planner fits on the device and that divides --total-batch-tokens "
+        "(gpt/layout.py)", words=(AUTO,))
     seq_len: int = _opt(1024, "sequence length T in tokens (at most --block-size)")
     total_batch_tokens: int = _opt(
         524288, "tokens per optimizer step across all processes (2**19 for GPT-2 124M)"
@@ -189,10 +201,16 @@ class TrainConfig:
     )
     parallel: str = _opt(
         "ddp", "data parallelism under torchrun: ddp, zero1 (sharded optimizer) or fsdp "
-        "(sharded everything, FSDP2)", ("ddp", "zero1", "fsdp"),
+        "(sharded everything, FSDP2); auto: the least sharding whose step the memory planner "
+        "fits on the device (never fsdp in one process; gpt/layout.py)",
+        ("ddp", "zero1", "fsdp", AUTO),
     )
-    activation_checkpointing: bool = _opt(
-        False, "recompute block activations in backward to save memory (any --parallel mode)"
+    activation_checkpointing: str = _opt(
+        "none", "recompute activations in the backward pass to save memory (any --parallel "
+        "mode): blocks (the flag alone): keep only each block's input; selective: keep the "
+        "matmuls' and attention's outputs, recompute the norms, activation functions and "
+        "casts; auto: the cheapest (none, selective, blocks) whose step fits the device",
+        ("none", "selective", "blocks", AUTO), spellings={True: "blocks", False: "none"},
     )
     fsdp_param_dtype: str = _opt(
         "fp32", "--parallel fsdp: the dtype parameters are all-gathered and computed in. fp32: "
@@ -229,6 +247,19 @@ class TrainConfig:
         "installed apart (gpt/loss_kernels.py); auto: liger on CUDA where it is installed "
         "(measured faster than ours there), ours otherwise",
         choices=("auto", "ours", "liger", "cce"), since=2
+    )
+    fp8: str = _opt(
+        "none", "FP8 matmuls for the blocks' linear layers through torchao's float8 training "
+        "(pip install 'gpt2-trainer[fp8]'; gpt/fp8.py): tensorwise or rowwise scaling. CUDA "
+        "GPUs with FP8 tensor cores (compute capability 8.9+: H100, L4, RTX 40xx); on a CPU "
+        "the fp8 rounding is emulated, to check the numerics, not the speed",
+        ("none", "tensorwise", "rowwise"), since=3,
+    )
+    fp8_head: bool = _opt(
+        False, "--fp8 also for the LM head's matmul (usually left in bf16: it is the most "
+        "sensitive to rounding); only where the head is a matmul of its own, without the "
+        "chunked loss (off by default in compiled CUDA runs; --no-chunked-loss elsewhere)",
+        since=3,
     )
     init_from: str | None = _opt(
         None, "start from OpenAI's GPT-2 weights (gpt2, gpt2-medium, gpt2-large, gpt2-xl; "
@@ -380,6 +411,13 @@ def section_names(section: str) -> set[str]:
     return {f.name for s in owners for f in fields(SECTIONS[s])}
 
 
+def spelled(name: str, value: Any) -> Any:
+    """The value a field's old boolean spelling stands for (activation_checkpointing = true
+    is "blocks"); any other value as it is."""
+    spellings = field_index()[name][1].metadata.get("spellings")
+    return spellings[value] if spellings and isinstance(value, bool) else value
+
+
 def to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
@@ -409,6 +447,7 @@ def upgrade_dict(d: dict[str, Any], schema: int | None = None) -> dict[str, Any]
         if extra:
             raise ConfigError(f"unknown [{section}] config fields: {', '.join(sorted(extra))}")
         for name, value in values.items():
+            value = spelled(name, value)
             choices = field_index()[name][1].metadata.get("choices")
             if choices and value not in choices:
                 raise ConfigError(f"{name} = {value!r} is not one of {', '.join(choices)}")

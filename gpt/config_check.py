@@ -6,11 +6,12 @@ gpt/config.py's; gpt/cli.py and gpt/dry_run.py build a Config only through resol
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
-from gpt.config import (INIT_ONLY, SECTIONS, Config, ConfigError, ModelConfig, field_index,
-                        field_type, flag, model_preset)
+from gpt.config import (AUTO, INIT_ONLY, SECTIONS, Config, ConfigError, ModelConfig, field_index,
+                        field_type, flag, model_preset, spelled)
 
 MAX_LR = 1.0  # see validate()
 MAX_DIST_TIMEOUT = 7 * 24 * 3600.0  # seconds: no collective should wait longer than a week
@@ -23,6 +24,7 @@ MAX_STEP_TOKENS = 2**40  # --total-batch-tokens: a thousand times GPT-3's 3.2M-t
 # gradient vanishes (1e-40 trained with gradient norm 0). The speedrun's is 15.
 MIN_SOFTCAP = 1.0
 MIN_EPS, MAX_EPS = 1e-30, 1.0  # AdamW divides by sqrt(v) + eps: 0 in fp32 gives 0/0
+FP8_MULTIPLE = 16  # torch._scaled_mm's rule for both dimensions of an FP8 matmul's weight
 
 
 def resolve(values: dict[str, Any]) -> Config:
@@ -52,11 +54,17 @@ def check_value(name: str, value: Any, source: str, optional: bool = False) -> A
     tp = field_type(name)
     if value is None and optional and field_index()[name][1].default is None:
         return value
+    value = spelled(name, value)  # activation_checkpointing = true: "blocks"
+    words = field_index()[name][1].metadata.get("words", ())  # --batch-size auto
+    if isinstance(value, str) and value in words:
+        return value
     ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
     if not ok:
-        raise ConfigError(f"{source}: {name} = {value!r} must be {tp.__name__} (flag {flag(name)})")
+        also = "".join(f" or {json.dumps(w)}" for w in words)
+        raise ConfigError(f"{source}: {name} = {value!r} must be {tp.__name__}{also} "
+                          f"(flag {flag(name)})")
     choices = field_index()[name][1].metadata.get("choices")
     if choices and value not in choices:
         raise ConfigError(f"{source}: {name} = {value!r} must be one of {', '.join(choices)}")
@@ -144,11 +152,16 @@ def validate(cfg: Config) -> None:
     _check(t.chunked_loss is not False or t.loss_kernel in ("auto", "ours"),
            f"--loss-kernel {t.loss_kernel} is a kernel of the chunked loss, and "
            f"--no-chunked-loss turns that off: drop one of the two")
-    for name in ("batch_size", "seq_len", "total_batch_tokens"):
+    # --batch-size auto is settled before the run (gpt/layout.py), then checked as a number
+    auto_batch = d.batch_size == AUTO
+    for name in ("seq_len", "total_batch_tokens") if auto_batch else (
+            "batch_size", "seq_len", "total_batch_tokens"):
         _check(getattr(d, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(d, name)}")
-    _check(d.batch_size * d.seq_len <= MAX_MICRO_TOKENS,
-           f"--batch-size {d.batch_size} x --seq-len {d.seq_len} = {d.batch_size * d.seq_len} "
+    _check(auto_batch or d.batch_size * d.seq_len <= MAX_MICRO_TOKENS,
+           f"--batch-size {d.batch_size} x --seq-len {d.seq_len} = "
+           f"{0 if auto_batch else d.batch_size * d.seq_len} "
            f"tokens per micro-batch: must be at most 2**31 (GPT-2 124M used 64 x 1024)")
+    _check_fp8(cfg)
     _check(d.total_batch_tokens <= MAX_STEP_TOKENS,
            f"--total-batch-tokens must be at most 2**40, got {d.total_batch_tokens} (GPT-2 "
            f"124M used 524288)")
@@ -223,6 +236,33 @@ def validate(cfg: Config) -> None:
         for name, value in dataclasses.asdict(getattr(cfg, section)).items():
             if isinstance(value, float):
                 _check(math.isfinite(value), f"{flag(name)} must be a finite number, got {value}")
+
+
+def _check_fp8(cfg: Config) -> None:
+    """--fp8's rules that the config alone decides (the device's are gpt/fp8.py's check)."""
+    m, t = cfg.model, cfg.train
+    if t.fp8 == "none":
+        _check(not t.fp8_head, "--fp8-head converts the head too, and --fp8 is none: name a "
+               "recipe (--fp8 tensorwise or rowwise), or drop --fp8-head")
+        return
+    # FP8 matmuls need both dimensions of each weight a multiple of 16, and every linear
+    # layer of a block has --n-embd as one of its two: with another width none would convert
+    _check(m.n_embd % FP8_MULTIPLE == 0,
+           f"--fp8 {t.fp8}: FP8 matmuls need each weight's dimensions to be multiples of "
+           f"{FP8_MULTIPLE}, and --n-embd {m.n_embd} is not, so no layer would run in fp8: "
+           f"use a width that is a multiple of {FP8_MULTIPLE}, or --fp8 none")
+    _check(t.dtype != "fp16", f"--fp8 {t.fp8} computes the rest of the model in bf16 (or fp32): "
+           f"use --dtype bf16 (or auto) with it, not fp16")
+    if t.fp8_head:
+        _check(m.vocab_size % FP8_MULTIPLE == 0,
+               f"--fp8-head: the head's --vocab-size {m.vocab_size} is not a multiple of "
+               f"{FP8_MULTIPLE}, as FP8 matmuls need (GPT-2's padded 50304 is): pad it, or drop "
+               f"--fp8-head")
+        # (unset, the chunked loss depends on the device: gpt/fp8.py's check decides)
+        _check(t.chunked_loss is not True and t.loss_kernel == "auto",
+               "--fp8-head converts the head's own matmul, and the chunked loss runs the head "
+               "inside its fused loss (in bf16): drop --chunked-loss and --loss-kernel, or "
+               "--fp8-head")
 
 
 def grad_accum_steps(total_batch_tokens: int, batch_size: int, seq_len: int, world_size: int) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from gpt import loss_kernels, memory, weights
+from gpt import fp8, layout, loss_kernels, memory, weights
 from gpt.checkpoint import check_resume_config, choose
 from gpt.checkpoint_contents import stored_step
 from gpt.config import Config, describe
@@ -71,10 +71,14 @@ def main(cfg: Config) -> int:
     world = launch.world_size if launch is not None else 1
     device = check(lambda: pick_device(cfg.train.device, launch.local_rank if launch else 0))
     dtype = check(lambda: resolve_dtype(cfg.train.dtype, device)) if device is not None else None
-    accum = None
+    accum, choice = None, None
     if device is not None:
         runtime = Runtime(device=device, world_size=world, distributed=launch is not None)
-        accum = check(lambda: check_start(cfg, runtime))
+        cfg, choice = check(lambda: layout.settle_for(cfg, runtime)) or (cfg, None)
+        if choice is not None:
+            print(choice.line(), flush=True)
+        if not layout.unsettled(cfg):  # what follows needs the layout's values
+            accum = check(lambda: check_start(cfg, runtime))
     print(describe(cfg))
     print(f"params:     {param_count(cfg.model):,} ({memory.model_name(cfg)} model)")
     if device is not None:
@@ -83,19 +87,22 @@ def main(cfg: Config) -> int:
                 if chunked else "whole logits")
         print(f"device:     {device} ({device_name(device)}) x {world} process(es) | parallel "
               f"{cfg.train.parallel} | precision {DTYPE_NAMES.get(dtype, '?')} | compile "
-              f"{cfg.train.compile_on(device.type)} | loss {loss}")
+              f"{cfg.train.compile_on(device.type)} | loss {loss}"
+              + (f" | fp8 {cfg.train.fp8}{' (emulated)' if fp8.emulated(device.type) else ''}"
+                 if cfg.train.fp8 != "none" else ""))
     d = cfg.data
     if accum is not None:
         print(f"batch:      {d.batch_size} x {d.seq_len} tokens per micro-batch x {world} "
               f"process(es) x {accum} accumulation step(s) = {d.total_batch_tokens:,} tokens "
               f"per step; {cfg.train.max_steps:,} steps = "
               f"{human_count(cfg.train.max_steps * d.total_batch_tokens)} tokens")
-    check(lambda: _data(cfg, world))
+    if not layout.unsettled(cfg):
+        check(lambda: _data(cfg, world))
     check(lambda: check_out_dir(cfg.train.out_dir))
     check(lambda: check_eval_tasks(cfg))
     check(lambda: _start(cfg))
     if accum is not None and dtype is not None:  # the planner refuses what check_start did
-        check(lambda: _memory(cfg, world, device))
+        check(lambda: _memory(cfg, world, device, choice.plan if choice else None))
     if problems:
         print(f"dry run: {len(problems)} problem(s) above; the run would not start"
               + (" (or would run out of memory in its first step)"
@@ -143,9 +150,11 @@ def _start(cfg: Config) -> None:
               "nothing would be trained")
 
 
-def _memory(cfg: Config, world: int, device: torch.device) -> None:
-    print("memory:     planning the peak with fake tensors ...", flush=True)
-    plan = memory.plan(cfg, world_size=world, device_type=device.type)
+def _memory(cfg: Config, world: int, device: torch.device,
+            plan: memory.MemoryPlan | None = None) -> None:
+    if plan is None:  # (the auto layout's own plan, if it made one)
+        print("memory:     planning the peak with fake tensors ...", flush=True)
+        plan = memory.plan(cfg, world_size=world, device_type=device.type)
     print("\n".join("            " + line for line in plan.table().splitlines()))
     capacity = device_memory(device)
     if capacity is None:

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from gpt import loss_kernels, preflight
-from gpt.config import Config, ConfigError
+from gpt.config import AUTO, Config, ConfigError
 from gpt.dist import Runtime
 
 GiB = 2**30
@@ -65,6 +65,16 @@ _ALWAYS = ("eager: torch.compile's fused kernels usually hold fewer activations,
            "the training step only: validation and HellaSwag hold no gradients or "
            "backward activations, so they need less")
 
+# Why an --fp8 step is planned as the same step without FP8, an upper bound: torchao's
+# float8 linear keeps the same high-precision input for its backward pass as nn.Linear
+# does (and the fp32 weight itself where autocast keeps a bf16 copy of it); its FP8 casts
+# of the input, weight and output gradient are transient, one layer's at a time. The
+# fake run does not convert: on a CPU torchao's float8 could only run emulated, whose
+# high-precision temporaries a GPU never holds.
+FP8_PLANNED = ("--fp8: planned as the step without FP8, an upper bound (its matmuls keep "
+               "the same high-precision inputs for the backward pass; the FP8 casts are "
+               "transient, one layer at a time)")
+
 
 @dataclass(frozen=True)
 class MemoryPlan:
@@ -94,7 +104,10 @@ class MemoryPlan:
         head = (f"{s['model']} ({s['params'] / 1e6:.0f}M parameters), --batch-size "
                 f"{s['batch_size']} x --seq-len {s['seq_len']}, {s['dtype']}, --parallel "
                 f"{s['parallel']} on {s['world_size']} device(s)"
-                f"{', activation checkpointing' if s['activation_checkpointing'] else ''}")
+                + (f", {s['activation_checkpointing']} activation checkpointing"
+                   if s['activation_checkpointing'] != "none" else "")
+                + (f", fp8 {s['fp8']} planned as its bf16 step" if s.get('fp8', 'none') != "none"
+                   else ""))
         rows = [(name, b) for name, b in self.components.items() if b]
         lines = [head, f"  {'component':<30}{'GiB':>9}"]
         for name, b in rows:
@@ -111,6 +124,10 @@ class MemoryPlan:
 def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryPlan:
     """The predicted peak memory per device of training `cfg` on `world_size` devices of
     `device_type` (cuda, mps or cpu: which autocast dtype "auto" means)."""
+    if AUTO in (cfg.train.parallel, cfg.train.activation_checkpointing, cfg.data.batch_size):
+        raise ConfigError("the planner plans one concrete layout: settle --parallel, "
+                          "--activation-checkpointing and --batch-size auto first "
+                          "(gpt.layout.settle)")
     # The trainer's own checks first (gpt/preflight.py): no plan for a run it refuses, and
     # an absurd model is refused by arithmetic before anything is traced
     accum = preflight.check_world(cfg, world_size)  # the trainer's accumulation steps
@@ -122,9 +139,12 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
     # inductor's fused loss over the whole logits cannot be traced eagerly: planned as the
     # chunked step plus the logits it holds (below)
     compiled_whole = not chunked and device_type == "cuda" and cfg.train.compile_on(device_type)
-    # a library's Triton kernel cannot run on fake CPU tensors: planned as ours
+    # a library's Triton kernel cannot run on fake CPU tensors: planned as ours. FP8 is
+    # planned as the step without it (see FP8_PLANNED below)
+    fp8 = cfg.train.fp8
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(
-        cfg.train, chunked_loss=chunked or compiled_whole, loss_kernel="ours"))
+        cfg.train, chunked_loss=chunked or compiled_whole, loss_kernel="ours", fp8="none",
+        fp8_head=False))
     d, t = cfg.data, cfg.train
     dtype = _planned_dtype(t.dtype, device_type)
     fused = cfg.optim.fused if cfg.optim.fused is not None else device_type in ("cuda", "cpu", "mps")
@@ -147,6 +167,8 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
             "benchmarks/gpu/README.md)")
     if t.dtype == "fp16" or dtype is torch.float16:
         assumptions.append("fp16 planned as bf16: the same bytes")
+    if fp8 != "none":
+        assumptions.append(FP8_PLANNED)
     if kernel not in (None, "ours"):
         assumptions.append("the library's loss kernel planned as ours (gpt/chunked_ce.py): "
                            "both hold a chunk of the logits, not the whole")
@@ -176,7 +198,7 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
              "parallel": t.parallel, "activation_checkpointing": t.activation_checkpointing,
              "dtype": str(dtype).removeprefix("torch."), "device_type": device_type,
              "fused_adamw": fused, "chunked_loss": chunked, "loss_kernel": kernel,
-             "fsdp_param_dtype": t.fsdp_param_dtype if fsdp else None}
+             "fsdp_param_dtype": t.fsdp_param_dtype if fsdp else None, "fp8": fp8}
     return MemoryPlan(int(peak), components, int(head), setup, tuple(assumptions))
 
 

@@ -9,7 +9,8 @@ Modes (`--parallel`):
 - fsdp:  parameters, gradients and optimizer state sharded (FSDP2, one unit per
          transformer block), for models whose replicas do not fit, e.g. gpt2-xl.
 
-parallelize() applies, in this order: activation checkpointing -> torch.compile -> the
+parallelize() applies, in this order: FP8 layers (--fp8, gpt/fp8.py) -> activation
+checkpointing (gpt/recompute.py) -> torch.compile -> the
 mode's wrapper -> the weights (a model built on the meta device is materialised on its
 device, and initialised, only now: after sharding under FSDP) -> the optimizer (which
 must see the sharded parameters under FSDP). Checkpoints store the full (unsharded)
@@ -37,11 +38,10 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor.experimental import implicit_replication
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.checkpoint import checkpoint
 
-from gpt import loss_kernels
+from gpt import fp8, loss_kernels, recompute
 from gpt.compat import needs_torch
-from gpt.config import ConfigError, OptimConfig, TrainConfig
+from gpt.config import AUTO, ConfigError, OptimConfig, TrainConfig
 from gpt.dist import Runtime
 from gpt.model import GPT, unwrap
 from gpt.muon import MuonAdamW
@@ -65,6 +65,7 @@ class Parallelized:
     scaler: torch.amp.GradScaler  # fp16's loss scaler; disabled (a no-op) otherwise
     fused: bool  # the optimizer runs the fused AdamW kernel
     compiled: bool
+    fp8: str = "none"  # --fp8 as it runs, in words (gpt.fp8.describe)
 
 
 def check_mode(mode: str, runtime: Runtime) -> None:
@@ -89,6 +90,9 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
     (GPT.init_weights: the same weights as a CPU build from the same seed). FSDP shards
     over `mesh` (default: all ranks, one dimension); the memory planner passes one it
     built outside its fake-tensor mode."""
+    if AUTO in (train.parallel, train.activation_checkpointing):
+        raise ValueError("an auto layout reached parallelize: gpt.layout.settle() gives its "
+                         "values first")
     check_mode(train.parallel, runtime)
     compile_mode = train.compile_mode if train.compile_on(runtime.device_type) else None
     if train.parallel == "fsdp" and compile_mode in CUDA_GRAPH_MODES:
@@ -98,8 +102,13 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
             f"max-autotune-no-cudagraphs with --parallel fsdp")
     model.chunked_loss = train.chunked_loss_on(runtime.device_type)  # before compile: traced
     model.loss_kernel = loss_kernels.resolve(train.loss_kernel, runtime.device_type)
-    if train.activation_checkpointing:
-        apply_activation_checkpointing(model)
+    # FP8 layers in place of the linear ones: before checkpointing, compile and sharding,
+    # which must all see the modules that will run
+    kept = fp8.convert(model, train.fp8, train.fp8_head, runtime.device_type)
+    fp8_note = fp8.describe(train.fp8, train.fp8_head, kept, len(fp8.converted(model)),
+                            runtime.device_type)
+    if train.activation_checkpointing != "none":
+        apply_activation_checkpointing(model, train.activation_checkpointing)
     if train.parallel == "fsdp":
         if mesh is None:
             mesh = init_device_mesh(runtime.device_type, (runtime.world_size,))
@@ -116,7 +125,7 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
     optimizer, fused = _make_optimizer(model, train.parallel, optim, runtime, fp16)
     return Parallelized(train_model, eval_model, optimizer,
                         grad_scaler(train.parallel, runtime.device_type, fp16), fused,
-                        compile_mode is not None)
+                        compile_mode is not None, fp8_note)
 
 
 def compiled(fn: Callable[..., Any], mode: str) -> Any:
@@ -146,18 +155,9 @@ def samples_on_this_rank(mode: str, runtime: Runtime) -> bool:
     return runtime.is_master or mode == "fsdp"
 
 
-def apply_activation_checkpointing(model: GPT) -> None:
-    """Recompute each block's activations in the backward pass instead of storing them:
-    roughly one extra forward of compute for most of the activation memory."""
-    # The recomputation must see the random numbers the forward saw only if it draws any:
-    # with dropout off, saving and restoring the RNG state per block would be pure cost.
-    preserve_rng = model.config.dropout > 0
-    for block in model.transformer.h:
-        forward = block.forward
-        # An instance attribute shadows the method, so module hooks (FSDP's) still run
-        # around __call__ and the parameter names do not change.
-        block.forward = lambda *a, _f=forward, **kw: checkpoint(
-            _f, *a, use_reentrant=False, preserve_rng_state=preserve_rng, **kw)
+def apply_activation_checkpointing(model: GPT, mode: str = "blocks") -> None:
+    """--activation-checkpointing `mode` on each block (gpt/recompute.py)."""
+    recompute.apply(model, mode)
 
 
 def _shard(model: GPT, mesh: DeviceMesh, param_dtype: str, compile_mode: str | None) -> GPT:

@@ -21,7 +21,7 @@ from typing import Iterable
 
 import torch
 
-from gpt import harness_tasks, loss_kernels, value_embeds
+from gpt import fp8, harness_tasks, loss_kernels, value_embeds
 from gpt.config import Config, ConfigError, ModelConfig
 from gpt.config_check import grad_accum_steps
 from gpt.data import steps_per_pass
@@ -143,6 +143,7 @@ def check_start(cfg: Config, runtime: Runtime) -> int:
     the parameters against the device's memory. Returns the gradient accumulation steps."""
     check_mode(cfg.train.parallel, runtime)
     loss_kernels.check(cfg.train.loss_kernel, runtime.device_type)
+    fp8.check(cfg.train, runtime.device)
     accum = check_world(cfg, runtime.world_size)
     check_fits(cfg, runtime.world_size, device_memory(runtime.device), str(runtime.device))
     return accum

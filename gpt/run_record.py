@@ -55,8 +55,11 @@ def banner(run: Run) -> dict[str, Any]:
     cfg, rt, d, par = run.cfg, run.runtime, run.cfg.data, run.par
     name, peak = device_name(rt.device), run_peak(run)
     run.say(describe(cfg))
+    ac, fp8 = cfg.train.activation_checkpointing, cfg.train.fp8
     run.say(
         f"device {rt.device} ({name}) x {rt.world_size} | parallel {cfg.train.parallel}"
+        f"{f' | activation checkpointing {ac}' if ac != 'none' else ''}"
+        f"{f' | fp8 {par.fp8}' if fp8 != 'none' else ''}"
         f" | precision {DTYPE_NAMES[run.autocast_dtype]}"
         f"{' + tf32' if cfg.train.tf32 and rt.device_type == 'cuda' else ''}"
         f" | compile {cfg.train.compile_mode if par.compiled else False} | fused AdamW {par.fused}"
@@ -67,6 +70,9 @@ def banner(run: Run) -> dict[str, Any]:
     )
     if peak is None:
         run.say("note: peak FLOP/s of this device unknown; MFU not reported (set --peak-tflops)")
+    if fp8 != "none" and rt.device_type == "cuda" and not par.compiled:
+        run.say("note: --fp8 without torch.compile runs each FP8 cast as kernels of its own; "
+                "torchao's float8 is meant to be compiled (drop --no-compile)")
     if cfg.optim.warmup_steps > cfg.train.max_steps and rt.is_master:
         print(f"warning: --warmup-steps {cfg.optim.warmup_steps} is longer than the run "
               f"(--max-steps {cfg.train.max_steps}): the learning rate never reaches --max-lr "
@@ -75,7 +81,7 @@ def banner(run: Run) -> dict[str, Any]:
         "type": "run", "config": to_dict(cfg), "device": str(rt.device),
         "device_name": name, "world_size": rt.world_size, "torch": torch.__version__,
         "dtype": DTYPE_NAMES[run.autocast_dtype], "compile": par.compiled,
-        "fused_adamw": par.fused, "chunked_loss": run.model.chunked_loss,
+        "fused_adamw": par.fused, "chunked_loss": run.model.chunked_loss, "fp8": par.fp8,
         "loss_kernel": run.model.loss_kernel if run.model.chunked_loss else None,
         "params": run.model.num_params(), "grad_accum": run.accum,
         "flops_per_token": flops_per_token(cfg.model, d.seq_len), "peak_tflops": peak,

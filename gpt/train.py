@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
-from gpt import bpb, hellaswag, muon, parallel, weights
+from gpt import bpb, fp8, hellaswag, layout, muon, parallel, weights
 from gpt.attention_mask import set_attention_step
 from gpt.checkpoint import Checkpointer, model_weights
 from gpt.cli import parse_command
@@ -228,7 +228,8 @@ def periodic_work(run: Run, at_end: bool, first: bool) -> bool:
     ]
     for wanted, job in jobs:
         if wanted:
-            job(run)
+            with fp8.high_precision(run.model):  # evaluation as any reader of the weights
+                job(run)
     return any(wanted for wanted, _ in jobs)
 
 
@@ -395,6 +396,9 @@ def train(cfg: Config) -> dict[str, Any]:
     # Before the ranks meet, as the dry run does: a refusal is one line, not a rendezvous
     # that waits for --dist-timeout
     planned = planned_runtime(cfg.train.device)
+    cfg, choice = layout.settle_for(cfg, planned)  # auto values: planned, once
+    if choice is not None and planned.is_master:
+        print(choice.line(), flush=True)
     check_start(cfg, planned)
     check_data(cfg, planned.world_size)
     check_out_dir(cfg.train.out_dir)
@@ -417,7 +421,8 @@ def train(cfg: Config) -> dict[str, Any]:
         raise OutOfMemory(
             f"out of memory on {runtime.device} at --batch-size {d.batch_size} x --seq-len "
             f"{d.seq_len}: lower --batch-size (gradient accumulation keeps each step at "
-            f"--total-batch-tokens {d.total_batch_tokens}), or add --activation-checkpointing;"
+            f"--total-batch-tokens {d.total_batch_tokens}), or add --activation-checkpointing "
+            f"(or let the planner fit both: --batch-size auto --activation-checkpointing auto);"
             f" `python -m gpt.bench memory <these flags> --world-size {runtime.world_size} "
             f"--largest-batch` predicts the peak and the largest batch that fits"
             f" ({' '.join(str(e).split())[:200]})") from None

@@ -299,8 +299,8 @@ def test_cli_no_abbreviations(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_non_integer(capsys: pytest.CaptureFixture[str]) -> None:
-    err = parse_error(capsys, ["--batch-size", "big"])
-    assert "--batch-size" in err and "invalid int value: 'big'" in err
+    err = parse_error(capsys, ["--batch-size", "big"])  # which also takes auto (gpt/layout.py)
+    assert "--batch-size" in err and "'big' is neither an int nor auto" in err
     err = parse_error(capsys, ["--n-layer", "2.5"])
     assert "--n-layer" in err and "invalid int value: '2.5'" in err
 

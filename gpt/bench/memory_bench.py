@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt.bench.record import header, write_json
+from gpt.cli import finite_float
 from gpt.errors import UserError
 
 
@@ -37,21 +38,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--largest-batch", action="store_true",
                    help="also find the largest --batch-size that fits 24, 40 and 80 GB")
     p.add_argument("--out", help="also write the JSON here (a file path)")
+    p.add_argument("--capacity-gib", type=finite_float(0, above=True), default=None,
+                   help="the device memory that auto layout values (--parallel, "
+                   "--activation-checkpointing, --batch-size auto) are fitted to (default: "
+                   "an 80 GB H100's)")
     p.set_defaults(standalone=run, takes_trainer_flags=True)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from gpt import memory
+    from gpt import layout, memory
     from gpt.cli import parse_args
 
     # The trainer's own parser: the same flags and the same errors, under this command's name
     cfg = parse_args(args.trainer_argv, prog="python -m gpt.bench memory")
     device_type = args.device_type or (cfg.train.device if cfg.train.device != "auto" else "cuda")
     started = time.perf_counter()
-    plan = memory.plan(cfg, world_size=args.world_size, device_type=device_type)
+    capacity = (int(args.capacity_gib * 2**30) if args.capacity_gib
+                else memory.CAPACITIES["80GB"])
+    cfg, choice = layout.settle(cfg, args.world_size, device_type, capacity,
+                                distributed=args.world_size > 1)
+    if choice is not None and not args.json:
+        print(choice.line())
+    plan = choice.plan if choice and choice.plan else memory.plan(
+        cfg, world_size=args.world_size, device_type=device_type)
     report: dict[str, Any] = {**header(args.argv), "torch": torch.__version__, **plan.to_json()}
+    if choice is not None:
+        report["layout"] = choice.to_json()
     largest: dict[str, Any] = {}
     if args.largest_batch:
         for name, capacity in memory.CAPACITIES.items():
