@@ -4,12 +4,13 @@ fused linear cross-entropy or Apple's Cut Cross-Entropy. All three compute the m
 cross_entropy(softcap(h @ weight.T), targets) without holding the whole logits.
 
 The libraries are optional (`pip install liger-kernel` / `cut-cross-entropy`, or the
-`kernels` extra) and CUDA-only: their kernels are Triton's. The GPU acceptance measures
-them side by side (`python -m gpt.bench gpu loss-kernels`): on an H200 at GPT-2 124M,
-micro-batch 64, compiled, a step took 254.6 ms with Liger's, 264.9 with ours (its chunk
-loop then still traced into the graph) and 371.2 with Cut Cross-Entropy's
-(benchmarks/gpu/README.md). So `auto`, the default, is Liger's on CUDA where it is
-installed and ours everywhere else.
+`kernels` extra) and CUDA-only: their kernels are Triton's. `python -m gpt.bench gpu
+loss-kernels` measures them side by side. On an H100 at GPT-2 124M, micro-batch 64,
+compiled (benchmarks/gpu/2026-11-27-h100), a step took 266.5 ms with the whole logits,
+278.7 with Liger's (5.7 GiB less), 386.4 with ours and 392.9 with Cut Cross-Entropy's,
+ours and Liger's at the same memory. So ours is not offered on CUDA: there the chunked
+loss is Liger's (auto), or Cut Cross-Entropy's when named, and ours runs on the CPU and
+MPS, where it is the default.
 
 Each library kernel gets what ours gets: under autocast, the hidden states and the head
 weight cast to autocast's dtype (what F.linear would do), the loss in fp32, and the head
@@ -37,24 +38,36 @@ PACKAGES = {"liger": ("liger_kernel", "pip install liger-kernel"),
 
 
 def resolve(kernel: str, device_type: str) -> str:
-    """--loss-kernel as given; auto: liger on CUDA where liger_kernel is installed, else ours."""
+    """--loss-kernel as given; auto: liger on CUDA, ours elsewhere."""
     if kernel != "auto":
         return kernel
-    liger_here = device_type == "cuda" and importlib.util.find_spec(PACKAGES["liger"][0]) is not None
-    return "liger" if liger_here else "ours"
+    return "liger" if device_type == "cuda" else "ours"
 
 
-def check(kernel: str, device_type: str) -> None:
-    """Refuse a library kernel where it cannot run: off CUDA, or not installed."""
-    if kernel in ("auto", "ours"):
+def check(kernel: str, device_type: str, chunked: bool = True) -> None:
+    """Refuse a chunked loss's kernel where it cannot run (`chunked`: whether the run uses
+    the chunked loss at all): ours on CUDA (withdrawn there, see above), a library's off
+    CUDA or not installed."""
+    if not chunked:
         return
-    module, hint = PACKAGES[kernel]
+    chosen = resolve(kernel, device_type)
+    if chosen == "ours":
+        if device_type == "cuda":
+            raise UserError("--loss-kernel ours is not offered on CUDA: it measured 1.45x the "
+                            "step time of the whole logits there, Liger Kernel's 1.05x at the "
+                            "same memory; use --loss-kernel liger (pip install liger-kernel), "
+                            "or --no-chunked-loss")
+        return
+    module, hint = PACKAGES[chosen]
     if device_type != "cuda":
-        raise UserError(f"--loss-kernel {kernel} runs Triton kernels on CUDA only, and this "
+        raise UserError(f"--loss-kernel {chosen} runs Triton kernels on CUDA only, and this "
                         f"run is on {device_type}: use --loss-kernel ours (the default)")
     if importlib.util.find_spec(module) is None:
-        raise UserError(f"--loss-kernel {kernel} needs the {module} package: {hint} "
-                        f"(or pip install 'gpt2-trainer[kernels]'), or use --loss-kernel ours")
+        what = ("--chunked-loss on CUDA runs Liger Kernel's fused linear cross-entropy, which "
+                "needs" if kernel == "auto" else f"--loss-kernel {chosen} needs")
+        raise UserError(f"{what} the {module} package: {hint} (or pip install "
+                        f"'gpt2-trainer[kernels]'), or use --no-chunked-loss (the whole "
+                        f"logits, the default on CUDA)")
 
 
 def _in_compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -142,7 +142,8 @@ def check_start(cfg: Config, runtime: Runtime) -> int:
     against the launch, the loss kernel against the device, the batch against the world,
     the parameters against the device's memory. Returns the gradient accumulation steps."""
     check_mode(cfg.train.parallel, runtime)
-    loss_kernels.check(cfg.train.loss_kernel, runtime.device_type)
+    loss_kernels.check(cfg.train.loss_kernel, runtime.device_type,
+                       cfg.train.chunked_loss_on(runtime.device_type))
     fp8.check(cfg.train, runtime.device)
     accum = check_world(cfg, runtime.world_size)
     check_fits(cfg, runtime.world_size, device_memory(runtime.device), str(runtime.device))

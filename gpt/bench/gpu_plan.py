@@ -96,9 +96,10 @@ STAGES: dict[str, Stage] = {
                         "and whether the losses agree step by step", needs=("nanogpt",)),
     "xl": Stage("GPT-2 XL with FSDP2 and activation checkpointing on one GPU (torchrun)",
                 "does XL train, at what MFU, and in how much memory"),
-    "loss-kernels": Stage("GPT-2 124M at micro-batch 64: the chunked loss through ours, Liger "
-                          "Kernel's and Cut Cross-Entropy's kernels, and the whole logits",
-                          "which fused head + loss is fastest on CUDA, and the peak memory of each",
+    "loss-kernels": Stage("GPT-2 124M at micro-batch 64: the whole logits, and the chunked loss "
+                          "through Liger Kernel's and Cut Cross-Entropy's kernels",
+                          "what each chunked head + loss costs on CUDA against the whole logits, "
+                          "and the memory it saves",
                           optional=("liger_kernel", "cut_cross_entropy")),
     "profile": Stage("GPT-2 124M at micro-batch 64 and GPT-2 XL, each with a torch.profiler "
                      "trace of its last two steps",
@@ -123,15 +124,14 @@ STAGES: dict[str, Stage] = {
                     "how many fewer tokens the new recipe needs at GPU scale",
                     needs=("corpus",), measured=False),
 }
-# A 124M cell's head + loss: the trainer's default (on a compiled CUDA run, the whole
-# logits), or, side by side in loss-kernels, the chunked loss through ours
-# (gpt/chunked_ce.py), Liger Kernel's or Cut Cross-Entropy's kernel (--loss-kernel, CUDA
-# only), and the whole logits (--no-chunked-loss): its name's suffix and its flags.
+# A 124M cell's head + loss: the trainer's default (on CUDA, the whole logits), or, side by
+# side in loss-kernels, the whole logits named (--no-chunked-loss) and the chunked loss
+# through Liger Kernel's or Cut Cross-Entropy's kernel (--loss-kernel; ours is not offered
+# on CUDA, gpt/loss_kernels.py): its name's suffix and its flags.
 LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "default": ("", ()), "ours": ("-chunked", ("--chunked-loss", "--loss-kernel", "ours")),
-    "unchunked": ("-unchunked", ("--no-chunked-loss",)),
+    "default": ("", ()), "unchunked": ("-unchunked", ("--no-chunked-loss",)),
     "liger": ("-liger", ("--loss-kernel", "liger")), "cce": ("-cce", ("--loss-kernel", "cce"))}
-KERNEL_LOSSES = ("ours", "unchunked", "liger", "cce")  # ours first: the others' baseline
+KERNEL_LOSSES = ("unchunked", "liger", "cce")  # the whole logits first: the others' baseline
 CUDA_ONLY_LOSSES = ("liger", "cce")  # Triton kernels: --smoke (CPU) records them as skipped
 LOSS_PACKAGES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
 FP8_RECIPES = ("tensorwise", "rowwise")  # --fp8: torchao's float8 scaling, per tensor or per row
@@ -162,7 +162,7 @@ def stage_cells(stage: str, s: Sizes, w: Where) -> list[Cell]:
         return [c for batch in s.batches for c in (ours_cell(s, w, batch), nanogpt_cell(s, batch))]
     if stage == "xl":
         return [xl_cell(s, w)]
-    if stage == "loss-kernels":  # ours first, then each other head + loss beside it
+    if stage == "loss-kernels":  # the whole logits first, then each kernel beside it
         return [ours_cell(s, w, b, loss=loss) for loss in KERNEL_LOSSES]
     if stage == "profile":
         return [profiled(ours_cell(s, w, b), s), profiled(xl_cell(s, w), s)]

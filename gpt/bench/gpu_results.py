@@ -1,7 +1,7 @@
 """The GPU acceptance run's figures: each cell's output read into numbers, the memory
 planner's prediction beside the measured peak, ours against build-nanogpt at each
-micro-batch, each variant against its baseline in the same stage (the other heads + losses
-against ours, FP8 against bf16, the speedrun recipe against GPT-2's), FP8's losses against
+micro-batch, each variant against its baseline in the same stage (the chunked heads + losses
+against the whole logits, FP8 against bf16, the speedrun recipe against GPT-2's), FP8's losses against
 bf16's step by step, and the markdown summary of a stage."""
 
 from __future__ import annotations
@@ -204,16 +204,15 @@ def side_by_side(cells: list[dict[str, Any]], field: str, base: str,
 
 
 def loss_comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each cell with another head + loss (a library's kernel, the whole logits) against
-    the chunked loss through ours."""
+    """Each cell with a library's chunked head + loss against the whole logits."""
     return side_by_side([c for c in cells if c.get("params", {}).get("loss", "default") != "default"],
-                        "loss", "ours")
+                        "loss", "unchunked")
 
 
 # Each comparison of a variant against its baseline in one stage: its JSON key, the field
 # of a cell's params that tells them apart and the baseline's value, and the summary's words.
-COMPARED = {"loss_comparison": ("loss", "ours", "The head + loss against ours (the chunked loss, "
-                                "gpt/chunked_ce.py), in the same stage:"),
+COMPARED = {"loss_comparison": ("loss", "unchunked", "Each chunked head + loss against the whole "
+                                "logits, in the same stage:"),
             "fp8_comparison": ("fp8", "off", "FP8 matmuls against bf16, in the same stage (loss "
                                "diff: FP8 - bf16 at each step, mean over the last quarter of the steps):"),
             "recipe_comparison": ("recipe", "gpt2", "The speedrun recipe against the GPT-2 recipe, "
