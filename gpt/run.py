@@ -37,6 +37,7 @@ class Run:
     tokenizer: Any
     hellaswag_examples: list[Any] = field(default_factory=list)
     tasks: TrainingTasks | None = None  # --eval-tasks
+    layout_choice: dict[str, Any] | None = None  # what the auto layout chose (gpt/layout.py)
     trackers: list[Any] = field(default_factory=list)  # TensorBoard / W&B, rank 0 only
     state: LoopState = field(default_factory=LoopState)
     skips: SkippedSteps = field(default_factory=SkippedSteps)  # counted on the device

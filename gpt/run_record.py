@@ -86,6 +86,7 @@ def banner(run: Run) -> dict[str, Any]:
         "params": run.model.num_params(), "grad_accum": run.accum,
         "flops_per_token": flops_per_token(cfg.model, d.seq_len), "peak_tflops": peak,
         "peak_mem_source": peak_memory(rt.device)[1],
+        "layout": run.layout_choice,  # --parallel/... auto: the choice, why, its planned peak
         "start_step": run.state.step,
         "resumed_from": str(run.checkpointer.resumed_from) if run.checkpointer.resumed_from else None,
         "time": time.time(),

@@ -408,7 +408,7 @@ def train(cfg: Config) -> dict[str, Any]:
         reuse_freed_memory()
     clean = False
     try:
-        result = build_and_run(cfg, runtime)
+        result = build_and_run(cfg, runtime, choice.to_json() if choice else None)
         clean = True
         return result
     except (RuntimeError, MemoryError) as e:
@@ -430,10 +430,13 @@ def train(cfg: Config) -> dict[str, Any]:
         shutdown(runtime, clean)
 
 
-def build_and_run(cfg: Config, runtime: Runtime) -> dict[str, Any]:
+def build_and_run(cfg: Config, runtime: Runtime, layout_choice: dict[str, Any] | None = None
+                  ) -> dict[str, Any]:
     """The run lives in this frame alone, so it is gone by the time the process group is
-    torn down (see dist.shutdown)."""
+    torn down (see dist.shutdown). `layout_choice`: what --parallel/--activation-checkpointing/
+    --batch-size auto settled on, for the metrics header."""
     run = build_run(cfg, runtime)
+    run.layout_choice = layout_choice
     try:
         return run_loop(run)
     finally:

@@ -347,9 +347,20 @@ def test_throughput_smoke(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_xl_and_profile_smoke(tmp_path: Path) -> None:
-    xl = run_stage("xl", tmp_path)["tiny-fsdp-ac-1gpu"]
+    cells = run_stage("xl", tmp_path)
+    xl = cells["tiny-fsdp-ac-1gpu"]
     assert xl["command"].split()[1:4] == ["-m", "torch.distributed.run", "--standalone"]
     assert FIGURES <= xl["result"].keys()
+    # the layout the trainer chose itself: one process, its own plan beside the measured peak
+    auto = cells["tiny-auto-1gpu"]
+    assert "torch.distributed.run" not in auto["command"] and FIGURES <= auto["result"].keys()
+    layout = auto["result"]["layout"]
+    assert layout["source"] == "planned" and layout["parallel"] == "ddp"
+    assert sorted(layout["auto"]) == ["activation_checkpointing", "batch_size", "parallel"]
+    assert auto["result"]["grad_accum"] * layout["batch_size"] == 4 * SMOKE.xl_batch
+    memory = auto["memory"]
+    assert memory["predicted_peak_bytes"] == layout["planned_peak_bytes"] > 0
+    assert memory["measured_over_predicted"] > 0
     cells = run_stage("profile", tmp_path)
     assert list(cells) == ["ours-b8-default-profile", "tiny-fsdp-ac-1gpu-profile"]
     for cell in cells.values():

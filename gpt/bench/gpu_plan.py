@@ -94,8 +94,11 @@ STAGES: dict[str, Stage] = {
     "throughput": Stage("GPT-2 124M, ours vs build-nanogpt at micro-batch 64, 32 and 16",
                         "step time, tokens/s, MFU, compile time and memory against the baseline, "
                         "and whether the losses agree step by step", needs=("nanogpt",)),
-    "xl": Stage("GPT-2 XL with FSDP2 and activation checkpointing on one GPU (torchrun)",
-                "does XL train, at what MFU, and in how much memory"),
+    "xl": Stage("GPT-2 XL on one GPU: FSDP2 with activation checkpointing (torchrun), and "
+                "the layout the trainer chooses itself (--parallel/--activation-checkpointing/"
+                "--batch-size auto)",
+                "does XL train, at what MFU, in how much memory, and what the trainer's own "
+                "choice of layout buys"),
     "loss-kernels": Stage("GPT-2 124M at micro-batch 64: the whole logits, and the chunked loss "
                           "through Liger Kernel's and Cut Cross-Entropy's kernels",
                           "what each chunked head + loss costs on CUDA against the whole logits, "
@@ -136,6 +139,10 @@ CUDA_ONLY_LOSSES = ("liger", "cce")  # Triton kernels: --smoke (CPU) records the
 LOSS_PACKAGES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
 FP8_RECIPES = ("tensorwise", "rowwise")  # --fp8: torchao's float8 scaling, per tensor or per row
 RECIPES = {"gpt2": "configs/gpt2-124m.toml", "speedrun": "configs/gpt2-124m-speedrun.toml"}
+# The xl stage's auto-layout cell: 2^16 tokens a step, so several micro-batches whatever
+# micro-batch the trainer picks; the trainer's planning before it starts (gpt/layout.py: a
+# plan for the layout, then a search over micro-batches) is part of the cell's time.
+XL_AUTO_SEQUENCES, AUTO_LAYOUT_PLANS = 64, 5
 PROFILED_STEPS = 2  # the profile stage traces each cell's last steps (after compiling and warming up)
 TOKENS_STEPS, TOKENS_BATCH_TOKENS = 40, 2**16  # 2.6M tokens
 TOKENS_SEEDS = 2  # each point over 2 seeds: a spread
@@ -161,7 +168,7 @@ def stage_cells(stage: str, s: Sizes, w: Where) -> list[Cell]:
     if stage == "throughput":
         return [c for batch in s.batches for c in (ours_cell(s, w, batch), nanogpt_cell(s, batch))]
     if stage == "xl":
-        return [xl_cell(s, w)]
+        return [xl_cell(s, w), xl_auto_cell(s, w)]
     if stage == "loss-kernels":  # the whole logits first, then each kernel beside it
         return [ours_cell(s, w, b, loss=loss) for loss in KERNEL_LOSSES]
     if stage == "profile":
@@ -256,6 +263,20 @@ def xl_cell(s: Sizes, w: Where) -> Cell:
     return cell
 
 
+def xl_auto_cell(s: Sizes, w: Where) -> Cell:
+    """GPT-2 XL with the layout left to the trainer (gpt/layout.py: on one GPU no FSDP, the
+    least recomputation and the largest micro-batch that fit), XL_AUTO_SEQUENCES sequences a
+    step: several micro-batches, so that AdamW's update is spread over them as in training
+    (the FSDP cell updates after every micro-batch of 8)."""
+    sequences = 4 * s.xl_batch if s.smoke else XL_AUTO_SEQUENCES
+    estimate = AUTO_LAYOUT_PLANS * PLANNER_S["gpt2-xl"] + run_estimate(
+        FULL.xl_model, FULL.steps, XL_AUTO_SEQUENCES * FULL.seq_len, FULL.seq_len)
+    return trainer_cell(f"{s.xl_model}-auto-1gpu", s, w.data, w.work, batch="auto", mode="default",
+                        steps=s.steps, estimate=estimate, model=s.xl_model,
+                        tokens_per_step=sequences * s.seq_len,
+                        extra=["--parallel", "auto", "--activation-checkpointing", "auto"])
+
+
 def tokens_cell(s: Sizes, w: Where) -> Cell:
     """python -m gpt.bench tokens at 124M, T=1024: one learning rate per recipe (the GPT-2
     recipe's own, the CPU sweep's best scale for the new one), TOKENS_SEEDS seeds."""
@@ -290,12 +311,12 @@ def ladder_cell(s: Sizes, tmp: Path) -> Cell:
     return Cell(f"ladder-{s.model}", "ladder", ladder_estimate(), cmd)
 
 
-def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int, mode: str,
+def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int | str, mode: str,
                  steps: int, estimate: float, model: str | None = None,
                  tokens_per_step: int | None = None, extra: list[str] | None = None,
                  loss: str = "default", fp8: str | None = None, recipe: str | None = None) -> Cell:
     out = work / name
-    tokens = tokens_per_step or max(s.tokens_per_step, batch * s.seq_len)
+    tokens = tokens_per_step or max(s.tokens_per_step, int(batch) * s.seq_len)
     # --no-save-checkpoints: a benchmark keeps nothing (a final checkpoint is 1.5 GB at 124M,
     # 18.7 GB at XL, written with fsync and a CRC pass)
     argv = ["--config", str(REPO / RECIPES[recipe])] if recipe else []

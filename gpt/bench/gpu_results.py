@@ -59,7 +59,8 @@ def trainer_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, 
                        cfg["data"]["seq_len"], header["device_name"])
     out.update(peak_mem_gb=max(r["peak_mem_gb"] for r in steps), peak_mem_source=header["peak_mem_source"],
                compile=header["compile"], fused_adamw=header["fused_adamw"], dtype=header["dtype"],
-               params=header["params"], trainer_mfu=[r["mfu"] for r in steps])
+               params=header["params"], trainer_mfu=[r["mfu"] for r in steps],
+               layout=header.get("layout"), grad_accum=header.get("grad_accum"))
     if cell.params.get("profile_dir"):  # the profile stage
         out["profile"] = trace_summary.summarize_dir(Path(cell.params["profile_dir"]))
     return out
@@ -112,6 +113,9 @@ def predicted_memory(cell: Cell) -> dict[str, Any]:
         memory = importlib.import_module("gpt.memory")
     except ImportError as e:
         return {"predicted_peak_bytes": None, "planner": f"planner unavailable: {e}"}
+    if "auto" in cell.params["trainer_argv"]:  # the trainer plans its own choice; its header has it
+        return {"predicted_peak_bytes": None,
+                "planner": "gpt.layout (the trainer's own plan of the layout it chose)"}
     try:
         cfg = parse_args(cell.params["trainer_argv"])
         plan = memory.plan(cfg, world_size=cell.params["world_size"],
@@ -127,12 +131,15 @@ def predicted_memory(cell: Cell) -> dict[str, Any]:
 
 def with_measured(memory: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     """The prediction with the run's measured peak (the trainer's peak_mem_gb, GiB: CUDA's
-    max_memory_allocated on a GPU, peak RSS on CPU) and measured / predicted."""
+    max_memory_allocated on a GPU, peak RSS on CPU) and measured / predicted; a cell whose
+    layout the trainer chose is compared with the trainer's own plan (its metrics header)."""
     if "peak_mem_gb" not in result:
         return memory
     measured = round(result["peak_mem_gb"] * 2**30)
-    predicted = memory.get("predicted_peak_bytes")
-    return {**memory, "measured_peak_bytes": measured, "measured_source": result["peak_mem_source"],
+    predicted = memory.get("predicted_peak_bytes") or (result.get("layout") or {}).get(
+        "planned_peak_bytes")
+    return {**memory, "predicted_peak_bytes": predicted, "measured_peak_bytes": measured,
+            "measured_source": result["peak_mem_source"],
             "measured_over_predicted": measured / predicted if predicted else None}
 
 
