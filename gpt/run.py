@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from gpt import parallel
-from gpt.checkpoint import Checkpointer, LoopState, Parts
+from gpt.checkpointer import Checkpointer, LoopState, Parts
 from gpt.config import Config
 from gpt.data import ShardLoader
 from gpt.dist import Runtime

@@ -18,7 +18,8 @@ import torch
 
 from gpt import bpb, fp8, hellaswag, layout, muon, parallel, weights
 from gpt.attention_mask import set_attention_step
-from gpt.checkpoint import Checkpointer, model_weights
+from gpt.checkpoint import model_weights
+from gpt.checkpointer import Checkpointer
 from gpt.cli import parse_command
 from gpt.compat import old_torch_note
 from gpt.config import Config, to_dict
