@@ -62,7 +62,8 @@ class GPT2TrainerLM(TemplateLM):
         if model is None:
             # The harness's command line: torchrun's variables start the process group.
             runtime = init_runtime(device or "auto")
-            model = load_model(checkpoint=checkpoint, init_from=init_from, device=runtime.device)
+            model = load_model(checkpoint=checkpoint, init_from=init_from, device=runtime.device,
+                               flags=("model_args checkpoint", "model_args init_from"))
             rank, world_size = runtime.rank, runtime.world_size
         gpt = unwrap(model)
         if not isinstance(gpt, GPT):

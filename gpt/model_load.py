@@ -67,17 +67,20 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, dict[str, tor
         raise PretrainedError(f"--checkpoint {e}") from None
 
 
-def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu") -> GPT:
+def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu",
+                          label: str = "--checkpoint ") -> GPT:
+    """The model of a trainer checkpoint, weights checked; errors begin with `label`, how
+    the user gave the path (the harness's command line: "model_args checkpoint=")."""
     try:
         ckpt = load_checkpoint_file(path, required=("model", "config"))
         cfg, sd = model_weights(ckpt, path)
         max_steps = saved_config(ckpt, path)["train"]["max_steps"]
     except CheckpointError as e:
-        raise PretrainedError(f"--checkpoint {e}") from None
+        raise PretrainedError(f"{label}{e}") from None
     sd = dict(sd)
     if "lm_head.weight" not in sd and "transformer.wte.weight" in sd and not cfg.untied_head:
         sd["lm_head.weight"] = sd["transformer.wte.weight"]  # tied; a writer may list it once
-    model = build_model(cfg, sd, f"--checkpoint {path}", device)
+    model = build_model(cfg, sd, f"{label}{path}", device)
     if isinstance(ckpt.get("step"), int) and ckpt["step"] > 0:
         # A growing attention window: the one its weights were last trained with
         set_attention_step(model, ckpt["step"] - 1, max_steps)

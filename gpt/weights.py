@@ -290,12 +290,15 @@ def init_from_note(cfg: ModelConfig) -> str:
 
 
 def load_model(checkpoint: str | None = None, init_from: str | None = None,
-               device: str | torch.device = "cpu") -> GPT:
-    """The model of a trainer checkpoint, or of --init-from (a GPT-2 name or HF folder)."""
+               device: str | torch.device = "cpu", flags: tuple[str, str] = ("--checkpoint", "--init-from")
+               ) -> GPT:
+    """The model of a trainer checkpoint, or of --init-from (a GPT-2 name or HF folder);
+    `flags`: how the caller's user names the two (errors name them so)."""
     if (checkpoint is None) == (init_from is None):
-        raise PretrainedError("give exactly one of --checkpoint and --init-from")
+        raise PretrainedError(f"give exactly one of {flags[0]} and {flags[1]}")
     if checkpoint is not None:
-        return load_checkpoint_model(checkpoint, device)
+        label = f"{flags[0]} " if flags[0].startswith("-") else f"{flags[0]}="
+        return load_checkpoint_model(checkpoint, device, label)
     assert init_from is not None
     return load_pretrained(init_from, device=device)
 
