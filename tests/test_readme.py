@@ -1,0 +1,66 @@
+"""The README as a user meets it: short enough to read as a path, its two commands the ones
+CI runs exactly, every file it points to there, and the planner's figures it quotes the
+ones the planner prints."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from helpers import REPO
+
+README = (REPO / "README.md").read_text(encoding="utf-8")
+MAX_LINES = 450
+
+
+def code_blocks(text: str) -> list[str]:
+    return re.findall(r"```(?:bash)?\n(.*?)```", text, flags=re.S)
+
+
+def test_it_is_a_users_path_of_at_most_450_lines():
+    assert len(README.splitlines()) <= MAX_LINES
+    sections = re.findall(r"^## (\d+)\. (.+)$", README, flags=re.M)
+    assert [int(n) for n, _ in sections] == list(range(1, len(sections) + 1))
+    titles = [t.lower() for _, t in sections]
+    order = ["install", "first run", "data", "124m on one gpu", "many gpus", "resume", "evaluate",
+             "benchmarks"]
+    found = [next(i for i, t in enumerate(titles) if key in t) for key in order]
+    assert found == sorted(found), titles  # in the order a user does them
+
+
+def test_its_two_commands_are_what_ci_runs_first_in_a_fresh_environment():
+    first = code_blocks(README)[0].splitlines()
+    assert [line.split("#")[0].strip() for line in first] == ['pip install -e ".[dev]"',
+                                                                "python -m pytest"]
+    ci = (REPO / ".ci" / "run").read_text()
+    readme_part = ci[ci.index("python3 -m venv .venv-readme"):ci.index("rm -rf .venv-readme\n\n")]
+    assert 'pip install --quiet --no-cache-dir -e ".[dev]"' in readme_part
+    assert "\n  python -m pytest\n" in readme_part
+    assert "torch==" not in readme_part and "--upgrade pip" not in readme_part  # nothing else
+    # the CPU-only alternative is in a code block too, before the suite runs
+    cpu = code_blocks(README)[1]
+    assert cpu.index("download.pytorch.org/whl/cpu") < cpu.index('pip install -e ".[dev]"')
+
+
+def test_every_file_it_points_to_exists():
+    paths = set(re.findall(r"\]\(((?:docs|benchmarks|examples|configs|launch|gpt)/[^)#]*)\)", README))
+    paths |= set(re.findall(r"`((?:docs|benchmarks|examples|configs|launch|gpt)/[\w./-]+)`", README))
+    assert {"docs/MAP.md", "docs/memory.md", "docs/reliability.md", "docs/evaluation.md",
+            "docs/speedrun.md", "benchmarks/gpu/README.md"} <= paths  # the details it leaves out
+    missing = sorted(p for p in paths if not (REPO / p).exists())
+    assert not missing, missing
+
+
+@pytest.mark.slow
+def test_the_planner_figures_it_quotes_are_what_the_planner_prints():
+    from gpt import memory
+    from gpt.cli import parse_args
+
+    recipe = ["--config", str(REPO / "configs" / "gpt2-124m.toml")]
+    quoted = re.search(r"prints a peak of ([\d.]+) GiB per GPU as the\s+recipe runs on CUDA "
+                       r"\(compiled, the whole logits\), ([\d.]+) GiB with `--chunked-loss`", README)
+    assert quoted, "the memory figures' sentence changed: update this test with it"
+    for flags, figure in (([], quoted.group(1)), (["--chunked-loss"], quoted.group(2))):
+        plan = memory.plan(parse_args([*recipe, *flags]), device_type="cuda")
+        assert f"{plan.peak_bytes / 2**30:.1f}" == figure
