@@ -298,8 +298,9 @@ def test_a_budget_too_small_for_any_cell_runs_none_and_keeps_earlier_results(tmp
         assert bench_main(["gpu", "xl", "cuda-tests", "--smoke", "--budget", "5", "--out", str(tmp_path)]) == 0
     for stem in ("gpu_xl", "gpu_xl-2", "gpu_cuda-tests", "gpu_cuda-tests-2"):
         report = json.loads((tmp_path / f"{stem}.json").read_text())
-        [cell] = report["cells"]
-        assert cell["status"] == "skipped" and cell["reason"].startswith("budget: 5 s left of 5")
+        assert report["cells"]  # the xl stage has two, cuda-tests one: none ran
+        for cell in report["cells"]:
+            assert cell["status"] == "skipped" and cell["reason"].startswith("budget: 5 s left of 5")
         assert (tmp_path / f"{stem}.md").read_text().startswith("# GPU acceptance, stage ")
 
 
