@@ -22,7 +22,7 @@ lm_eval: import it only after gpt.harness_tasks.require_lm_eval().
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -39,6 +39,7 @@ from gpt.tokenizer import GPT2_EOT, GPT2_VOCAB, gpt2_tokenizer
 MODEL_NAME = "gpt2-trainer"  # lm_eval --model gpt2-trainer (after register())
 
 Request = tuple[Any, list[int], list[int]]  # (strings, context ids, continuation ids)
+T = TypeVar("T")
 
 
 class GPT2TrainerLM(TemplateLM):
@@ -175,6 +176,9 @@ class GPT2TrainerLM(TemplateLM):
                                 f"model's block size of {self.max_length}: no window of the "
                                 f"model holds it whole")
         self._refuse(problems)
+        return self._agreed(lambda: self._score_tokens(requests))
+
+    def _score_tokens(self, requests: list[Request]) -> list[tuple[float, bool]]:
         order = sorted(range(len(requests)),
                        key=lambda i: (-len(requests[i][1]) - len(requests[i][2]),
                                       tuple(requests[i][1] + requests[i][2])))
@@ -247,13 +251,17 @@ class GPT2TrainerLM(TemplateLM):
             settings[key] = (dict(req.args[1]), max_new)
             ids = ids[-(self.max_length - max_new):]
             groups.setdefault((key, len(ids)), []).append((n, ids))
-        for (key, _), items in sorted(groups.items(), key=lambda kv: -kv[0][1]):
-            for start in range(0, len(items), self.batch_size):
-                chunk = items[start:start + self.batch_size]
-                texts = self._generate([ids for _, ids in chunk], *settings[key])
-                for (n, _), text in zip(chunk, texts):
-                    out[n] = text
-        return out
+
+        def generate_all() -> list[str]:
+            for (key, _), items in sorted(groups.items(), key=lambda kv: -kv[0][1]):
+                for start in range(0, len(items), self.batch_size):
+                    chunk = items[start:start + self.batch_size]
+                    texts = self._generate([ids for _, ids in chunk], *settings[key])
+                    for (n, _), text in zip(chunk, texts):
+                        out[n] = text
+            return out
+
+        return self._agreed(generate_all)
 
     # -------------------------------------------------------------- the model itself
 
@@ -294,6 +302,25 @@ class GPT2TrainerLM(TemplateLM):
             more = f" ({count - 1} more such request(s))" if count > 1 else ""
             raise HarnessError(f"{first}{more}; refused before scoring: fix the task's data "
                                f"or its settings")
+
+    def _agreed(self, score: Callable[[], T]) -> T:
+        """score() over this rank's share of the requests. Under torchrun a rank whose
+        scoring fails must not leave the others waiting in the harness's next gather: the
+        ranks agree whether each finished, and all raise the same line if one did not."""
+        result, failure = None, None
+        try:
+            result = score()
+        except Exception as e:  # noqa: BLE001 - whatever stopped this rank's share
+            if self._world_size == 1:
+                raise
+            failure = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        if self._world_size > 1:
+            every: list[Any] = [None] * self._world_size
+            dist.all_gather_object(every, failure)
+            failure = next((f"rank {r}: {f}" for r, f in enumerate(every) if f is not None), None)
+        if failure is not None:
+            raise HarnessError(f"scoring failed on {failure}")
+        return result  # type: ignore[return-value]
 
     @torch.no_grad()
     def _generate(self, prompts: list[list[int]], gen_kwargs: dict[str, Any],

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 import torch
+import torch.distributed as dist
 
 from gpt import gpt2_scores, harness_tasks
 from gpt.config import EvalConfig
@@ -34,10 +35,6 @@ class TrainingTasks:
         # Under FSDP a forward pass is a collective: every rank scores every example, in
         # step; otherwise each rank scores its share and rank 0 gathers the results.
         self.rank, self.world_size = (0, 1) if sharded else (runtime.rank, runtime.world_size)
-        # In one process, or when every rank scores every example, a task that fails to
-        # score fails on every rank alike; otherwise only the refusals the ranks agree on
-        # (gpt/harness.py) can be survived: the others would wait for a stopped rank.
-        self.lockstep = self.world_size == 1
         self.tasks, failed = harness_tasks.load_tasks(
             e.eval_tasks or "", e.eval_tasks_include, flag="--eval-tasks",
             include_flag="--eval-tasks-include")
@@ -61,17 +58,20 @@ class TrainingTasks:
                            world_size=self.world_size, quiet=True)
         scores: dict[str, dict[str, float]] = {}
         for name, task in list(self.tasks.items()):
+            why = None
             try:
-                scores.update(harness_tasks.run_tasks(lm, {name: task}, self.limit))
+                task_scores = harness_tasks.run_tasks(lm, {name: task}, self.limit)
             except Exception as e:  # noqa: BLE001 - the harness and its metrics raise any kind
-                if not (self.lockstep or isinstance(e, harness_tasks.HarnessError)):
-                    raise
-                del self.tasks[name]
                 why = " ".join(str(e).split())[:300]
                 if not isinstance(e, harness_tasks.HarnessError):  # the harness's own error
                     why = f"{type(e).__name__}: {why}"
+            why = agreed_failure(why, self.world_size)
+            if why is not None:
+                del self.tasks[name]
                 self._warn(f"task {_label(name)} could not be scored at step {step} ({why}); "
                            f"training goes on without it")
+            else:
+                scores.update(task_scores)
         if not scores:  # not rank 0, or nothing scored
             return
         for line in gpt2_scores.comparison_lines(scores):
@@ -83,6 +83,19 @@ class TrainingTasks:
         if centred is not None:
             record["centred_mean"] = centred
         run.log.write(record)
+
+
+def agreed_failure(why: str | None, world_size: int) -> str | None:
+    """Whether a task failed on any rank (the first rank's reason), the same answer on
+    every rank. A scoring failure inside the model is agreed on already (gpt/harness.py),
+    but the harness computes the metrics on rank 0 alone: a failure there must drop the
+    task on every rank, or the others would score it next time and wait for rank 0 in its
+    gather."""
+    if world_size == 1:
+        return why
+    every: list[Any] = [None] * world_size
+    dist.all_gather_object(every, why)
+    return next((w for w in every if w is not None), None)
 
 
 def _label(key: Any) -> str:

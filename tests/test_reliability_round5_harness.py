@@ -8,6 +8,7 @@ that cannot load says what is wrong with it. Offline, on tiny local tasks
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import sys
 from pathlib import Path
@@ -220,6 +221,53 @@ def test_a_task_that_fails_to_score_in_training_is_a_warning_and_the_run_goes_on
     assert [r["step"] for r in read_metrics(out, "tasks")] == [0, 1, 2]
     assert all("tiny_mc/acc" in r for r in read_metrics(out, "tasks"))
     assert (out / "ckpt_000002.pt").is_file()  # the final checkpoint, after the scores
+
+
+def _failing_rank_worker(rank: int, folder: str) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from gpt.config import model_preset
+    from gpt.harness import GPT2TrainerLM
+    from gpt.harness_tasks import HarnessError
+    from gpt.model import GPT
+    from gpt.train_tasks import agreed_failure
+
+    dist.init_process_group("gloo", init_method=f"file://{folder}/pg", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    try:
+        lm = GPT2TrainerLM(model=GPT(model_preset("tiny", block_size=64)), rank=rank,
+                           world_size=2, quiet=True)
+
+        def share() -> list[tuple[float, bool]]:  # rank 1's share fails part-way
+            if rank == 1:
+                raise ValueError("out of memory on this share")
+            return [(0.0, True)]
+
+        try:
+            outcome = f"returned {lm._agreed(share)}"
+        except HarnessError as e:
+            outcome = str(e)
+        # the metrics, which the harness computes on rank 0 alone, fail there
+        dropped = agreed_failure("ZeroDivisionError: in the metrics" if rank == 0 else None, 2)
+        (Path(folder) / f"rank{rank}.json").write_text(json.dumps([outcome, dropped]))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_ranks_agree_when_one_fails_while_scoring(tmp_path: Path) -> None:
+    """Under DDP each rank scores its share: a rank whose share fails, or rank 0 whose
+    metrics fail, must not leave the others waiting in the next gather; every rank raises
+    or drops the task alike."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_failing_rank_worker, args=(str(tmp_path),), nprocs=2, join=True)
+    for rank in range(2):
+        outcome, dropped = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert outcome == "scoring failed on rank 1: ValueError: out of memory on this share"
+        assert dropped == "ZeroDivisionError: in the metrics"
 
 
 # ---- misleading words: a task that cannot load says what is wrong with it
