@@ -74,7 +74,7 @@ class ModelConfig:
                                 "(and an untied head)")
     logit_softcap: float = _opt(0.0, "soft-cap the logits at +-C (C * tanh(z / C)); 0: off")
     # The speedrun's further parts (off in the new recipe unless gpt.bench tokens --ablation
-    # shows they help; README "Sample efficiency")
+    # shows they help; docs/speedrun.md)
     value_embeds: bool = _opt(False, "value embeddings: token tables of their own mixed into "
                               "the attention values of the first and last min(3, n_layer/2) blocks")
     unet_skips: bool = _opt(False, "U-net skips: each late block also gets its mirror early "
