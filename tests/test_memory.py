@@ -186,11 +186,11 @@ def test_a_bad_trainer_flag_is_named(capsys) -> None:
 def test_gpt2_xl_with_fsdp_and_checkpointing_fits_80gb_at_the_acceptance_batch() -> None:
     from pathlib import Path
 
-    from gpt.bench.gpu_plan import Sizes, xl_cell  # the acceptance run's own XL cell
+    from gpt.bench.gpu_plan import Sizes, Where, xl_cell  # the acceptance run's own XL cell
 
-    cell = xl_cell(Sizes.make(smoke=False), Path("data"), Path("work"))
+    cell = xl_cell(Sizes.make(smoke=False), Where(Path("data"), Path("work"), Path("tmp")))
     cfg = parse_args(cell.params["trainer_argv"])
-    assert cfg.train.parallel == "fsdp" and cfg.train.activation_checkpointing
+    assert cfg.train.parallel == "fsdp" and cfg.train.activation_checkpointing == "blocks"
     plan = memory.plan(cfg, world_size=cell.params["world_size"])
     assert plan.fits(memory.CAPACITIES["80GB"]), plan.table()
     assert not plan.fits(memory.CAPACITIES["24GB"])  # the optimizer state alone is 11.6 GiB
