@@ -27,6 +27,8 @@ convert).
 Evaluation (validation, HellaSwag, samples, --eval-tasks) runs the same weights with
 plain high-precision matmuls (high_precision()): the numbers a run reports are those
 `python -m gpt.evaluate` gives for its checkpoint, and compare with a run without FP8.
+Under torch.compile the switch of class is guarded: the evaluation's graph is compiled
+once beside the training's, and the two alternate without recompiling.
 
 torchao is optional (the `fp8` extra). It is imported only when --fp8 is on.
 """

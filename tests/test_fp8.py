@@ -195,6 +195,37 @@ def test_high_precision_runs_the_same_weights_as_plain_linear_layers() -> None:
     assert torch.equal(exact, want) and not torch.equal(rounded, want)
 
 
+@needs_torchao
+def test_a_compiled_fp8_model_compiles_each_graph_once_across_evaluations() -> None:
+    """The trainer evaluates inside high_precision(), which switches the layers' class:
+    torch.compile guards on it and compiles the evaluation's graph once, then keeps both
+    graphs, so training and validation alternating never recompile (the compiler's cache
+    would otherwise fill and fall back to eager mode), and the evaluation's graph runs
+    the plain matmuls."""
+    torch._dynamo.reset()
+    graphs: list[int] = []
+
+    def counting(gm: torch.fx.GraphModule, inputs: list) -> object:
+        graphs.append(1)
+        return gm.forward
+
+    torch.manual_seed(0)
+    ref = GPT(tiny().model)
+    model = GPT(tiny().model)
+    model.load_state_dict(ref.state_dict())
+    fp8.convert(model, "tensorwise", head=False, device_type="cpu")
+    compiled = torch.compile(model, backend=counting)
+    x = torch.randint(0, 512, (2, 64))
+    with torch.no_grad():
+        want = ref(x, x)[1]
+    for _ in range(3):
+        compiled(x, x)[1].backward()
+        with torch.no_grad(), fp8.high_precision(model):
+            assert torch.equal(compiled(x, x)[1], want)
+    assert len(graphs) == 2
+    torch._dynamo.reset()
+
+
 @functools.cache  # the run without FP8 is each recipe's reference
 def train_losses(recipe: str, steps: int, data: Path) -> list[float]:
     """A tiny model's loss over `steps` steps on real text, in-process, with FP8 or not
