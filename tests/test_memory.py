@@ -194,3 +194,40 @@ def test_gpt2_xl_with_fsdp_and_checkpointing_fits_80gb_at_the_acceptance_batch()
     plan = memory.plan(cfg, world_size=cell.params["world_size"])
     assert plan.fits(memory.CAPACITIES["80GB"]), plan.table()
     assert not plan.fits(memory.CAPACITIES["24GB"])  # the optimizer state alone is 11.6 GiB
+
+
+def test_the_planners_tracker_keeps_torchs_step_peak_without_its_module_peaks() -> None:
+    """The planner's tracker (memory._StepPeak before torch's MemTracker) skips the
+    per-module peaks, which cost most of a large model's planning time: the step's peak
+    snapshot is torch's own, category by category."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    cfg = parse_args(SMALL)
+    peaks = []
+    for tracker_class in (MemTracker, type("Tracker", (memory._StepPeak, MemTracker), {})):
+        with torch.device("meta"):
+            model = GPT(cfg.model)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model.to_empty(device="cpu")
+            x = torch.zeros(4, 64, dtype=torch.long)
+            tracker = tracker_class()
+            tracker.track_external(model)
+            with tracker:
+                model(x, x)[1].backward()
+            peaks.append(tracker.get_tracker_snapshot("peak"))
+    assert peaks[0] == peaks[1] and peaks[0][torch.device("cpu")]["Total"] > 0
+
+
+def test_the_planners_tracker_defers_to_torch_where_its_state_is_named_otherwise() -> None:
+    """A torch release whose tracker keeps its state under other names runs its own
+    update rather than the planner's."""
+    calls = []
+
+    class Tracker:
+        def _update_peak_stats(self, peak_state: object) -> None:
+            calls.append(peak_state)
+
+    tracker = type("Planned", (memory._StepPeak, Tracker), {})()
+    tracker._update_peak_stats("PEAK_FW")
+    assert calls == ["PEAK_FW"]
