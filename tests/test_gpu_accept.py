@@ -53,7 +53,8 @@ def test_plan_lists_every_stage_its_cells_and_estimates(capsys, monkeypatch) -> 
     for s in stages:
         cells = gpu_plan.stage_cells(s["stage"], gpu_plan.FULL, NOWHERE)
         assert [c["name"] for c in s["cells"]] == [c.name for c in cells]
-        assert all(c["estimate_s"] > 0 and c["fits"] for c in s["cells"])
+        # a cell whose command an earlier stage runs is measured once, there
+        assert all((c["estimate_s"] > 0 or c.get("same_as")) and c["fits"] for c in s["cells"])
         assert s["estimate_s"] == sum(c["estimate_s"] for c in s["cells"])
     assert plan["total_s"] == sum(s["estimate_s"] for s in stages)
     by_name = {s["stage"]: s for s in stages}
@@ -85,12 +86,50 @@ def test_plan_for_a_choice_of_stages_under_a_budget(capsys, monkeypatch) -> None
     assert "fp8" not in text
 
 
+def test_plan_of_chosen_cells_counts_a_command_two_stages_share_once(capsys, monkeypatch) -> None:
+    """--plan honours --only, and the fp8 stage's bf16 cell, which the throughput stage
+    also runs, is planned once: the second stage reuses the measurement."""
+    refuse_to_run(monkeypatch)
+    only = ["ours-b64-default", "ours-b64-default-fp8-tensorwise", "build-nanogpt-b64"]
+    assert bench_main(["gpu", "--plan", "fp8", "throughput", "--only", *only, "--json"]) == 0
+    fp8, throughput = json.loads(capsys.readouterr().out)["stages"]
+    assert [c["name"] for c in fp8["cells"]] == only[:2]
+    assert [c["name"] for c in throughput["cells"]] == [only[0], only[2]]
+    shared = throughput["cells"][0]
+    assert shared["estimate_s"] == 0 and shared["same_as"] == "fp8" and "same_as" not in fp8["cells"][0]
+    assert throughput["estimate_s"] == throughput["cells"][1]["estimate_s"]
+    assert bench_main(["gpu", "--plan", "fp8", "throughput", "--only", *only]) == 0
+    assert "as measured in stage fp8" in capsys.readouterr().out
+
+
+def test_a_command_two_stages_share_runs_once(tmp_path, capsys, monkeypatch) -> None:
+    """Run: the throughput stage takes the fp8 stage's measurement of the same command,
+    says so in its JSON and summary, and spends none of the budget on it."""
+    ran = []
+
+    def fake_cell(cell, limit_s, sizes, tokens, nanogpt_path, tmp, log, packages=None):
+        ran.append(cell.name)
+        return {"name": cell.name, "kind": cell.kind, "params": cell.params,
+                "estimate_s": round(cell.estimate_s), "status": "ok", "seconds": 1.0}
+
+    monkeypatch.setattr(gpu, "run_cell", fake_cell)
+    out = tmp_path / "out"
+    assert bench_main(["gpu", "fp8", "throughput", "--smoke", "--out", str(out),
+                       "--only", "ours-b8-default", "ours-b4-default"]) == 0
+    assert ran == ["ours-b8-default", "ours-b4-default"]
+    fp8, throughput = (json.loads((out / f"gpu_{s}.json").read_text())["cells"]
+                       for s in ("fp8", "throughput"))
+    assert [c["name"] for c in throughput] == ["ours-b8-default", "ours-b4-default"]
+    assert throughput[0] == {**fp8[0], "same_as": "fp8"} and "same_as" not in throughput[1]
+    assert "| ok, as in fp8 |" in (out / "gpu_throughput.md").read_text().replace("  ", "")
+
+
 def test_the_users_guide_says_what_the_plan_says() -> None:
     """benchmarks/gpu/README.md's table of stages: each stage's row ends with the plan's
     estimate, marked rough where the plan marks it."""
     doc = DOC.read_text()
     rows = {line.split(" | ")[0][3:-1]: line for line in doc.splitlines() if line.startswith("| `")}
-    for s in gpu_plan.plan(list(gpu_plan.STAGES), None)["stages"]:
+    for s in (gpu_plan.plan([name], None)["stages"][0] for name in gpu_plan.STAGES):
         assert rows[s["stage"]].endswith(f"| ~{s['estimate_s']} s{'' if s['measured'] else ' *'} |")
     assert "--nanogpt" in doc and "--wheels" in doc and "--corpus" in doc and "--budget" in doc
 
@@ -200,6 +239,7 @@ def test_bad_flags_are_one_line_errors(capsys) -> None:
                        (["7", "--out", "o"], "unknown stage '7': the stages are cuda-tests, throughput"),
                        (["xl", "--out", "o", "--json"], "--json goes with --plan"),
                        (["xl", "--out", "o", "--only", "nope"], "--only nope: not a cell of xl"),
+                       (["--plan", "xl", "--only", "nope"], "--only nope: not a cell of xl"),
                        (["xl", "--out", "o", "--budget", "0"], "--budget")):
         with pytest.raises(SystemExit) as exc:
             bench_main(["gpu", *argv])

@@ -17,7 +17,8 @@ recorded as skipped with the reason (run it later with --only CELL), and a cell 
 past what is left is stopped, its whole group killed (torchrun's workers, pytest's trainer
 runs), and recorded as a timeout. Without --budget, a cell is stopped only past
 HANG_FACTOR times its estimate (at least 10 minutes): hung. A stage that lacks what it
-needs (--nanogpt, --corpus, a package) fails at once, running nothing. Results, per stage,
+needs (--nanogpt, --corpus, a package) fails at once, running nothing. A cell whose command
+an earlier stage of the invocation ran takes that measurement ("same_as"). Results, per stage,
 under --out: `gpu_<stage>.json` (the machine, versions, commit, command, every cell's raw
 figures and estimate, the comparisons, each trainer cell's predicted peak memory beside
 the measured one), `gpu_<stage>.md` (its summary) and `gpu_<stage>.log` (every cell's
@@ -49,8 +50,9 @@ import torch
 from gpt.bench import gpu_inputs, nanogpt
 from gpt.bench.args import standalone_parser
 from gpt.bench.gpu_inputs import Packages
-from gpt.bench.gpu_plan import (CUDA_ONLY_LOSSES, LOSS_PACKAGES, LR_WARMUP_STEPS, REPO, STAGES, Cell,
-                                Sizes, Where, plan, pytest_workers, render_plan, stage_cells)
+from gpt.bench.gpu_plan import (CUDA_ONLY_LOSSES, FULL, LOSS_PACKAGES, LR_WARMUP_STEPS, NOWHERE, REPO,
+                                STAGES, Cell, Sizes, Where, plan, pytest_workers, render_plan,
+                                same_command, stage_cells)
 from gpt.bench.gpu_results import RESULTS, comparisons_of, predicted_memory, summary, with_measured
 from gpt.bench.record import command_line, git_commit, now, write_json, write_text
 from gpt.bench.report import machine
@@ -185,7 +187,8 @@ def chosen_stages(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     names = chosen_stages(args)
     if args.plan:
-        return show_plan(names, args.budget, args.json)
+        check_only(args, names, [c.name for n in names for c in stage_cells(n, FULL, NOWHERE)])
+        return show_plan(names, args.budget, args.json, args.only)
     if args.json:
         args.parser.error("--json goes with --plan (a stage always writes its JSON)")
     if args.out is None:
@@ -196,11 +199,7 @@ def run(args: argparse.Namespace) -> int:
         where = Where(tmp / "data", tmp / "runs", tmp, Path(args.corpus) if args.corpus else None,
                       pytest_workers())
         stages = {n: stage_cells(n, sizes, where) for n in names}
-        known = [c.name for cells in stages.values() for c in cells]
-        unknown = [n for n in args.only or [] if n not in known]
-        if unknown:
-            args.parser.error(f"--only {' '.join(unknown)}: not a cell of {', '.join(names)} "
-                              f"(their cells: {', '.join(known)})")
+        check_only(args, names, [c.name for cells in stages.values() for c in cells])
         stages = {n: [c for c in cells if not args.only or c.name in args.only] for n, cells in stages.items()}
         stages = {n: cells for n, cells in stages.items() if cells}
         gpu_inputs.check(stages, args)  # before anything runs
@@ -210,6 +209,14 @@ def run(args: argparse.Namespace) -> int:
                         "plumbing on the CPU")
         packages = gpu_inputs.prepare(list(stages), gpu_inputs.wheels_dir(args), tmp / "site")
         return run_stages(args, sizes, stages, device, tmp, packages)
+
+
+def check_only(args: argparse.Namespace, names: list[str], known: list[str]) -> None:
+    """--only names cells of the stages named, or is a one-line error listing theirs."""
+    unknown = [n for n in args.only or [] if n not in known]
+    if unknown:
+        args.parser.error(f"--only {' '.join(unknown)}: not a cell of {', '.join(names)} "
+                          f"(their cells: {', '.join(dict.fromkeys(known))})")
 
 
 def cell_limit(cell: Cell, left: float | None, smoke: bool) -> float:
@@ -234,6 +241,7 @@ def run_stages(args: argparse.Namespace, sizes: Sizes, stages: dict[str, list[Ce
     write_shard(data / "train_000000.bin", tokens[0])
     write_shard(data / "val_000000.bin", tokens[1])
     failed = []
+    measured: dict[str, tuple[str, dict[str, Any]]] = {}  # a command run: its stage, result
     for name, cells in stages.items():
         stem = free_stem(out, f"gpu_{name}")
         report: dict[str, Any] = {
@@ -248,6 +256,12 @@ def run_stages(args: argparse.Namespace, sizes: Sizes, stages: dict[str, list[Ce
         started = clock()
         with open(out / f"{stem}.log", "w", encoding="utf-8") as log:
             for cell in cells:
+                earlier = measured.get(same_command(cell))
+                if earlier is not None:  # the same command ran in an earlier stage: its figures
+                    report["cells"].append({**earlier[1], "same_as": earlier[0]})
+                    print(f"[{clock() - t0:6.0f} s] {name}: {cell.name}: as measured in stage "
+                          f"{earlier[0]}", flush=True)
+                    continue
                 left = None if args.budget is None else args.budget - (clock() - t0)
                 if left is not None and (left < cell.estimate_s or left <= 0):
                     report["cells"].append({
@@ -260,6 +274,8 @@ def run_stages(args: argparse.Namespace, sizes: Sizes, stages: dict[str, list[Ce
                 result = run_cell(cell, cell_limit(cell, left, args.smoke), sizes, tokens,
                                   Path(args.nanogpt) if args.nanogpt else None, tmp, log, packages)
                 report["cells"].append(result)
+                if result["status"] == "ok":
+                    measured[same_command(cell)] = (name, result)
                 print(f"[{clock() - t0:6.0f} s] {name}: {cell.name}: {result['status']}"
                       + (f" ({result['reason']})" if result.get("reason") else ""), flush=True)
                 log.flush()
@@ -283,9 +299,10 @@ def free_stem(out: Path, stem: str) -> str:
     return name
 
 
-def show_plan(names: list[str], budget: float | None, as_json: bool) -> int:
+def show_plan(names: list[str], budget: float | None, as_json: bool,
+              only: list[str] | None = None) -> int:
     """Prints the chosen stages' cells and estimates; runs nothing and needs no GPU."""
-    p = plan(names, budget)
+    p = plan(names, budget, only=only)
     print(json.dumps(p, indent=1) if as_json else render_plan(p), end="\n" if as_json else "")
     return 0
 

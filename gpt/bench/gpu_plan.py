@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,14 @@ class Cell:
     estimate_s: float  # on one H100, compilation included (gpu_estimates.py)
     cmd: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+
+
+def same_command(cell: Cell) -> str:
+    """What makes two stages' cells one measurement: the same kind of cell with the same
+    parameters running the same command (the fp8 and throughput stages share their bf16
+    cell, for one). build-nanogpt's cells have their command made as they run: their
+    parameters tell them apart."""
+    return json.dumps([cell.kind, cell.cmd, cell.params], sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)
@@ -339,19 +348,35 @@ def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int | st
 # the plan (--plan)
 
 
-def plan(stages: list[str], budget_s: float | None, workers: int = PYTEST_WORKERS) -> dict[str, Any]:
-    """The chosen stages in order, their cells with their estimates, what each stage needs,
-    and, under a budget, which cells would be skipped (the estimates taken as the times)."""
-    nowhere = Path("/nowhere")  # commands are not shown: paths unused
-    where = Where(nowhere, nowhere, nowhere, nowhere, workers)
+NOWHERE = Where(Path("/nowhere"), Path("/nowhere"), Path("/nowhere"), Path("/nowhere"),
+                PYTEST_WORKERS)  # for plans: commands are not shown, paths unused
+
+
+def plan(stages: list[str], budget_s: float | None, workers: int = PYTEST_WORKERS,
+         only: list[str] | None = None) -> dict[str, Any]:
+    """The chosen stages in order, their cells (those of `only`, if given) with their
+    estimates, what each stage needs, and, under a budget, which cells would be skipped
+    (the estimates taken as the times). A cell whose command an earlier stage's cell runs
+    takes no time: the run reuses that measurement."""
+    where = dataclasses.replace(NOWHERE, workers=workers)
     out: list[dict[str, Any]] = []
     used = 0.0
+    planned: dict[str, str] = {}  # a command (same_command's key): the stage that runs it
     for name in stages:
         stage = STAGES[name]
-        cells = []
+        cells: list[dict[str, Any]] = []
         for c in stage_cells(name, FULL, where):
+            if only and c.name not in only:
+                continue
+            key = same_command(c)
+            if key in planned:
+                cells.append({"name": c.name, "estimate_s": 0, "fits": True,
+                              "same_as": planned[key]})
+                continue
             fits = budget_s is None or used + c.estimate_s <= budget_s
             used += c.estimate_s if fits else 0.0
+            if fits:
+                planned[key] = name
             cells.append({"name": c.name, "estimate_s": round(c.estimate_s), "fits": fits})
         out.append({"stage": name, "title": stage.title, "question": stage.question,
                     "needs": list(stage.needs), "requires": list(stage.requires),
@@ -379,7 +404,8 @@ def render_plan(p: dict[str, Any]) -> str:
             lines.append(f"  uses {', '.join(s['optional_packages'])} where importable or in --wheels "
                          "(its cells are skipped without)")
         lines += [f"    {c['name']:<45}{c['estimate_s']:5d} s"
-                  + ("" if c["fits"] else f"   skipped under --budget {p['budget_s']:.0f}")
+                  + (f"   as measured in stage {c['same_as']}" if c.get("same_as") else
+                     "" if c["fits"] else f"   skipped under --budget {p['budget_s']:.0f}")
                   for c in s["cells"]]
     if p["budget_s"] is not None:
         left = sum(c["estimate_s"] for s in p["stages"] for c in s["cells"] if not c["fits"])

@@ -263,7 +263,8 @@ def summary(report: dict[str, Any]) -> str:
         r = c.get("result") or {}
         secs = f"{c['seconds']:.0f}" if "seconds" in c else ""
         secs += f" ({c['estimate_s']})" if c.get("estimate_s") else ""
-        row = {"cell": c["name"], "status": c["status"], "s (est.)": secs}
+        status = c["status"] + (f", as in {c['same_as']}" if c.get("same_as") else "")
+        row = {"cell": c["name"], "status": status, "s (est.)": secs}
         rows.append(row)
         if "step_ms" in r:
             s = r["step_ms"]
