@@ -51,7 +51,7 @@ CUDA_TESTS_IN_PROCESS_S = 50
 LADDER_COMPILED_RUNGS, LADDER_EAGER_RUNGS, LADDER_EAGER_RUNG_S = 5, 3, 20.0
 # gpt.memory's plan of a trainer cell, made before the cell runs (gpu_results.predicted_memory):
 # measured on a 2-core CPU (torch 2.13), 124M at micro-batch 64 and XL (FSDP + checkpointing, B=8)
-PLANNER_S = {"gpt2": 8.0, "gpt2-xl": 18.0}
+PLANNER_S = {"gpt2": 3.0, "gpt2-xl": 13.0}
 PROFILE_S = 15.0  # writing and summarising a trace of two steps (the profiled 124M cell took 25 s in all)
 EAGER_SLOWDOWN = 2.0  # an eager step against a compiled one (the tokens stage runs eagerly)
 
