@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
+from gpt.bench.record import check_out
 from gpt.cli import OneLineParser
 from gpt.errors import UserError
 
@@ -85,7 +87,18 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
 
 
+# What --out names, where it is a file (the other subcommands' --out is a folder)
+OUT_FILES = {"memory": "the plan's JSON", "comm": "the JSON result", "prepare": "the result JSON"}
+OUT_FOLDERS = {"tokens": "tokens.json, tokens.md and the run cache",
+               "gpu": "each stage's JSON, markdown and log"}
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    out = getattr(args, "out", None)
+    if out is not None and not getattr(args, "plan", False):  # --plan writes nothing
+        name = args.command
+        check_out(Path(out), "file" if name in OUT_FILES else "folder",
+                  OUT_FILES.get(name) or OUT_FOLDERS.get(name, f"{name}'s JSON and markdown"))
     if getattr(args, "standalone", None) is not None:
         args.argv = argv  # for the command line its results record
         return args.standalone(args)

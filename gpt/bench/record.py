@@ -8,12 +8,15 @@ children) import it before torch, or without it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from gpt.errors import UserError
 from gpt.fileio import atomic_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,6 +54,37 @@ def header(argv: Sequence[str], prog: str = PROG) -> dict[str, Any]:
     commit, dirty = git_commit()
     return {"command": command_line(argv, prog), "commit": commit, "commit_dirty": dirty,
             "time": now()}
+
+
+def check_out(path: Path, kind: str, holds: str) -> None:
+    """--out where a subcommand will write `holds`: a folder or a file, checked by making
+    its folder and a scratch file there before anything is measured, so that a long
+    benchmark never ends in a traceback at its last line. One line naming --out where it
+    cannot be used. The folders it made are removed again: a run that stops before its
+    results leaves nothing behind."""
+    folder = path if kind == "folder" else path.parent
+    if kind == "file" and path.is_dir():
+        raise UserError(f"--out {path} is a folder: name a file for {holds}")
+    made = []  # the missing folders, deepest first
+    for parent in (folder, *folder.parents):
+        if parent.exists() or parent.is_symlink():
+            break
+        made.append(parent)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+            pass
+    except OSError as e:
+        if kind == "file":
+            raise UserError(f"--out {path}: its folder cannot be written ({e.strerror or e}): "
+                            f"name a file for {holds} in a folder you can write") from None
+        what = ("is a file, not a folder" if path.is_file() else
+                f"cannot be used as a folder ({e.strerror or e})")
+        raise UserError(f"--out {path} {what}: name a folder for {holds}") from None
+    finally:
+        for made_folder in made:
+            with contextlib.suppress(OSError):
+                made_folder.rmdir()
 
 
 def write_text(path: Path, text: str) -> Path:

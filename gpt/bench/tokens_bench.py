@@ -145,20 +145,6 @@ def part_effect(with_part: list[float | None], without: list[float | None],
             "measure": measure}
 
 
-def make_out(out: Path) -> None:
-    """--out as a folder the bench can write its report and run cache in (made if need
-    be), or one line naming it: a file there, or a folder it cannot write."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-test-"):
-            pass
-    except OSError as e:
-        what = ("is a file, not a folder" if out.is_file() else
-                f"cannot be used as a folder ({e.strerror or e})")
-        raise UserError(f"--out {out} {what}: name a folder for tokens.json, tokens.md and "
-                        f"the run cache") from None
-
-
 def prepare_corpus(corpus: Path, data_dir: Path) -> None:
     """Every .txt file under corpus is a document; shuffled (seed 0), so that the val split
     (the first 250,000 tokens) is not one topic, then sharded by fineweb.py."""
