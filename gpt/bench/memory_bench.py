@@ -23,7 +23,6 @@ from typing import Any
 
 from gpt.bench.record import header, write_json
 from gpt.cli import finite_float
-from gpt.errors import UserError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -74,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         report["largest_batch"] = largest
     report["planner_seconds"] = round(time.perf_counter() - started, 1)
     if args.out:
-        _write(Path(args.out), report)
+        write_json(Path(args.out), report, indent=1)  # --out checked by gpt.bench.cli
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
@@ -92,7 +91,3 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(path: Path, report: dict[str, Any]) -> None:
-    if path.is_dir():
-        raise UserError(f"--out {path}: is a folder; name a file, e.g. {path}/memory.json")
-    write_json(path, report, indent=1)
