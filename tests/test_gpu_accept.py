@@ -173,6 +173,9 @@ def test_fp8_speedrun_and_loss_check_cells_are_these_command_lines() -> None:
     assert argv_of(speedrun).startswith(f"--config {gpu_plan.REPO / 'configs/gpt2-124m-speedrun.toml'} ")
     assert argv_of(gpt2).startswith(f"--config {gpu_plan.REPO / 'configs/gpt2-124m.toml'} ")
     assert "--warmup-steps" not in argv_of(speedrun)  # the recipe keeps its own schedule
+    # and its own tokens a step: Muon's cost is weighed against the tokens the recipe steps by
+    for cell in (gpt2, speedrun):
+        assert "--total-batch-tokens 524288 " in argv_of(cell) and cell.params["tokens_per_step"] == 524288
     assert "--hellaswag-every 0" in argv_of(speedrun) and "--no-save-checkpoints" in argv_of(speedrun)
     assert (gpt2.params["recipe"], speedrun.params["recipe"]) == ("gpt2", "speedrun")
 

@@ -235,7 +235,9 @@ def run_stages(args: argparse.Namespace, sizes: Sizes, stages: dict[str, list[Ce
     env = environment(args, device)
     # random tokens for every cell but those of --corpus (all of them in --smoke)
     steps = max(sizes.steps, sizes.loss_steps if sizes.smoke else 0)
-    tokens = make_tokens(2 * sizes.tokens_per_step * steps + 1_000_000, 200_000)
+    per_step = max([sizes.tokens_per_step] + [c.params.get("tokens_per_step", 0)
+                                              for cells in stages.values() for c in cells])
+    tokens = make_tokens(2 * per_step * steps + 1_000_000, 200_000)
     data = tmp / "data"
     data.mkdir()
     write_shard(data / "train_000000.bin", tokens[0])

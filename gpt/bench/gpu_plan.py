@@ -234,11 +234,22 @@ def loss_cell(s: Sizes, w: Where, fp8: str | None) -> Cell:
 
 
 def recipe_cell(s: Sizes, w: Where, recipe: str) -> Cell:
-    """The trainer with a recipe's TOML (RECIPES) at the throughput cells' sizes: its
-    model options, optimizer and schedule, with the bench's steps, batch and data."""
-    estimate = PLANNER_S["gpt2"] + run_estimate(FULL.model, FULL.steps, FULL.tokens_per_step, FULL.seq_len)
+    """The trainer with a recipe's TOML (RECIPES): its model options, optimizer and
+    schedule, and its own tokens a step (the optimizer runs once a step, so a smaller step
+    would weigh Muon's Newton-Schulz against fewer tokens than the recipe does), with the
+    throughput cells' micro-batch, steps and data."""
+    tokens = recipe_step_tokens(recipe)
+    estimate = PLANNER_S["gpt2"] + run_estimate(FULL.model, FULL.steps, tokens, FULL.seq_len)
     return trainer_cell(f"recipe-{recipe}-b{s.batches[0]}", s, w.data, w.work, batch=s.batches[0],
-                        mode="default", steps=s.steps, estimate=estimate, recipe=recipe)
+                        mode="default", steps=s.steps, estimate=estimate, recipe=recipe,
+                        tokens_per_step=None if s.smoke else tokens)
+
+
+def recipe_step_tokens(recipe: str) -> int:
+    """The tokens a step of the recipe's TOML (its --total-batch-tokens)."""
+    from gpt.cli import parse_args  # the trainer's own reading of the file
+
+    return parse_args(["--config", str(REPO / RECIPES[recipe])]).data.total_batch_tokens
 
 
 def profiled(cell: Cell, s: Sizes) -> Cell:
@@ -340,7 +351,7 @@ def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int | st
         argv += ["--compile-mode", mode]
     return Cell(name, "trainer", estimate, trainer_command(argv),
                 {"model": model or s.model, "batch_size": batch, "compile_mode": mode, "out": str(out),
-                 "steps": steps, "loss": loss, "fp8": fp8 or "off", "recipe": recipe or "default",
+                 "tokens_per_step": tokens, "steps": steps, "loss": loss, "fp8": fp8 or "off", "recipe": recipe or "default",
                  "trainer_argv": argv, "world_size": 1, "device_type": "cpu" if s.smoke else "cuda"})
 
 
