@@ -351,7 +351,8 @@ def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int | st
         argv += ["--compile-mode", mode]
     return Cell(name, "trainer", estimate, trainer_command(argv),
                 {"model": model or s.model, "batch_size": batch, "compile_mode": mode, "out": str(out),
-                 "tokens_per_step": tokens, "steps": steps, "loss": loss, "fp8": fp8 or "off", "recipe": recipe or "default",
+                 "tokens_per_step": tokens, "steps": steps, "loss": loss, "fp8": fp8 or "off",
+                 "recipe": recipe or "default",
                  "trainer_argv": argv, "world_size": 1, "device_type": "cpu" if s.smoke else "cuda"})
 
 

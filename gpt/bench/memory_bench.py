@@ -89,5 +89,3 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         print(f"wrote {args.out}")
     return 0
-
-
