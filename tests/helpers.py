@@ -167,3 +167,22 @@ def meta_build_and_reference(cfg: Any) -> tuple[Any, Any]:
     for key, value in ref.state_dict().items():
         assert torch.equal(model.state_dict()[key], value), key
     return model, ref
+
+
+def read_only_folder(tmp_path: Path) -> Path:
+    """A folder this process cannot create anything in: one of mode 555, or for root, whom
+    modes do not stop, sysfs (where not even root may make a folder). Skips the test where
+    there is none."""
+    import pytest
+
+    if os.geteuid() != 0:
+        parent = tmp_path / "ro"
+        parent.mkdir(mode=0o555)
+        return parent
+    probe = Path("/sys/gpt2-trainer-probe")
+    try:
+        probe.mkdir()
+    except OSError:
+        return Path("/sys")
+    probe.rmdir()
+    pytest.skip("no folder here is read-only to root")

@@ -6,7 +6,6 @@ one line (9). The evaluation surfaces (1-4) are tests/test_reliability_round5_ha
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from gpt.train import main as train_main
 from gpt.weights import export_hf
 
 from harness_fixtures import write_tasks
-from helpers import QUIET, TINY, write_random_shards
+from helpers import QUIET, TINY, read_only_folder, write_random_shards
 
 LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -264,22 +263,6 @@ def test_the_tokens_bench_refuses_an_unusable_out_in_one_line(where: str, data: 
     code = bench_cli.main(["tokens", "--data-dir", str(data), "--out", str(out)])
     assert code == 1 and f"--out {out}" in one_line(capsys.readouterr().err)
     assert (tmp_path / "file").read_text() == "not a folder"
-
-
-def read_only_folder(tmp_path: Path) -> Path:
-    """A folder this process cannot create anything in: one of mode 555, or for root, whom
-    modes do not stop, sysfs (where not even root may make a folder)."""
-    if os.geteuid() != 0:
-        parent = tmp_path / "ro"
-        parent.mkdir(mode=0o555)
-        return parent
-    probe = Path("/sys/gpt2-trainer-probe")
-    try:
-        probe.mkdir()
-    except OSError:
-        return Path("/sys")
-    probe.rmdir()
-    pytest.skip("no folder here is read-only to root")
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="folder modes and sysfs are POSIX")
