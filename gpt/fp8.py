@@ -37,20 +37,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
-import logging
 from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
 
+from gpt import extras
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 
 RECIPES = ("tensorwise", "rowwise")
 MULTIPLE = 16  # both dimensions of an FP8 matmul's weight (torch._scaled_mm's rule)
 MIN_CAPABILITY = (8, 9)  # Ada and Hopper onwards have FP8 tensor cores
-INSTALL = "pip install 'gpt2-trainer[fp8]' (or pip install torchao)"
 HEAD = "lm_head"
 # nn.Linear attributes GPT sets for its initialisation (gpt/model.py), which a swapped
 # module must keep so that an FP8 model starts from the same weights
@@ -83,26 +81,15 @@ def check(train: TrainConfig, device: torch.device) -> None:
                 f"--fp8 {recipe} needs FP8 tensor cores (compute capability "
                 f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer: H100, H200, L4, L40S, "
                 f"RTX 40xx), and {name} is {cap[0]}.{cap[1]}: use --fp8 none")
-    if importlib.util.find_spec("torchao") is None:
-        raise UserError(f"--fp8 {recipe} needs torchao: {INSTALL}, or use --fp8 none")
+    _torchao(f"--fp8 {recipe}")  # imported as the run imports it: a broken build fails here
 
 
-def _torchao() -> Any:
+def _torchao(what: str = "--fp8") -> Any:
     """torchao.float8, imported quietly: its import logs a warning for each CUDA extension
     a CPU-only machine cannot load, and torch's pytree a deprecation, none of which
     concerns the float8 training used here (pure Python over torch._scaled_mm)."""
-    quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
-    levels = [log.level for log in quiet]
-    for log in quiet:
-        log.setLevel(logging.ERROR)
-    try:
-        import torchao.float8 as float8
-    except ImportError as e:
-        raise UserError(f"--fp8 needs torchao ({e}): {INSTALL}, or use --fp8 none") from None
-    finally:
-        for log, level in zip(quiet, levels):
-            log.setLevel(level)
-    return float8
+    return extras.require("torchao.float8", what, "fp8", "torchao",
+                          quiet=("torchao", "torch.utils._pytree"))
 
 
 def convertible(module: nn.Module, name: str, head: bool) -> bool:

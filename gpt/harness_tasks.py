@@ -17,9 +17,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from gpt import extras
 from gpt.errors import UserError
 
-INSTALL = 'pip install -e ".[eval]"'
 
 
 class HarnessError(UserError):
@@ -34,28 +34,10 @@ LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow", "pandas")
 
 def require_lm_eval(what: str) -> None:
     """Raise one line naming `what` (the flag that needs it) if lm-eval is not installed,
-    or is installed but fails to import (a dependency missing or of a version it cannot
-    use): the two need different fixes."""
-    try:
-        import lm_eval  # noqa: F401  # optional: the eval extra
-    except ImportError as e:
-        if e.name == "lm_eval":
-            raise HarnessError(f"{what} runs EleutherAI's lm-evaluation-harness, which is not "
-                               f"installed: {INSTALL}") from None
-        broken: BaseException = e
-    except Exception as e:  # noqa: BLE001 - an import can fail in any way
-        broken = e
-    else:
-        try:  # the parts used here: they import datasets, transformers' tokenizers, ...
-            import lm_eval.evaluator  # noqa: F401
-            import lm_eval.tasks  # noqa: F401
-            return
-        except Exception as e:  # noqa: BLE001
-            broken = e
-    reason = " ".join(str(broken).split())[:200]
-    raise HarnessError(f"{what} runs EleutherAI's lm-evaluation-harness, which is installed "
-                       f"but fails to import ({type(broken).__name__}: {reason}): a package "
-                       f"it needs is missing or of another version; reinstall with {INSTALL}")
+    or is installed but fails to import the parts used here (they import datasets,
+    transformers' tokenizers, ...): the two need different fixes."""
+    extras.require(("lm_eval", "lm_eval.evaluator", "lm_eval.tasks"), what, "eval",
+                   "lm-eval (EleutherAI's lm-evaluation-harness)", error=HarnessError)
 
 
 def parse_tasks(text: str | None) -> list[str]:

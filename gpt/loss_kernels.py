@@ -21,20 +21,21 @@ so every kernel computes the same gradients to rounding.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Callable
 
 import torch
 
+from gpt import extras
 from gpt.chunked_ce import linear_cross_entropy, linear_dtype
 from gpt.errors import UserError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 KERNELS = ("ours", "liger", "cce")  # and "auto", which resolve() turns into one of them
-# the module each library kernel imports, and how to install it
-PACKAGES = {"liger": ("liger_kernel", "pip install liger-kernel"),
-            "cce": ("cut_cross_entropy", "pip install cut-cross-entropy")}
+# the modules each library kernel imports (the first names the package), and its name
+# on the package index
+PACKAGES = {"liger": (("liger_kernel", "liger_kernel.transformers.functional"), "liger-kernel"),
+            "cce": (("cut_cross_entropy",), "cut-cross-entropy")}
 
 
 def resolve(kernel: str, device_type: str) -> str:
@@ -58,16 +59,14 @@ def check(kernel: str, device_type: str, chunked: bool = True) -> None:
                             "same memory; use --loss-kernel liger (pip install liger-kernel), "
                             "or --no-chunked-loss")
         return
-    module, hint = PACKAGES[chosen]
+    modules, package = PACKAGES[chosen]
     if device_type != "cuda":
         raise UserError(f"--loss-kernel {chosen} runs Triton kernels on CUDA only, and this "
                         f"run is on {device_type}: use --loss-kernel ours (the default)")
-    if importlib.util.find_spec(module) is None:
-        what = ("--chunked-loss on CUDA runs Liger Kernel's fused linear cross-entropy, which "
-                "needs" if kernel == "auto" else f"--loss-kernel {chosen} needs")
-        raise UserError(f"{what} the {module} package: {hint} (or pip install "
-                        f"'gpt2-trainer[kernels]'), or use --no-chunked-loss (the whole "
-                        f"logits, the default on CUDA)")
+    what = ("--chunked-loss on CUDA (Liger Kernel's fused linear cross-entropy; or "
+            "--no-chunked-loss, the whole logits, the default there)" if kernel == "auto"
+            else f"--loss-kernel {chosen}")
+    extras.require(modules, what, "kernels", package)  # as the kernel imports it
 
 
 def _in_compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import html
-import importlib.util
 import json
 import math
 import os
@@ -22,6 +21,7 @@ from typing import Any, Protocol
 import psutil
 import torch
 
+from gpt import extras
 from gpt.config import ConfigError, ModelConfig
 from gpt.dist import Runtime, synchronize
 from gpt.errors import UserError
@@ -322,13 +322,13 @@ class TrackingError(UserError):
 
 
 def check_tracking(tensorboard: bool, wandb_project: str | None) -> None:
-    """The packages the tracking flags need, before any work: a one-line error naming the
-    extra to install."""
-    for wanted, package, flag_name in ((tensorboard, "tensorboard", "--tensorboard"),
-                                       (wandb_project, "wandb", "--wandb-project")):
-        if wanted and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"{flag_name} needs the {package} package: "
-                              f"pip install 'gpt2-trainer[{package}]'")
+    """The packages the tracking flags need, imported as open_trackers imports them,
+    before any work: a one-line error naming the extra to install."""
+    if tensorboard:
+        extras.require(("tensorboard", "torch.utils.tensorboard"), "--tensorboard",
+                       "tensorboard", "tensorboard", error=ConfigError)
+    if wandb_project:
+        extras.require("wandb", "--wandb-project", "wandb", "wandb", error=ConfigError)
 
 
 class MetricsError(UserError):

@@ -83,10 +83,9 @@ def test_a_bad_recipe_name_is_one_line(capsys) -> None:
 
 
 def test_missing_torchao_is_one_line_with_the_install_hint(monkeypatch) -> None:
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "torchao" else real(name, *a))
-    with pytest.raises(UserError, match=r"needs torchao: pip install 'gpt2-trainer\[fp8\]'"):
+    monkeypatch.setitem(sys.modules, "torchao", None)  # importing it now fails
+    with pytest.raises(UserError, match=r"needs torchao, which is not installed: pip install -e "
+                                        r"\"\.\[fp8\]\""):
         fp8.check(parse_args(["--fp8", "tensorwise"]).train, torch.device("cpu"))
     fp8.check(parse_args([]).train, torch.device("cpu"))  # --fp8 none needs nothing
 

@@ -47,14 +47,18 @@ def test_a_library_kernel_is_refused_off_cuda_and_when_missing(monkeypatch: pyte
     for kernel in ("liger", "cce"):
         with pytest.raises(UserError, match=f"--loss-kernel {kernel} runs Triton kernels on CUDA only"):
             loss_kernels.check(kernel, "cpu")
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(UserError, match="--loss-kernel liger needs the liger_kernel package: pip install liger-kernel"):
+    for module in ("liger_kernel", "cut_cross_entropy"):  # importing them now fails
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(UserError, match=r"^--loss-kernel liger needs liger-kernel, which is not "
+                       r"installed: pip install -e \"\.\[kernels\]\" in the checkout, or pip "
+                       r"install liger-kernel$"):
         loss_kernels.check("liger", "cuda")
-    with pytest.raises(UserError, match="needs the cut_cross_entropy package: pip install cut-cross-entropy"):
+    with pytest.raises(UserError, match="needs cut-cross-entropy, which is not installed"):
         loss_kernels.check("cce", "cuda")
     # unset, the chunked loss on CUDA is Liger's: without it, one line that says so
-    with pytest.raises(UserError, match="^--chunked-loss on CUDA runs Liger Kernel's fused linear "
-                       "cross-entropy, which needs the liger_kernel package: pip install liger-kernel"):
+    with pytest.raises(UserError, match=r"^--chunked-loss on CUDA \(Liger Kernel's fused linear "
+                       r"cross-entropy; or --no-chunked-loss, .*\) needs liger-kernel, which is "
+                       r"not installed"):
         loss_kernels.check("auto", "cuda")
     loss_kernels.check("auto", "cuda", chunked=False)  # the whole logits: no kernel needed
 

@@ -1,0 +1,61 @@
+"""The optional packages (pyproject.toml's extras): importing one as the run will, and the
+one line that says what to do when it is missing or broken.
+
+A package can be on disk and still fail to import: a build for another torch or CUDA,
+an ABI mismatch, a dependency missing or of the wrong version, a half-finished install.
+So a check that a run can use one imports the very modules the run imports; looking for
+the package's files (importlib.util.find_spec) would promise a start the run then
+refuses. The first import also costs what it costs the run, once: the module stays
+imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from types import ModuleType
+
+from gpt.errors import UserError
+
+
+class MissingExtra(UserError):
+    """An optional package that a flag or command needs is not installed, or does not
+    import; the message names the flag, the package and the command that installs it."""
+
+
+def install_hint(extra: str, package: str) -> str:
+    """How to install an extra: from the checkout (the README's way), or the package alone."""
+    return f'pip install -e ".[{extra}]" in the checkout, or pip install {package}'
+
+
+def require(modules: str | tuple[str, ...], what: str, extra: str, package: str,
+            error: type[UserError] = MissingExtra, quiet: tuple[str, ...] = ()) -> ModuleType:
+    """Import `modules` (the first is returned), as the run will, or raise `error` in one
+    line: `what` (the flag or command that needs it) needs `package`, which is not
+    installed, or is installed but fails to import (with the import's own reason: the
+    two need different fixes). `quiet`: loggers silenced during the import (a package that
+    logs warnings about parts this package does not use)."""
+    wanted = (modules,) if isinstance(modules, str) else modules
+    top = wanted[0].split(".")[0]
+    names = dict.fromkeys((top, *wanted))  # the package itself first: missing, or broken
+    loggers = [logging.getLogger(name) for name in quiet]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        log.setLevel(logging.ERROR)
+    try:
+        imported = {name: importlib.import_module(name) for name in names}
+        return imported[wanted[0]]
+    except ImportError as e:
+        if e.name == top:
+            raise error(f"{what} needs {package}, which is not installed: "
+                        f"{install_hint(extra, package)}") from None
+        broken: BaseException = e
+    except Exception as e:  # noqa: BLE001 - an import can fail in any way
+        broken = e
+    finally:
+        for log, level in zip(loggers, levels):
+            log.setLevel(level)
+    reason = " ".join(str(broken).split())[:200]
+    raise error(f"{what} needs {package}, which is installed but fails to import "
+                f"({type(broken).__name__}: {reason}): a package it needs is missing or of "
+                f"another version; reinstall it: {install_hint(extra, package)}")
