@@ -32,6 +32,7 @@ import os
 import re
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -247,24 +248,62 @@ def choose(out_dir: Path, resume: str) -> tuple[Path | None, dict[str, Any] | No
     return Path(resume), usable(Path(resume)), []  # a clear error if unusable
 
 
-def resume_config(out_dir: Path, resume: str) -> dict[str, Any] | None:
-    """The config (in today's sections) of the checkpoint `--resume` would continue from,
-    read before the run starts, without its tensors or the CRC check that the resume
-    itself makes (Checkpointer.open); None for a fresh start, or if the file cannot be
-    read (the resume then says why)."""
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run would start: fresh (path None), or the checkpoint --resume continues
+    from, with the step and config stored in it. Verified (resume_point's verify):
+    `contents` is the whole checkpoint, its CRCs and everything a resume reads checked,
+    and `notes` the warnings about files passed over on the way."""
+
+    path: Path | None = None
+    step: int = 0
+    saved: dict[str, Any] | None = None
+    contents: dict[str, Any] | None = None
+    notes: tuple[str, ...] = ()
+
+
+def resume_point(out_dir: Path, resume: str, verify: bool) -> ResumePoint:
+    """The checkpoint `--resume` would continue from in out_dir, read before the run
+    starts and without its lock. verify: as the resume itself chooses (choose: every CRC,
+    every entry a resume reads, an older file where the newest cannot be used), which
+    reads the whole file; else from the files' configs and the weights' shapes alone
+    (memory-mapped, no tensor's values read): which file, its step and config, and the
+    same refusals of a folder or a file that cannot be resumed, with the resume's own
+    choice, under the lock, to come (Checkpointer.open). Errors are one line naming the
+    file."""
+    if verify:
+        path, ckpt, notes = choose(out_dir, resume)
+        if path is None:
+            return ResumePoint(notes=tuple(notes))
+        return ResumePoint(path, stored_step(ckpt), saved_config(ckpt, path), ckpt, tuple(notes))
     if resume == "none":
-        return None
-    if resume == "auto":
-        found, _ = by_stored_step(out_dir)
-        if not found:
-            return None
-        path = found[0][1]
-    else:
-        path = Path(resume)
+        choose(out_dir, resume)  # a listing: refuses a folder that holds checkpoints
+        return ResumePoint()
+    if resume != "auto":
+        return _config_of(Path(resume))
+    found, notes = by_stored_step(out_dir)
+    for _, path in found:  # newest first; one that cannot be read is passed over, as
+        try:               # find_latest passes it over (and warns: its notes, not these)
+            return _config_of(path)
+        except CheckpointError as e:
+            notes.append(f"skipping damaged checkpoint: {e}")
+    if notes:
+        raise CheckpointError(f"--resume auto: no checkpoint in {out_dir} could be used: "
+                              + "; ".join(notes))
+    return ResumePoint()
+
+
+def _config_of(path: Path) -> ResumePoint:
+    """The step and config a checkpoint holds, and its weights' names and shapes against
+    that config, as every reader judges them (model_weights); memory-mapped: no tensor's
+    values are read."""
+    ckpt = load(path, check=False)
     try:
-        return saved_config(_unpickle(path), path)
-    except (CheckpointError, TypeError, KeyError):
-        return None
+        step = stored_step(ckpt)
+    except BadContents as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    model_weights(ckpt, path, warn=False)  # the resume itself warns of assumed fields
+    return ResumePoint(path, step, saved_config(ckpt, path))
 
 
 def rotate(out_dir: Path, keep: int, protect: set[str]) -> list[Path]:
@@ -301,7 +340,11 @@ def model_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[st
 
 def check_resume_config(ckpt: dict[str, Any], cfg: Config, path: Path) -> list[str]:
     """Refuse a checkpoint of another model; return notes on other settings that changed."""
-    saved = saved_config(ckpt, path)
+    return resume_differences(saved_config(ckpt, path), cfg, path)
+
+
+def resume_differences(saved: dict[str, Any], cfg: Config, path: Path) -> list[str]:
+    """check_resume_config on a checkpoint's config already read (saved_config)."""
     current = to_dict(cfg)
     diffs = model_differences(saved["model"], current["model"])
     if diffs:

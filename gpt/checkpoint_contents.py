@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gpt import parallel
+from gpt import parallel, sizing
 from gpt.config import ModelConfig
 from gpt.data import check_loader_state, windows_passed
 from gpt.model import GPT
@@ -52,7 +52,14 @@ def check_weights_fit(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> Non
     position embedding, an untied head a weight of its own), and a tied head is the
     embedding; a tied head may be listed once. What weights cannot show (--relu2,
     --qk-norm, --logit-softcap) the config schema's version guards (config.upgrade_dict);
-    a file from before schemas gets a warning naming the fields assumed (model_weights)."""
+    a file from before schemas gets a warning naming the fields assumed (model_weights).
+    The size comes first, by arithmetic (sizing.check_weights_size): a config edited to
+    an absurd size is refused before a model of that size is built to compare names and
+    shapes."""
+    try:
+        sizing.check_weights_size(cfg, weights)
+    except ValueError as e:
+        raise BadContents(str(e)) from None
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in GPT(cfg).state_dict().items()}
     got = {k: tuple(v.shape) for k, v in weights.items()}

@@ -266,7 +266,11 @@ def _check_fp8(cfg: Config) -> None:
 
 
 def grad_accum_steps(total_batch_tokens: int, batch_size: int, seq_len: int, world_size: int) -> int:
-    """Micro-steps per optimizer step so that B * T * world_size * steps == total tokens."""
+    """Micro-steps per optimizer step so that B * T * world_size * steps == total tokens,
+    or the trainer's ConfigError: the batch must divide into whole micro-batches on every
+    rank."""
+    if world_size < 1:
+        raise ConfigError(f"--world-size {world_size}: a run has at least one process")
     per_micro = batch_size * seq_len * world_size
     if total_batch_tokens % per_micro != 0:
         raise ConfigError(

@@ -176,15 +176,11 @@ def restart_store_warning(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def planned_runtime(requested_device: str = "auto") -> Runtime:
-    """This process's Runtime as init_runtime will make it (rank, world size, device), but
-    with no process group started: what the checks before any rendezvous (gpt/preflight.py,
-    the dry run) look at. A broken launch environment is the same ConfigError."""
-    launch = launch_environment(os.environ)
-    if launch is None:
-        return Runtime(device=pick_device(requested_device))
-    return Runtime(device=pick_device(requested_device, launch.local_rank), rank=launch.rank,
-                   local_rank=launch.local_rank, world_size=launch.world_size, distributed=True)
+def check_launch_device(device: torch.device, launch: Launch | None) -> None:
+    """A device a torchrun worker can join a process group from: CUDA (nccl) or the CPU
+    (gloo); MPS has no backend."""
+    if launch is not None and device.type == "mps":
+        raise ConfigError("--device mps: multi-process training needs CUDA (nccl) or CPU (gloo)")
 
 
 def init_runtime(requested_device: str = "auto", timeout_s: float = 600.0) -> Runtime:
@@ -199,8 +195,7 @@ def init_runtime(requested_device: str = "auto", timeout_s: float = 600.0) -> Ru
         return Runtime(device=pick_device(requested_device))
     rank, world_size, local_rank = launch.rank, launch.world_size, launch.local_rank
     device = pick_device(requested_device, local_rank)
-    if device.type == "mps":
-        raise ConfigError("--device mps: multi-process training needs CUDA (nccl) or CPU (gloo)")
+    check_launch_device(device, launch)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"

@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
-from gpt import memory, preflight
-from gpt.checkpoint import resume_config
+from gpt import memory, sizing
 from gpt.config import AUTO, Config, ConfigError
 from gpt.config_check import MAX_MICRO_TOKENS, validate
 from gpt.dist import Runtime
@@ -75,16 +73,6 @@ class Choice:
                 "batch_size": self.batch_size, "source": self.source, "auto": list(self.decided),
                 "reasons": list(self.reasons), "capacity_bytes": self.capacity,
                 "planned_peak_bytes": self.plan.peak_bytes if self.plan else None}
-
-
-def settle_for(cfg: Config, runtime: Runtime) -> tuple[Config, Choice | None]:
-    """settle() for a run about to start in `runtime` (planned: no process group yet): the
-    device's memory, and the config of the checkpoint --resume would continue from."""
-    if not unsettled(cfg):
-        return cfg, None
-    saved = resume_config(Path(cfg.train.out_dir), cfg.checkpoint.resume)
-    return settle(cfg, runtime.world_size, runtime.device_type,
-                  preflight.device_memory(runtime.device), saved, runtime.distributed)
 
 
 def unsettled(cfg: Config) -> list[str]:
@@ -132,7 +120,7 @@ def settle(cfg: Config, world_size: int, device_type: str, capacity: int | None,
                           else (t.activation_checkpointing,)):
         for parallel in _modes(cfg, world_size, distributed):
             trial = with_layout(cfg, parallel, checkpointing, batches[-1])
-            if preflight.least_bytes(trial, world_size) > capacity:
+            if sizing.least_bytes(trial, world_size) > capacity:
                 tried.append(f"{parallel}/{checkpointing}: its weights, gradients and AdamW "
                              f"state alone exceed it")
                 continue

@@ -32,8 +32,9 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from gpt import loss_kernels, preflight
+from gpt import loss_kernels, sizing
 from gpt.config import AUTO, Config, ConfigError
+from gpt.config_check import grad_accum_steps
 from gpt.dist import Runtime
 
 GiB = 2**30
@@ -128,10 +129,11 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
         raise ConfigError("the planner plans one concrete layout: settle --parallel, "
                           "--activation-checkpointing and --batch-size auto first "
                           "(gpt.layout.settle)")
-    # The trainer's own checks first (gpt/preflight.py): no plan for a run it refuses, and
-    # an absurd model is refused by arithmetic before anything is traced
-    accum = preflight.check_world(cfg, world_size)  # the trainer's accumulation steps
-    preflight.check_fits(cfg, world_size, *preflight.most_memory(device_type, CAPACITIES.values()))
+    # The trainer's own rules first: no plan for a batch it refuses, and an absurd model
+    # is refused by arithmetic (gpt/sizing.py) before anything is traced
+    accum = grad_accum_steps(cfg.data.total_batch_tokens, cfg.data.batch_size,
+                             cfg.data.seq_len, world_size)
+    sizing.check_fits(cfg, world_size, *sizing.most_memory(device_type, CAPACITIES.values()))
     # What the trainer would run on device_type (gpt.parallel), pinned: the fake run is on
     # the CPU, where an unset --chunked-loss always means on
     chunked = cfg.train.chunked_loss_on(device_type)

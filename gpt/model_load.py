@@ -13,7 +13,8 @@ import torch
 from gpt.attention_mask import set_attention_step
 from gpt.checkpoint import CheckpointError, model_weights, saved_config
 from gpt.checkpoint import load as load_checkpoint_file
-from gpt.config import ModelConfig
+from gpt import sizing
+from gpt.config import ConfigError, ModelConfig
 from gpt.errors import UserError
 from gpt.model import GPT
 from gpt.step import count_nonfinite
@@ -37,7 +38,13 @@ def check_finite(state_dict: dict[str, torch.Tensor], source: str) -> None:
 
 def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor], source: str,
                 device: str | torch.device = "cpu") -> GPT:
-    """A GPT holding exactly `state_dict`, allocated once on `device` (no random init)."""
+    """A GPT holding exactly `state_dict`, allocated once on `device` (no random init),
+    after the model's size is judged against the device's memory (gpt/sizing.py)."""
+    device = torch.device(device)
+    try:
+        sizing.check_weights_fit_memory(cfg, sizing.device_memory(device), str(device), source)
+    except ConfigError as e:
+        raise PretrainedError(str(e)) from None
     with torch.device("meta"):
         model = GPT(cfg)
     model.to_empty(device=device)  # GPT.to_empty ties the head again (if tied)

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
-from gpt import bpb, fp8, hellaswag, layout, muon, parallel, weights
+from gpt import bpb, fp8, hellaswag, muon, parallel, weights
 from gpt.attention_mask import set_attention_step
 from gpt.checkpoint import model_weights
 from gpt.checkpointer import Checkpointer
@@ -24,22 +24,22 @@ from gpt.cli import parse_command
 from gpt.compat import old_torch_note
 from gpt.config import Config, to_dict
 from gpt.data import ShardLoader
-from gpt.dist import (Runtime, all_reduce_mean, init_runtime, is_oom, peer_lost, planned_runtime,
-                      resolve_dtype, reuse_freed_memory, set_matmul_precision, shutdown)
+from gpt.dist import (Runtime, all_reduce_mean, init_runtime, is_oom, peer_lost,
+                      reuse_freed_memory, set_matmul_precision, shutdown)
 from gpt.errors import UserError
 from gpt.validation import val_loss
 from gpt.sampling import sample
-from gpt.metrics import (Progress, StepTimer, check_tracking, close_trackers, flops_per_token, mfu,
-                         open_trackers, peak_memory)
+from gpt.metrics import (Progress, StepTimer, close_trackers, flops_per_token, mfu, open_trackers,
+                         peak_memory)
 from gpt.model import GPT
 from gpt.optim import lr_at
-from gpt.preflight import check_data, check_eval_tasks, check_out_dir, check_start
+from gpt.preflight import Plan, preflight
 from gpt.profiling import Profiler
 from gpt.run import Run
 from gpt.run_record import open_log, run_peak
 from gpt.signals import StopSignal
 from gpt.rng import seed_everything
-from gpt.shards import DataError, check_not_being_written, find_shards
+from gpt.shards import DataError, find_shards
 from gpt.step import TrainingDiverged, forward_backward, nonfinite_tensors, optimizer_step
 from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
 from gpt.train_tasks import TrainingTasks
@@ -56,12 +56,9 @@ class OutOfMemory(UserError):
 def build_loaders(cfg: Config, runtime: Runtime) -> tuple[ShardLoader, ShardLoader | None]:
     """The train loader, and the val loader if validation is on and val_* shards exist."""
     d = cfg.data
-    note = check_not_being_written(d.data_dir, d.allow_incomplete_data)
-    if note and runtime.is_master:
-        print(f"warning: {note}", file=sys.stderr)
 
     def loader(split: str, shuffle: bool = False) -> ShardLoader:
-        # --check-tokens scanned every shard in train()'s preflight (check_data), as the
+        # --check-tokens scanned every shard in the preflight (gpt/preflight.py), as the
         # dry run does; each batch is still checked as it is read (max_token)
         return ShardLoader(d.data_dir, split, batch_size=d.batch_size, seq_len=d.seq_len,
                            rank=runtime.rank, world_size=runtime.world_size, seed=cfg.train.seed,
@@ -101,12 +98,13 @@ def build_model(cfg: Config, ckpt: dict[str, Any] | None, runtime: Runtime) -> G
     return model
 
 
-def build_run(cfg: Config, runtime: Runtime) -> Run:
-    t, e = cfg.train, cfg.eval
+def build_run(plan: Plan, runtime: Runtime) -> Run:
+    """The run's parts, from the preflight's plan (gpt/preflight.py), in this rank's
+    runtime."""
+    cfg, t, e = plan.cfg, plan.cfg.train, plan.cfg.eval
     if runtime.is_master and (note := old_torch_note()):
         print(note)
-    accum = check_start(cfg, runtime)  # the dry run's and the memory planner's checks too
-    autocast_dtype = resolve_dtype(t.dtype, runtime.device)
+    autocast_dtype = plan.dtype
     seed_everything(t.seed)
     set_matmul_precision(runtime, t.tf32)
     train_loader, val_loader = build_loaders(cfg, runtime)  # bad data stops before any file is written
@@ -118,12 +116,13 @@ def build_run(cfg: Config, runtime: Runtime) -> Run:
         if e.hellaswag_every > 0:  # every rank scores its share; rank 0 downloads, once
             examples = hellaswag.load_examples(e.hellaswag_file, None, runtime.rank, None,
                                                e.hellaswag_max_examples)
-        # Before the model: lm-eval missing or a task name unknown stops the run at once.
+        # Before the model: the tasks and their data, loaded once (the preflight knew the
+        # names); a task whose data cannot load is a warning and the run goes on.
         tasks = TrainingTasks(e, runtime, t.parallel == "fsdp") if e.eval_tasks_every else None
         model = build_model(cfg, ckpt, runtime)
         par = parallel.parallelize(model, t, cfg.optim, runtime, autocast_dtype)
         run = Run(cfg=cfg, runtime=runtime, out_dir=checkpointer.out_dir, model=model, par=par,
-                  autocast_dtype=autocast_dtype, accum=accum, train_loader=train_loader,
+                  autocast_dtype=autocast_dtype, accum=plan.accum, train_loader=train_loader,
                   val_loader=val_loader, checkpointer=checkpointer,
                   tokenizer=gpt2_tokenizer() if samples else None, hellaswag_examples=examples,
                   tasks=tasks)
@@ -392,24 +391,21 @@ def log_samples(run: Run) -> None:
 
 def train(cfg: Config) -> dict[str, Any]:
     """Run training as configured (one process, or one rank under torchrun)."""
-    check_tracking(cfg.train.tensorboard, cfg.train.wandb_project)
-    cfg = weights.with_pretrained_shape(cfg)
-    # Before the ranks meet, as the dry run does: a refusal is one line, not a rendezvous
-    # that waits for --dist-timeout
-    planned = planned_runtime(cfg.train.device)
-    cfg, choice = layout.settle_for(cfg, planned)  # auto values: planned, once
-    if choice is not None and planned.is_master:
-        print(choice.line(), flush=True)
-    check_start(cfg, planned)
-    check_data(cfg, planned.world_size)
-    check_out_dir(cfg.train.out_dir)
-    check_eval_tasks(cfg)
+    # Every check before the ranks meet, as the dry run makes them: a refusal is one
+    # line, not a rendezvous that waits for --dist-timeout
+    plan = preflight(cfg).settled()
+    cfg = plan.cfg  # settled: --init-from's shape, the automatic layout's values
+    if plan.runtime.is_master:
+        if plan.layout is not None:
+            print(plan.layout.line(), flush=True)
+        for warning in plan.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
     runtime = init_runtime(cfg.train.device, cfg.train.dist_timeout)
     if runtime.device_type == "cpu" and cfg.train.cpu_malloc_reuse:
         reuse_freed_memory()
     clean = False
     try:
-        result = build_and_run(cfg, runtime, choice.to_json() if choice else None)
+        result = build_and_run(plan, runtime)
         clean = True
         return result
     except (RuntimeError, MemoryError) as e:
@@ -431,13 +427,13 @@ def train(cfg: Config) -> dict[str, Any]:
         shutdown(runtime, clean)
 
 
-def build_and_run(cfg: Config, runtime: Runtime, layout_choice: dict[str, Any] | None = None
-                  ) -> dict[str, Any]:
+def build_and_run(plan: Plan, runtime: Runtime) -> dict[str, Any]:
     """The run lives in this frame alone, so it is gone by the time the process group is
-    torn down (see dist.shutdown). `layout_choice`: what --parallel/--activation-checkpointing/
-    --batch-size auto settled on, for the metrics header."""
-    run = build_run(cfg, runtime)
-    run.layout_choice = layout_choice
+    torn down (see dist.shutdown)."""
+    run = build_run(plan, runtime)
+    # what --parallel/--activation-checkpointing/--batch-size auto settled on, for the
+    # metrics header
+    run.layout_choice = plan.layout.to_json() if plan.layout is not None else None
     try:
         return run_loop(run)
     finally:

@@ -190,6 +190,7 @@ def test_the_compiled_step_of_a_modern_model_has_no_graph_break(graph_backend, t
     from gpt.cli import parse_args
     from gpt.dist import init_runtime
     from gpt.step import forward_backward, optimizer_step
+    from gpt.preflight import preflight
     from gpt.train import build_run
     from gpt.validation import val_loss
 
@@ -197,7 +198,7 @@ def test_the_compiled_step_of_a_modern_model_has_no_graph_break(graph_backend, t
     cfg = parse_args([*TINY, *QUIET, *ALL_FLAGS, "--zero-init-proj", "--optimizer", "muon",
                       "--compile", "--val-every", "5", "--data-dir", str(data),
                       "--out-dir", str(tmp_path / "run")])
-    run = build_run(cfg, init_runtime("cpu"))
+    run = build_run(preflight(cfg).settled(), init_runtime("cpu"))
     try:
         par = run.par
         for _ in range(2):

@@ -16,7 +16,7 @@ import torch
 
 from helpers import QUIET, TINY, read_metrics, run_cli, write_random_shards
 from gpt import layout, memory, parallel
-from gpt.checkpoint import load, resume_config
+from gpt.checkpoint import load, resume_point
 from gpt.cli import parse_args
 from gpt.config import Config, ConfigError, from_dict, to_dict
 from gpt.memory import MemoryPlan
@@ -318,7 +318,7 @@ def test_a_run_records_the_values_it_chose_and_a_resume_keeps_them(
             recipe["data"]["batch_size"]) == ("ddp", "none", 8)
     saved = load(out / "ckpt_000002.pt")["config"]
     assert (saved["train"]["parallel"], saved["data"]["batch_size"]) == ("ddp", 8)
-    assert resume_config(out, "auto")["data"]["batch_size"] == 8
+    assert resume_point(out, "auto", verify=False).saved["data"]["batch_size"] == 8
     assert parse_args(["--config", str(out / "config.toml")]).data.batch_size == 8
 
     # The resume does not choose again: it runs the checkpoint's layout, planning nothing.
@@ -332,10 +332,10 @@ def test_a_run_records_the_values_it_chose_and_a_resume_keeps_them(
 
 def test_a_run_with_nothing_that_fits_stops_in_one_line(data_dir: Path, tmp_path: Path,
                                                         monkeypatch, capsys) -> None:
-    from gpt import preflight
+    from gpt import sizing
     from gpt.train import main
 
-    monkeypatch.setattr(preflight, "device_memory", lambda device: 64 * 2**20)
+    monkeypatch.setattr(sizing, "device_memory", lambda device: 64 * 2**20)
     code = main([*TINY, *QUIET, *AUTO, "--data-dir", str(data_dir),
                  "--out-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip()

@@ -34,6 +34,7 @@ from gpt.optim import build_optimizer
 from gpt.parallel import apply_activation_checkpointing
 from gpt.shards import write_shard
 from gpt.step import forward_backward, optimizer_step
+from gpt.preflight import preflight
 from gpt.train import build_run
 
 pytestmark = pytest.mark.cuda
@@ -104,7 +105,7 @@ def test_trainer_cuda_defaults_use_tf32_compile_and_fused_adamw(patterned_dir: P
                                                                 tmp_path: Path) -> None:
     cfg = parse_args([*GPU_TINY, *QUIET, "--data-dir", str(patterned_dir),
                       "--out-dir", str(tmp_path / "run")])
-    run = build_run(cfg, init_runtime("cuda"))
+    run = build_run(preflight(cfg).settled(), init_runtime("cuda"))
     assert run.autocast_dtype == torch.bfloat16
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     assert run.par.compiled and hasattr(run.par.train_model, "_orig_mod")  # torch.compile

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt import dry_run
+from gpt import sizing
 from gpt.train import main as train_main
 
 from helpers import QUIET, TINY, run_cli, write_random_shards
@@ -85,7 +85,7 @@ def test_what_to_lower_when_the_plan_does_not_fit(tmp_path: Path, clean_launch_e
 
     cfg = parse_args([*args[:-1], "--batch-size", "2"])
     two = memory.plan(cfg, device_type="cpu").peak_bytes  # what --batch-size 2 needs
-    monkeypatch.setattr(dry_run, "device_memory", lambda device: int(two * memory.MARGIN) +
+    monkeypatch.setattr(sizing, "device_memory", lambda device: int(two * memory.MARGIN) +
                         memory.RESERVE + 1)
     # The run would stop at its first step: no promise that it would start
     assert train_main(args) == 1

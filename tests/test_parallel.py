@@ -201,12 +201,13 @@ def test_trainer_graphs_training_never_breaks_and_eval_compiles_apart(
     shape) on evaluation's callable, and the training step after them compiles nothing."""
     from gpt.dist import init_runtime
     from gpt.validation import val_loss
+    from gpt.preflight import preflight
     from gpt.train import build_run
 
     data = write_random_shards(tmp_path, seed=0, train=(20_000,), val=(5_000,))
     cfg = parse_args([*TINY, *QUIET, "--compile", "--val-every", "5", "--val-steps", "2",
                       "--data-dir", str(data), "--out-dir", str(tmp_path / "run")])
-    run = build_run(cfg, init_runtime("cpu"))
+    run = build_run(preflight(cfg).settled(), init_runtime("cpu"))
     try:
         par = run.par
         assert par.compiled and par.eval_model is not par.train_model

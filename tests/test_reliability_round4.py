@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import QUIET, TINY, write_random_shards
-from gpt import checkpoint, preflight
+from gpt import checkpoint, sizing
 from gpt.bench import cli as bench_cli
 from gpt.bench import tokens_bench
 from gpt.checkpoint import CheckpointError
@@ -169,7 +169,7 @@ def test_the_parameter_formula_is_the_models_count(rotary: bool, rmsnorm: bool, 
                      value_embeds=value_embeds, unet_skips=unet, qk_norm=True, relu2=True,
                      vocab_size=1000, block_size=77)
     with torch.device("meta"):
-        assert preflight.param_count(m) == GPT(m).num_params()
+        assert sizing.param_count(m) == GPT(m).num_params()
 
 
 def test_an_absurd_model_is_refused_by_the_dry_run_and_the_planner(data: Path, tmp_path: Path,
@@ -189,11 +189,11 @@ def test_an_absurd_model_is_refused_by_the_dry_run_and_the_planner(data: Path, t
 
 def test_fsdp_shares_the_least_memory_over_the_world() -> None:
     cfg = parse_args(["--model", "gpt2-xl", "--parallel", "fsdp"])
-    one, eight = preflight.least_bytes(cfg, 1), preflight.least_bytes(cfg, 8)
+    one, eight = sizing.least_bytes(cfg, 1), sizing.least_bytes(cfg, 8)
     assert one > 7 * eight  # all but the token ids are sharded
-    preflight.check_fits(cfg, 8, 80 * 2**30, "an 80 GB GPU")
+    sizing.check_fits(cfg, 8, 80 * 2**30, "an 80 GB GPU")
     with pytest.raises(UserError, match="an 80 GB GPU"):
-        preflight.check_fits(cfg, 1, 20 * 2**30, "an 80 GB GPU")
+        sizing.check_fits(cfg, 1, 20 * 2**30, "an 80 GB GPU")
 
 
 # ---- 4: the planner plans only what the trainer accepts

@@ -116,10 +116,10 @@ def spread(values: list[float | None]) -> dict[str, Any]:
 
 def parameters(args: argparse.Namespace, parts: tuple[str, ...] | list[str]) -> int:
     """The parameter count of the bench's model with `parts` (tied weights once), by the
-    preflight's formula: no model is built."""
+    gpt/sizing.py's formula: no model is built."""
     from gpt.bench import recipes
     from gpt.config import model_preset, section_names
-    from gpt.preflight import param_count
+    from gpt.sizing import param_count
 
     model = section_names("model")
     fields = {k: v for k, v in recipes.fields(parts, args.steps).items() if k in model}

@@ -1,0 +1,277 @@
+"""The one preflight (gpt/preflight.py): the trainer and the dry run ask it once and hold
+no checks of their own; a saved config's size is judged by every checkpoint reader before
+it builds a model; an optional package is judged by importing it, as the run does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import QUIET, REPO, TINY, run_cli, write_random_shards
+from gpt import extras, sizing
+from gpt.checkpoint import save_atomic
+from gpt.cli import parse_args
+from gpt.config import model_preset
+from gpt.errors import UserError
+from gpt.preflight import preflight
+from gpt.train import main as train_main
+
+LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def no_launch_env(monkeypatch):
+    for name in LAUNCH:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_random_shards(tmp_path_factory.mktemp("data"), seed=0, train=(20_000,),
+                               val=(5_000,))
+
+
+@pytest.fixture(scope="module")
+def trained(data: Path, tmp_path_factory) -> Path:
+    """A one-step run's checkpoint of the tiny model."""
+    out = tmp_path_factory.mktemp("run")
+    assert train_main([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data),
+                       "--out-dir", str(out)]) == 0
+    return out / "ckpt_000001.pt"
+
+
+# ---------------------------------------------------------------------------------------
+# one plan
+
+
+def test_the_plan_holds_what_the_run_will_do(data: Path, tmp_path: Path, no_launch_env) -> None:
+    cfg = parse_args([*TINY, "--sample-every", "0", "--max-steps", "4", "--batch-size", "auto",
+                      "--data-dir", str(data), "--out-dir", str(tmp_path / "run")])
+    plan = preflight(cfg)
+    assert plan.ok and plan.settled() is plan
+    assert plan.runtime.device == torch.device("cpu") and plan.runtime.world_size == 1
+    assert plan.dtype == torch.float32 and plan.layout is not None  # --batch-size auto settled
+    d = plan.cfg.data
+    assert plan.accum == d.total_batch_tokens // (d.batch_size * d.seq_len)
+    assert (plan.data.train_shards, plan.data.train_tokens, plan.data.val_tokens) == (1, 20_000, 5_000)
+    assert plan.start.path is None and plan.memory is None  # the planner only when asked
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_every_problem_is_one_entry_and_the_run_raises_the_first(data: Path, tmp_path: Path,
+                                                                  no_launch_env) -> None:
+    (tmp_path / "file").write_text("")
+    cfg = parse_args([*TINY, *QUIET, "--total-batch-tokens", "300", "--data-dir",
+                      str(tmp_path / "none"), "--out-dir", str(tmp_path / "file"),
+                      "--hellaswag-every", "5", "--hellaswag-file", str(tmp_path / "hs.jsonl")])
+    plan = preflight(cfg)
+    words = ["--total-batch-tokens 300", "--out-dir", "--hellaswag-file"]
+    assert [any(w in str(p) for p in plan.problems) for w in words] == [True] * 3
+    assert all("\n" not in str(p) for p in plan.problems)
+    with pytest.raises(UserError) as e:
+        plan.settled()
+    assert e.value is plan.problems[0]
+
+
+def test_a_missing_hellaswag_file_stops_the_run_and_its_dry_run_alike(data: Path,
+                                                                      tmp_path: Path) -> None:
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+            str(tmp_path / "run"), "--hellaswag-every", "1", "--hellaswag-file",
+            str(tmp_path / "missing.jsonl")]
+    for proc in (run_cli(*args, "--dry-run"), run_cli(*args)):
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert f"--hellaswag-file {tmp_path / 'missing.jsonl'}: no such file" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def direct_calls(fn, stop_at: str | None = None):
+    """(calls, run): run(*args) calls fn, recording in calls the module:function of each
+    call fn makes itself (not its callees) into gpt/, until a call of `stop_at`, which is
+    not made."""
+    calls: list[str] = []
+    code = fn.__code__
+
+    class Stop(Exception):
+        pass
+
+    def profile(frame, event, arg) -> None:
+        if event != "call" or "/gpt/" not in frame.f_code.co_filename:
+            return
+        if frame.f_back is None or frame.f_back.f_code is not code:
+            return
+        name = f"{Path(frame.f_code.co_filename).stem}:{frame.f_code.co_name}"
+        if frame.f_code.co_name == stop_at:
+            raise Stop
+        calls.append(name)
+
+    def run(*args):
+        sys.setprofile(profile)
+        try:
+            fn(*args)
+        except Stop:
+            pass
+        finally:
+            sys.setprofile(None)
+    return calls, run
+
+
+def test_the_trainer_and_the_dry_run_each_ask_the_preflight_once(data: Path, tmp_path: Path,
+                                                                  no_launch_env, capsys) -> None:
+    """Before the runtime starts, train() calls the preflight (and reads its verdict) and
+    nothing else of the package: no check of its own. The dry run likewise."""
+    from gpt import dry_run, train
+
+    cfg = parse_args([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data),
+                      "--out-dir", str(tmp_path / "run")])
+    calls, run = direct_calls(train.train, stop_at="init_runtime")
+    run(cfg)
+    # (dist:is_master: the plan's runtime read, to print its lines on rank 0 only)
+    assert [c for c in calls if c != "dist:is_master"] == ["preflight:preflight",
+                                                           "preflight:settled"]
+    calls, run = direct_calls(dry_run.main)
+    run(cfg)
+    assert [c for c in calls if not c.startswith(("dry_run:", "dist:launch"))] == [
+        "preflight:preflight"]
+    assert "the run would start" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------
+# a saved config's size, judged before any reader builds a model
+
+
+def absurd_copy(src: Path, dst: Path) -> Path:
+    """src with its saved config's depth set to 10^9, re-saved with valid checksums."""
+    ckpt = torch.load(src, weights_only=True)
+    ckpt["config"]["model"]["n_layer"] = 10**9
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    save_atomic(ckpt, dst)
+    return dst
+
+
+@pytest.mark.slow
+def test_an_absurd_size_in_a_saved_config_is_refused_by_every_reader(trained: Path, data: Path,
+                                                                     tmp_path: Path) -> None:
+    """generate, evaluate, export, resume (and its dry run) and gpt2-lm-eval each say so
+    in one line; built, the model of 10^9 blocks would take minutes and all the memory
+    (the timeout stands for a hang, not a speed limit)."""
+    path = absurd_copy(trained, tmp_path / "run" / "ckpt_000001.pt")
+    train = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data), "--out-dir",
+             str(path.parent), "--resume", "auto"]
+    commands = {
+        "generate": ["-m", "gpt.generate", "--checkpoint", str(path), "--prompt", "hi",
+                     "--max-new-tokens", "4", "--device", "cpu"],
+        "evaluate": ["-m", "gpt.evaluate", "--checkpoint", str(path), "--data-dir", str(data),
+                     "--device", "cpu", "--val-steps", "1", "--batch-size", "2", "--seq-len", "32"],
+        "export": ["-m", "gpt.pretrained", "export", "--checkpoint", str(path), "--out",
+                   str(tmp_path / "hf")],
+        "resume": [str(REPO / "train_gpt2.py"), *train],
+        "dry run": [str(REPO / "train_gpt2.py"), *train, "--dry-run"],
+    }
+    try:
+        import lm_eval  # noqa: F401
+        commands["gpt2-lm-eval"] = ["-m", "gpt.harness_cli", "--model", "gpt2-trainer",
+                                    "--model_args", f"checkpoint={path}", "--tasks",
+                                    "example_choice", "--include_path",
+                                    str(REPO / "examples" / "eval-tasks"), "--device", "cpu"]
+    except ImportError:
+        pass
+    procs = {name: subprocess.Popen([sys.executable, *cmd], cwd=REPO, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for name, cmd in commands.items()}  # side by side: each mostly imports torch
+    for name, proc in procs.items():
+        try:
+            _, err = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail(f"{name}: no answer in 240 s: a model of the saved size was built")
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert proc.returncode != 0 and "Traceback" not in err, (name, err[-2000:])
+        assert len(errors) == 1 and "describes a model of 49,984,003," in errors[0], (name, err)
+    assert not (tmp_path / "hf").exists()
+
+
+def test_the_size_is_judged_before_the_names_and_shapes(trained: Path) -> None:
+    weights = torch.load(trained, weights_only=True)["model"]
+    tiny = model_preset("tiny", block_size=32)
+    sizing.check_weights_size(tiny, weights)  # the weights' own model
+    # a deeper model within twice the size: built (on the meta device) and compared, which
+    # names what differs
+    sizing.check_weights_size(model_preset("tiny", block_size=32, n_layer=3), weights)
+    for n_layer in (1000, 10**9):  # beyond twice: refused by arithmetic, nothing built
+        with pytest.raises(ValueError, match="its weights hold 3,321,600 values"):
+            sizing.check_weights_size(model_preset("tiny", block_size=32, n_layer=n_layer),
+                                      weights)
+
+
+def test_a_reader_refuses_a_model_larger_than_its_device(trained: Path, monkeypatch) -> None:
+    from gpt.model_load import PretrainedError, load_checkpoint_model
+
+    monkeypatch.setattr(sizing, "device_memory", lambda device: 1 << 20)  # 1 MiB
+    with pytest.raises(PretrainedError, match=r"needs 0\.0 GiB for its weights alone, and cpu "
+                                              r"has 0\.0 GiB"):
+        load_checkpoint_model(trained)
+
+
+# ---------------------------------------------------------------------------------------
+# an optional package is judged by importing it
+
+
+def test_a_package_that_fails_to_import_is_named_with_its_reason(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    (tmp_path / "broken_pkg").mkdir()
+    (tmp_path / "broken_pkg" / "__init__.py").write_text("raise OSError('libfoo.so: cannot open')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(extras.MissingExtra, match=r"^--flag needs broken-pkg, which is installed "
+                       r"but fails to import \(OSError: libfoo\.so: cannot open\): .*"
+                       r'pip install -e "\.\[x\]"'):
+        extras.require("broken_pkg", "--flag", "x", "broken-pkg")
+    monkeypatch.setitem(sys.modules, "absent_pkg", None)
+    with pytest.raises(extras.MissingExtra, match="^--flag needs absent-pkg, which is not installed"):
+        extras.require("absent_pkg", "--flag", "x", "absent-pkg")
+    assert extras.require("json", "--flag", "x", "json").dumps(1) == "1"
+
+
+@pytest.mark.slow
+def test_a_broken_torchao_is_refused_by_the_dry_run_as_by_the_run(data: Path,
+                                                                   tmp_path: Path) -> None:
+    """torchao on disk but failing to import: the dry run no longer promises a start that
+    the run then refuses."""
+    shim = tmp_path / "shim"
+    (shim / "torchao").mkdir(parents=True)
+    (shim / "torchao" / "__init__.py").write_text(textwrap.dedent("""\
+        raise ImportError("undefined symbol: _ZN3c10 (built for another torch)")
+    """))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shim), str(REPO)])}
+    args = [*TINY, *QUIET, "--max-steps", "1", "--fp8", "tensorwise", "--data-dir", str(data),
+            "--out-dir", str(tmp_path / "run")]
+    dry, real = run_cli(*args, "--dry-run", env=env), run_cli(*args, env=env)
+    assert dry.returncode == real.returncode == 1
+    assert "the run would not start" in dry.stderr and "the run would start" not in dry.stdout
+    for proc in (dry, real):
+        assert "--fp8 tensorwise needs torchao, which is installed but fails to import " \
+               "(ImportError: undefined symbol" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_memory_planner_and_the_layout_do_not_call_back_into_the_preflight() -> None:
+    """The modules the preflight consults are called from it, not from each other: none
+    of them imports it."""
+    import ast
+
+    importers = []
+    for path in sorted((REPO / "gpt").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "gpt.preflight" for n in names):
+                importers.append(path.relative_to(REPO).as_posix())
+    assert sorted(set(importers)) == ["gpt/dry_run.py", "gpt/train.py"]
