@@ -21,6 +21,13 @@ from gpt.run import Run
 
 
 
+def loss_name(chunked: bool, kernel: str) -> str:
+    """The banner's words for the run's head + loss."""
+    if chunked:
+        return f"chunked ({kernel})"
+    return "whole logits (fused)" if kernel == "fused" else "whole logits"
+
+
 def run_peak(run: Run) -> float | None:
     """The device's bf16 peak TFLOP/s for MFU: --peak-tflops, else looked up by name."""
     return run.cfg.profile.peak_tflops or peak_tflops(device_name(run.runtime.device))
@@ -63,7 +70,7 @@ def banner(run: Run) -> dict[str, Any]:
         f" | precision {DTYPE_NAMES[run.autocast_dtype]}"
         f"{' + tf32' if cfg.train.tf32 and rt.device_type == 'cuda' else ''}"
         f" | compile {cfg.train.compile_mode if par.compiled else False} | fused AdamW {par.fused}"
-        f" | loss {f'chunked ({run.model.loss_kernel})' if run.model.chunked_loss else 'whole logits'}"
+        f" | loss {loss_name(run.model.chunked_loss, run.model.loss_kernel)}"
         f" | params {run.model.num_params():,}"
         f" | grad accum {run.accum} x {d.batch_size} x {d.seq_len} tokens"
         f" | train tokens {run.train_loader.num_tokens:,}"
@@ -82,7 +89,8 @@ def banner(run: Run) -> dict[str, Any]:
         "device_name": name, "world_size": rt.world_size, "torch": torch.__version__,
         "dtype": DTYPE_NAMES[run.autocast_dtype], "compile": par.compiled,
         "fused_adamw": par.fused, "chunked_loss": run.model.chunked_loss, "fp8": par.fp8,
-        "loss_kernel": run.model.loss_kernel if run.model.chunked_loss else None,
+        "loss_kernel": (run.model.loss_kernel if run.model.chunked_loss
+                        or run.model.loss_kernel == "fused" else None),
         "params": run.model.num_params(), "grad_accum": run.accum,
         "flops_per_token": flops_per_token(cfg.model, d.seq_len), "peak_tflops": peak,
         "peak_mem_source": peak_memory(rt.device)[1],
