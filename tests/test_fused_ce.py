@@ -51,11 +51,15 @@ def interpreted() -> Iterator[Worker]:
         mp.setenv("TRITON_INTERPRET", "1")  # inherited by the worker, started here
         pool = multiprocessing.get_context("spawn").Pool(1)
     try:
-        pool.apply(kernels)  # its imports (torch, the package, Triton): the fixture's time
+        pool.apply(warm)  # its imports (torch, the package, Triton): the fixture's time
         yield lambda fn, *args, **kwargs: pool.apply(fn, args, kwargs)
     finally:
         pool.close()
         pool.join()
+
+
+def warm() -> None:
+    kernels()
 
 
 def kernels() -> Any:
