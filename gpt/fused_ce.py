@@ -17,15 +17,18 @@ Passes over the logits, one program per row, the row in blocks of BLOCK columns:
   (softmax - one-hot) x (the soft cap's slope) x grad_output / (rows counted), in place
   over the logits where the caller says nothing else reads them (GPT.loss does).
 So each logit is read twice and written once in all, and what the step holds between the
-passes is the logits themselves (which the head's output is anyway) and 8 bytes a row.
+passes is the logits themselves (which the head's output is anyway) and each row's
+log-sum-exp (4 bytes a row).
 
-llm.c's fused classifier writes the gradient during the forward instead, which needs the
-loss's incoming gradient known beforehand (there, 1 / tokens). Here it is not: the
-trainer divides the loss by the accumulation steps, and GradScaler multiplies it, after
-the model returns. Writing (softmax - one-hot) / n in the forward would leave the backward
-a multiplication by grad_output, one more read and write of every logit; deferring the
-gradient's pass to the backward folds that factor in for free (read from a device
-scalar: no host sync). The second read is the price: the forward's pass cannot be reused.
+llm.c's fused classifier writes the gradient during the forward instead, the second
+pass over a row finding it in L2, which needs the loss's incoming gradient known
+beforehand (there, 1 / tokens). Here it is not: the trainer divides the loss by the
+accumulation steps, and GradScaler multiplies it, after the model returns. Writing
+(softmax - one-hot) / n in the forward would leave the backward a multiplication by
+grad_output, one more read and write of every logit (4 logits' worth of traffic, against
+3 here); deferring the gradient's pass to the backward folds that factor in for free (read
+from a device scalar: no host sync). llm.c's order would beat this one only if the
+trainer handed the loss its 1 / accumulation steps before the forward (2 logits' worth).
 
 What it matches: the model's whole logits (GPT.logits then F.cross_entropy). GPT-2's
 vocabulary is padded from 50,257 to 50,304 columns and the model does not mask the
@@ -40,14 +43,18 @@ ignore index gives a NaN loss (F.cross_entropy raises; a kernel cannot).
 
 Bytes, GPT-2 124M at micro-batch 64 x 1024 in bf16 (N = 65,536 rows, V = 50,304): the
 logits are 6.6 GB; forward reads 6.6 GB, backward reads 6.6 and writes 6.6: 19.8 GB a
-micro-batch. PREDICTED for an H100 (not measured): at 2.5-3 TB/s that is 6.6-7.9 ms a
-micro-batch, against ~19 ms for the whole logits' loss today (7.2% of the 266.5 ms step
-of benchmarks/gpu/2026-11-27-h100, reading the logits at ~1.4 TB/s), so a step about
-11-13 ms (4-5%) shorter, if the graph break below costs nothing else. With the soft cap
-each logit also takes a sigmoid (an exp and a reciprocal) in both passes, which may make
-the kernels bound by the special-function units rather than by memory; and the whole
-logits' path then holds an fp32 copy of the capped logits (13 GB here) that this one
-never makes. `python -m gpt.bench gpu loss-kernels` measures it (cell ...-fused).
+micro-batch, two a step at 2^17 tokens. Inductor's fused loss over the whole logits (the
+CUDA default) makes the same passes: the profile of benchmarks/gpu/2026-11-27-h100 has an
+online-softmax reduction in the forward (5.8 ms a micro-batch: 1.1 TB/s) and one kernel
+reading the logits and writing their gradient in the backward (6.0 ms: 2.2 TB/s), 7.2% of
+the step's kernel time. So the lever here is bandwidth, not fewer bytes. PREDICTED for an
+H100 (not measured): at 2.5-3 TB/s in both passes, 6.6-7.9 ms a micro-batch against
+11.8, so 8-10 ms (3-4%) off the 266.5 ms step, if the graph break below costs nothing
+else. With the soft cap each logit also takes a sigmoid (an exp and a reciprocal) in both
+passes, which may bind the kernels to the special-function units rather than memory;
+eagerly, the whole logits' path then also makes an fp32 copy of the capped logits (13 GB
+a micro-batch), which this one never does. `python -m gpt.bench gpu loss-kernels` measures it
+(cell ours-b64-default-fused), without the cap.
 
 torch.compile: cross_entropy() is a graph break (torch.compiler.disable, as
 gpt/loss_kernels.py's library kernels are). The backward writes over the logits, an
