@@ -1,12 +1,15 @@
 """--loss-kernel fused: the whole logits' cross-entropy in Triton (gpt/fused_ce.py).
 
-On CPU, where Triton is installed: the kernels under Triton's interpreter (fp32 only)
-against F.cross_entropy of the same logits in float64 (exact next to fp32, so every
-tolerance below is a bound on the kernels' own fp32 arithmetic, derived in
-error_bounds()): odd shapes and block sizes, large logits, ignored positions, GPT-2's
-padded vocabulary, the soft cap, an incoming gradient other than 1, the in-place
-gradient, and GPT.loss's wiring; and the kernels compiled for an H100 (sm_90) by Triton's
-own compiler, which needs no GPU. Without Triton: the switch's one-line refusals. On a GPU
+On CPU, where Triton is installed: the kernels under Triton's interpreter (fp32 only, in
+a worker process of its own: see the interpreted fixture) against F.cross_entropy of the
+same logits in float64 (exact next to fp32, so every tolerance below is a bound on the
+kernels' own fp32 arithmetic, derived in error_bounds()): odd shapes and block sizes,
+large logits, ignored positions, GPT-2's padded vocabulary, the soft cap, an incoming
+gradient other than 1, the in-place gradient, GPT.loss's wiring and the model compiled;
+and the kernels compiled for an H100 (sm_90) by Triton's own compiler, which needs no GPU.
+Planted by hand once, each of these bugs failed them: no max subtracted, no 1/n, the last
+block's tail unmasked, the cap's slope left out, ignored rows counted in the mean, the
+padded columns masked. Without Triton: the switch's one-line refusals. On a GPU
 (-m cuda): bf16 at GPT-2's sizes, and a compiled trainer run.
 """
 
