@@ -246,8 +246,10 @@ class TrainConfig:
         "and MPS), liger (Liger Kernel) or cce (Cut Cross-Entropy), both CUDA-only and "
         "installed apart (gpt/loss_kernels.py); auto: liger on CUDA, ours elsewhere. Ours is "
         "not offered on CUDA: 1.45x the step time of the whole logits there, Liger's 1.05x "
-        "at the same memory",
-        choices=("auto", "ours", "liger", "cce"), since=2
+        "at the same memory. fused: not a chunked loss but the whole logits' cross-entropy in "
+        "our Triton kernels, which write the logits' gradient in place (gpt/fused_ce.py; "
+        "CUDA only, being measured: python -m gpt.bench gpu loss-kernels)",
+        choices=("auto", "ours", "liger", "cce", "fused"), since=2
     )
     fp8: str = _opt(
         "none", "FP8 matmuls for the blocks' linear layers through torchao's float8 training "
@@ -273,9 +275,12 @@ class TrainConfig:
 
     def chunked_loss_on(self, device_type: str) -> bool:
         """--chunked-loss as given; unset, on where a --loss-kernel is named, and otherwise
-        everywhere but CUDA (see the option's help)."""
+        everywhere but CUDA (see the option's help). --loss-kernel fused is the whole
+        logits' (config_check refuses it beside --chunked-loss)."""
         if self.chunked_loss is not None:
             return self.chunked_loss
+        if self.loss_kernel == "fused":
+            return False
         if self.loss_kernel != "auto":
             return True
         return device_type != "cuda"

@@ -149,9 +149,12 @@ def validate(cfg: Config) -> None:
            f"(each step multiplies the weights by 1 - lr x weight decay)")
     _check(o.muon_momentum_warmup >= 0,
            f"--muon-momentum-warmup {o.muon_momentum_warmup}: must be >= 0")
-    _check(t.chunked_loss is not False or t.loss_kernel in ("auto", "ours"),
+    _check(t.chunked_loss is not False or t.loss_kernel in ("auto", "ours", "fused"),
            f"--loss-kernel {t.loss_kernel} is a kernel of the chunked loss, and "
            f"--no-chunked-loss turns that off: drop one of the two")
+    _check(t.chunked_loss is not True or t.loss_kernel != "fused",
+           "--loss-kernel fused is the whole logits' cross-entropy, not a kernel of the chunked "
+           "loss that --chunked-loss asks for: drop one of the two")
     # --batch-size auto is settled before the run (gpt/layout.py), then checked as a number
     auto_batch = d.batch_size == AUTO
     for name in ("seq_len", "total_batch_tokens") if auto_batch else (
@@ -258,8 +261,9 @@ def _check_fp8(cfg: Config) -> None:
                f"--fp8-head: the head's --vocab-size {m.vocab_size} is not a multiple of "
                f"{FP8_MULTIPLE}, as FP8 matmuls need (GPT-2's padded 50304 is): pad it, or drop "
                f"--fp8-head")
-        # (unset, the chunked loss depends on the device: gpt/fp8.py's check decides)
-        _check(t.chunked_loss is not True and t.loss_kernel == "auto",
+        # (unset, the chunked loss depends on the device: gpt/fp8.py's check decides;
+        # --loss-kernel fused keeps the head a matmul of its own)
+        _check(t.chunked_loss is not True and t.loss_kernel in ("auto", "fused"),
                "--fp8-head converts the head's own matmul, and the chunked loss runs the head "
                "inside its fused loss (in bf16): drop --chunked-loss and --loss-kernel, or "
                "--fp8-head")

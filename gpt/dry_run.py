@@ -66,9 +66,8 @@ def report(plan: Plan) -> None:
     print(f"params:     {sizing.param_count(cfg.model):,} ({memory.model_name(cfg)} model)")
     if rt is not None:
         device = rt.device
-        chunked = cfg.train.chunked_loss_on(device.type)
-        loss = (f"chunked ({loss_kernels.resolve(cfg.train.loss_kernel, device.type)})"
-                if chunked else "whole logits")
+        loss = loss_kernels.describe(cfg.train.chunked_loss_on(device.type),
+                                     loss_kernels.resolve(cfg.train.loss_kernel, device.type))
         print(f"device:     {device} ({device_name(device)}) x {rt.world_size} process(es) | "
               f"parallel {cfg.train.parallel} | precision {DTYPE_NAMES.get(plan.dtype, '?')} | "
               f"compile {cfg.train.compile_on(device.type)} | loss {loss}"

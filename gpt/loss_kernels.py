@@ -17,6 +17,11 @@ weight cast to autocast's dtype (what F.linear would do), the loss in fp32, and 
 weight's gradient summed in fp32 where the library offers it (Liger's accum_dtype). Cut
 Cross-Entropy's gradient filter (it skips entries it judges too small to matter) is off,
 so every kernel computes the same gradients to rounding.
+
+--loss-kernel fused is not a chunked loss: the head's matmul makes the whole logits as
+without --chunked-loss, and gpt/fused_ce.py's Triton kernels (CUDA only) compute their
+cross-entropy reading them twice and writing their gradient once, in place, with no fp32
+copy. It is measured beside the others in `gpu loss-kernels` before it is anyone's default.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from gpt.errors import UserError
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
-KERNELS = ("ours", "liger", "cce")  # and "auto", which resolve() turns into one of them
+CHUNKED = ("ours", "liger", "cce")  # the chunked loss's kernels: "auto" resolves to one of them
+KERNELS = (*CHUNKED, "fused")  # fused: the whole logits' cross-entropy (gpt/fused_ce.py)
 # the modules each library kernel imports (the first names the package), and its name
 # on the package index
 PACKAGES = {"liger": (("liger_kernel", "liger_kernel.transformers.functional"), "liger-kernel"),
@@ -45,10 +51,26 @@ def resolve(kernel: str, device_type: str) -> str:
     return "liger" if device_type == "cuda" else "ours"
 
 
+def describe(chunked: bool, kernel: str) -> str:
+    """The start line's and the dry run's words for a run's head + loss (`kernel`
+    resolved)."""
+    if chunked:
+        return f"chunked ({kernel})"
+    return "whole logits (fused)" if kernel == "fused" else "whole logits"
+
+
 def check(kernel: str, device_type: str, chunked: bool = True) -> None:
     """Refuse a chunked loss's kernel where it cannot run (`chunked`: whether the run uses
     the chunked loss at all): ours on CUDA (withdrawn there, see above), a library's off
-    CUDA or not installed."""
+    CUDA or not installed; and fused (the whole logits', never chunked) off CUDA or
+    without Triton."""
+    if kernel == "fused":
+        if device_type != "cuda":
+            raise UserError(f"--loss-kernel fused runs Triton kernels on CUDA only, and this run "
+                            f"is on {device_type}: drop --loss-kernel fused")
+        # as the kernels import it (CUDA builds of torch bring Triton)
+        extras.require(("triton", "triton.language"), "--loss-kernel fused", "kernels", "triton")
+        return
     if not chunked:
         return
     chosen = resolve(kernel, device_type)
@@ -99,6 +121,19 @@ def cce(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                                  reduction="mean", filter_eps=None).float()
 
 
+@torch.compiler.disable  # Triton launches and an in-place write: eager (gpt/fused_ce.py)
+def fused(logits: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0) -> torch.Tensor:
+    """--loss-kernel fused: the mean cross-entropy of softcap(logits) (..., V) against
+    targets, by gpt/fused_ce.py's kernels (Triton, imported here, when it runs). Its
+    gradient is written over the logits: GPT.loss hands it the head's output, which
+    nothing else reads (the matmul's backward keeps its inputs, not its output)."""
+    from gpt.fused_ce import cross_entropy
+
+    return cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), softcap,
+                         inplace=True)
+
+
 def loss_fn(kernel: str) -> LossFn:
-    """The function GPT.loss calls for `kernel` (one of KERNELS: resolved, not auto)."""
+    """The function GPT.loss calls for the chunked loss's `kernel` (one of CHUNKED:
+    resolved, not auto)."""
     return {"ours": linear_cross_entropy, "liger": liger, "cce": cce}[kernel]

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from gpt.attention_mask import AttentionMask, CausalOnly, attend, masked
 from gpt.config import ModelConfig
-from gpt.loss_kernels import loss_fn
+from gpt.loss_kernels import fused, loss_fn
 from gpt.unet import skips
 from gpt.value_embeds import ValueMix, table_of, value_embeddings
 
@@ -223,7 +223,9 @@ class GPT(nn.Module):
         # it). Off here, so a GPT built directly computes exactly F.cross_entropy of its
         # logits; the trainer turns it on with --chunked-loss (gpt.parallel.parallelize).
         self.chunked_loss = False
-        self.loss_kernel = "ours"  # whose fused head + loss (gpt.loss_kernels), if chunked
+        # whose fused head + loss (gpt.loss_kernels), if chunked; "fused": the whole logits'
+        # loss in gpt.fused_ce's kernels
+        self.loss_kernel = "ours"
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
@@ -365,10 +367,14 @@ class GPT(nn.Module):
         FSDP the root module's own code runs eagerly; see gpt.parallel). With
         chunked_loss the head and the loss run fused, a chunk of rows at a time
         (gpt.chunked_ce, or a library's kernel: gpt.loss_kernels): the same loss and
-        gradients without ever holding the logits."""
+        gradients without ever holding the logits. With loss_kernel "fused" the whole
+        logits' loss runs in gpt.fused_ce's Triton kernels (CUDA)."""
         if self.chunked_loss:
             return loss_fn(self.loss_kernel)(self.transformer.ln_f(x), self.lm_head.weight,
                                              targets, self.config.logit_softcap)
+        if self.loss_kernel == "fused":  # the whole logits, the cap and loss in one kernel's fp32
+            return fused(self.lm_head(self.transformer.ln_f(x)), targets,
+                         self.config.logit_softcap)
         logits = self.logits(x)
         # Under autocast cross_entropy runs in fp32, so bf16 logits lose no accuracy here.
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))

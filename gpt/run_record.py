@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import torch
 
+from gpt import loss_kernels
 from gpt.cli import to_toml
 from gpt.config import ConfigError, describe, to_dict
 from gpt.dist import DTYPE_NAMES, device_name
@@ -63,7 +64,7 @@ def banner(run: Run) -> dict[str, Any]:
         f" | precision {DTYPE_NAMES[run.autocast_dtype]}"
         f"{' + tf32' if cfg.train.tf32 and rt.device_type == 'cuda' else ''}"
         f" | compile {cfg.train.compile_mode if par.compiled else False} | fused AdamW {par.fused}"
-        f" | loss {f'chunked ({run.model.loss_kernel})' if run.model.chunked_loss else 'whole logits'}"
+        f" | loss {loss_kernels.describe(run.model.chunked_loss, run.model.loss_kernel)}"
         f" | params {run.model.num_params():,}"
         f" | grad accum {run.accum} x {d.batch_size} x {d.seq_len} tokens"
         f" | train tokens {run.train_loader.num_tokens:,}"
@@ -82,7 +83,8 @@ def banner(run: Run) -> dict[str, Any]:
         "device_name": name, "world_size": rt.world_size, "torch": torch.__version__,
         "dtype": DTYPE_NAMES[run.autocast_dtype], "compile": par.compiled,
         "fused_adamw": par.fused, "chunked_loss": run.model.chunked_loss, "fp8": par.fp8,
-        "loss_kernel": run.model.loss_kernel if run.model.chunked_loss else None,
+        "loss_kernel": (run.model.loss_kernel if run.model.chunked_loss
+                        or run.model.loss_kernel == "fused" else None),
         "params": run.model.num_params(), "grad_accum": run.accum,
         "flops_per_token": flops_per_token(cfg.model, d.seq_len), "peak_tflops": peak,
         "peak_mem_source": peak_memory(rt.device)[1],

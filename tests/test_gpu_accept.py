@@ -138,16 +138,18 @@ def test_the_users_guide_says_what_the_plan_says() -> None:
 # cells, by their command lines
 
 
-def test_a_cell_loss_is_the_default_or_one_of_three() -> None:
+def test_a_cell_loss_is_the_default_or_one_of_four() -> None:
     flags = {loss: gpu_plan.ours_cell(SMOKE, NOWHERE, 8, loss=loss) for loss in gpu_plan.LOSSES}
     assert [c.name for c in flags.values()] == [
-        "ours-b8-default", "ours-b8-default-unchunked", "ours-b8-default-liger", "ours-b8-default-cce"]
+        "ours-b8-default", "ours-b8-default-unchunked", "ours-b8-default-liger", "ours-b8-default-cce",
+        "ours-b8-default-fused"]
     assert all(c.params["loss"] == loss for loss, c in flags.items())
     assert "--no-chunked-loss" in flags["unchunked"].cmd
+    assert argv_of(flags["fused"]).endswith("--loss-kernel fused --warmup-steps 10")
     assert "--chunked-loss" not in flags["default"].cmd and "--loss-kernel" not in flags["default"].cmd
     # ours is not offered on CUDA (gpt/loss_kernels.py): no cell asks for it
     assert not any("ours" in c.cmd for c in flags.values())
-    with pytest.raises(ValueError, match="loss must be one of default, unchunked, liger, cce"):
+    with pytest.raises(ValueError, match="loss must be one of default, unchunked, liger, cce, fused"):
         gpu_plan.ours_cell(SMOKE, NOWHERE, 8, loss="chunked")
 
 
@@ -427,9 +429,10 @@ def test_max_autotune_ladder_and_tokens_smoke(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_loss_kernels_smoke(tmp_path: Path) -> None:
     cells = run_stage("loss-kernels", tmp_path)
-    assert [c["params"]["loss"] for c in cells.values()] == ["unchunked", "liger", "cce"]
+    assert [c["params"]["loss"] for c in cells.values()] == ["unchunked", "liger", "cce", "fused"]
     assert cells["ours-b8-default-unchunked"]["status"] == "ok"
-    for name, kernel in (("ours-b8-default-liger", "liger"), ("ours-b8-default-cce", "cce")):
+    for name, kernel in (("ours-b8-default-liger", "liger"), ("ours-b8-default-cce", "cce"),
+                         ("ours-b8-default-fused", "fused")):
         assert cells[name]["status"] == "skipped" and "command" not in cells[name]
         assert cells[name]["reason"] == f"--smoke: --loss-kernel {kernel} runs Triton kernels on CUDA only"
     report = json.loads((tmp_path / "gpu_loss-kernels.json").read_text())

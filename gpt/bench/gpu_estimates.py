@@ -8,7 +8,10 @@ Where a constant comes from a measurement, the comment names it: the H200 run of
 2026-11-26 and the H100 run of 2026-11-27 (benchmarks/gpu/), whose 124M cells took 23-85 s
 (most 40-47 s), XL 72 s and the CUDA tests 181-182 s. The stages none of those runs had
 (max-autotune, ladder, tokens, fp8, fp8-loss, speedrun) are rougher: `Stage.measured` says
-which, and --plan marks them.
+which, and --plan marks them. Within the measured loss-kernels stage, the cell of
+--loss-kernel fused (gpt/fused_ce.py) has not run on a GPU yet: its estimate is a guess,
+the same 124M trainer cell's as its neighbours' (which took 40-47 s); and so are the two
+CUDA tests it adds (counted below).
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ H100_PEAK_TFLOPS = peak_tflops("NVIDIA H100 80GB HBM3") or 989.0
 AC_RECOMPUTE = 4 / 3  # activation checkpointing runs each block's forward twice: 4 passes, not 3
 # tests/test_cuda.py: 16 tests; 10 start train_gpt2.py or torchrun on a 2-layer model, 5 of
 # those compile it, and the resume test runs 3 compiled ones one after another. Measured:
-# 181-182 s on 4 workers, against the 221 these give.
-CUDA_TEST_RUNS, CUDA_TEST_COMPILED_RUNS, CUDA_TEST_LONGEST_RUNS = 10, 5, 3
+# 181-182 s on 4 workers, against the 221 these gave. tests/test_fused_ce.py adds 2 compiled
+# runs (the whole logits and --loss-kernel fused; not yet run on a GPU: a guess).
+CUDA_TEST_RUNS, CUDA_TEST_COMPILED_RUNS, CUDA_TEST_LONGEST_RUNS = 12, 7, 3
 TINY_RUN_S = 12  # one such run without its compile: start, CUDA and NCCL init, 3-30 tiny steps
 TINY_COMPILE_S = 30  # compiling the 2-layer model (smaller and fewer graphs than 124M's)
 PYTEST_START_S = 15  # collection: torch, gpt and the tests' imports

@@ -108,9 +108,10 @@ STAGES: dict[str, Stage] = {
                 "--batch-size auto)",
                 "does XL train, at what MFU, in how much memory, and what the trainer's own "
                 "choice of layout buys"),
-    "loss-kernels": Stage("GPT-2 124M at micro-batch 64: the whole logits, and the chunked loss "
-                          "through Liger Kernel's and Cut Cross-Entropy's kernels",
-                          "what each chunked head + loss costs on CUDA against the whole logits, "
+    "loss-kernels": Stage("GPT-2 124M at micro-batch 64: the whole logits, the chunked loss "
+                          "through Liger Kernel's and Cut Cross-Entropy's kernels, and the whole "
+                          "logits through our fused Triton cross-entropy",
+                          "what each head + loss kernel costs on CUDA against the whole logits, "
                           "and the memory it saves",
                           optional=("liger_kernel", "cut_cross_entropy")),
     "profile": Stage("GPT-2 124M at micro-batch 64 and GPT-2 XL, each with a torch.profiler "
@@ -137,14 +138,19 @@ STAGES: dict[str, Stage] = {
                     needs=("corpus",), measured=False),
 }
 # A 124M cell's head + loss: the trainer's default (on CUDA, the whole logits), or, side by
-# side in loss-kernels, the whole logits named (--no-chunked-loss) and the chunked loss
+# side in loss-kernels, the whole logits named (--no-chunked-loss), the chunked loss
 # through Liger Kernel's or Cut Cross-Entropy's kernel (--loss-kernel; ours is not offered
-# on CUDA, gpt/loss_kernels.py): its name's suffix and its flags.
+# on CUDA, gpt/loss_kernels.py), and the whole logits' loss in our Triton kernels
+# (--loss-kernel fused, gpt/fused_ce.py): its name's suffix and its flags.
 LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "default": ("", ()), "unchunked": ("-unchunked", ("--no-chunked-loss",)),
-    "liger": ("-liger", ("--loss-kernel", "liger")), "cce": ("-cce", ("--loss-kernel", "cce"))}
-KERNEL_LOSSES = ("unchunked", "liger", "cce")  # the whole logits first: the others' baseline
-CUDA_ONLY_LOSSES = ("liger", "cce")  # Triton kernels: --smoke (CPU) records them as skipped
+    "liger": ("-liger", ("--loss-kernel", "liger")), "cce": ("-cce", ("--loss-kernel", "cce")),
+    "fused": ("-fused", ("--loss-kernel", "fused"))}
+# the whole logits first: the others' baseline
+KERNEL_LOSSES = ("unchunked", "liger", "cce", "fused")
+# Triton kernels: --smoke (CPU) records them as skipped (fused needs no package of its own:
+# CUDA builds of torch bring Triton)
+CUDA_ONLY_LOSSES = ("liger", "cce", "fused")
 LOSS_PACKAGES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
 FP8_RECIPES = ("tensorwise", "rowwise")  # --fp8: torchao's float8 scaling, per tensor or per row
 RECIPES = {"gpt2": "configs/gpt2-124m.toml", "speedrun": "configs/gpt2-124m-speedrun.toml"}

@@ -211,14 +211,15 @@ def side_by_side(cells: list[dict[str, Any]], field: str, base: str,
 
 
 def loss_comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each cell with a library's chunked head + loss against the whole logits."""
+    """Each cell with a head + loss kernel (a library's chunked one, or fused) against the
+    whole logits."""
     return side_by_side([c for c in cells if c.get("params", {}).get("loss", "default") != "default"],
                         "loss", "unchunked")
 
 
 # Each comparison of a variant against its baseline in one stage: its JSON key, the field
 # of a cell's params that tells them apart and the baseline's value, and the summary's words.
-COMPARED = {"loss_comparison": ("loss", "unchunked", "Each chunked head + loss against the whole "
+COMPARED = {"loss_comparison": ("loss", "unchunked", "Each head + loss kernel against the whole "
                                 "logits, in the same stage:"),
             "fp8_comparison": ("fp8", "off", "FP8 matmuls against bf16, in the same stage (loss "
                                "diff: FP8 - bf16 at each step, mean over the last quarter of the steps):"),

@@ -1,0 +1,420 @@
+"""--loss-kernel fused: the whole logits' cross-entropy in Triton (gpt/fused_ce.py).
+
+On CPU, where Triton is installed: the kernels under Triton's interpreter (fp32 only, in
+a worker process of its own: see the interpreted fixture) against F.cross_entropy of the
+same logits in float64 (exact next to fp32, so every tolerance below is a bound on the
+kernels' own fp32 arithmetic, derived in error_bounds()): odd shapes and block sizes,
+large logits, ignored positions, GPT-2's padded vocabulary, the soft cap, an incoming
+gradient other than 1, the in-place gradient, GPT.loss's wiring and the model compiled;
+and the kernels compiled for an H100 (sm_90) by Triton's own compiler, which needs no GPU.
+Planted by hand once, each of these bugs failed them: no max subtracted, no 1/n, the last
+block's tail unmasked, the cap's slope left out, ignored rows counted in the mean, the
+padded columns masked. Without Triton: the switch's one-line refusals. On a GPU
+(-m cuda): bf16 at GPT-2's sizes, and a compiled trainer run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import QUIET, REPO, TINY, read_metrics, run_cli, write_random_shards
+from gpt import loss_kernels
+from gpt.cli import parse_args
+from gpt.config import ModelConfig, TrainConfig
+from gpt.errors import UserError
+from gpt.model import GPT
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="Triton is not installed (pip install triton)")
+
+Worker = Callable[..., Any]  # the interpreted fixture: calls a function of this module there
+U = 2.0 ** -24  # fp32's unit roundoff: the relative error of one correctly rounded operation
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> Iterator[Worker]:
+    """Calls a function of this module in a process of its own under Triton's interpreter.
+    TRITON_INTERPRET must be set before triton is first imported (its own library's
+    functions, tl.sum, tl.max, tl.sigmoid, are jit functions decorated then), and this
+    process may have imported it already (torch.compile's modules do): so one spawned
+    worker, started with it set, runs every check; an assertion there fails the test here."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")  # inherited by the worker, started here
+        pool = multiprocessing.get_context("spawn").Pool(1)
+    try:
+        pool.apply(warm)  # its imports (torch, the package, Triton): the fixture's time
+        yield lambda fn, *args, **kwargs: pool.apply(fn, args, kwargs)
+    finally:
+        pool.close()
+        pool.join()
+
+
+def warm() -> None:
+    kernels()
+
+
+def kernels() -> Any:
+    """gpt.fused_ce, in the interpreter's worker."""
+    from gpt import fused_ce
+
+    assert fused_ce.interpreted(), "TRITON_INTERPRET=1 was not set before triton was imported"
+    return fused_ce
+
+
+def error_bounds(z: torch.Tensor, t: torch.Tensor, block: int, cap: float,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bounds on the kernels' fp32 errors, per row: on a row's loss, and on each entry of
+    its gradient, for the logits z (float64, before the cap).
+
+    The log-sum-exp (_lse_kernel): each exp is within 4u of exact (numpy's float32 exp
+    under the interpreter, ex2.approx times log2 e on a GPU), and its argument z - m is
+    rounded, which moves exp(z - m) by u |z - m| exp(z - m): at most u times the row's range
+    A relative to the sum, once for the terms and once more, over all blocks, for the
+    rescalings by exp(m - m_new) (the max only grows, by A at most in all). A block's sum
+    adds at most 16 terms in sequence a lane or accumulator and then log2(block) levels of a
+    tree (numpy's pairwise sum; Triton's per-thread sums and shuffles); across the K blocks
+    each step rescales, multiplies and adds (6 roundings). So the sum d is within
+    u (4 + 2A + 16 + log2(block) + 6K) relative, which is its log's absolute error; log's own
+    rounding (4u of |log d| <= log V) and m + log d's (u |lse|) follow. The soft cap's
+    sigmoid form (2 cap s - cap, s within 6u) puts each capped logit within 16 cap u of
+    cap * tanh(z / cap), which moves the log-sum-exp and the target's logit by as much.
+
+    The gradient (_grad_kernel): p = exp(z - lse) is off by p (e_lse + dz + 4u) plus
+    u |z - lse| p <= u / e; p - onehot, the cap's slope 4 s (1 - s) (within 27u, times
+    |p - onehot| <= 1), and the scale (grad_output / rows, itself rounded) add a few u. So
+    an entry is within |scale| (e_lse + dz + 8u + 27u [cap]) of exact."""
+    v = z.size(1)
+    capped = cap * torch.tanh(z / cap) if cap else z
+    spread = capped.max(1).values - capped.min(1).values
+    lse = torch.logsumexp(capped, 1)
+    k = math.ceil(v / block)
+    dz = 16 * cap * U if cap else 0.0
+    e_lse = (U * (4 + 2 * spread + 16 + math.log2(block) + 6 * k)
+             + U * (4 * math.log(v) + lse.abs()) + dz)
+    picked = capped.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
+    e_loss = e_lse + dz + U * (lse - picked).abs()
+    e_grad = abs(scale) * (e_lse + dz + 8 * U + (27 * U if cap else 0.0))
+    return e_loss, e_grad
+
+
+def check_against_reference(x: torch.Tensor, t: torch.Tensor, block: int | None = None,
+                            cap: float = 0.0, grad_out: float = 0.37) -> None:
+    """The kernels' mean loss and its gradient (times grad_out) against float64's
+    F.cross_entropy of the same fp32 logits, within error_bounds(); `block`: the kernels'
+    columns a step (default: theirs)."""
+    fce = kernels()
+    block = block or fce.BLOCK
+    a = x.clone().requires_grad_()
+    loss = fce.cross_entropy(a, t, cap, block=block)
+    loss.backward(torch.tensor(grad_out))
+    z = x.double().requires_grad_()
+    ref = F.cross_entropy(cap * torch.tanh(z / cap) if cap else z, t)
+    ref.backward(torch.tensor(grad_out, dtype=torch.float64))
+    assert loss.dtype == torch.float32 and a.grad.dtype == torch.float32
+    counted = t != -100
+    if not counted.any():  # F.cross_entropy's mean over no rows: NaN, and a zero gradient
+        assert loss.isnan() and ref.isnan() and (a.grad == 0).all() and (z.grad == 0).all()
+        return
+    n = int(counted.sum())
+    e_loss, e_grad = error_bounds(x.double(), t, block, cap, grad_out / n)
+    # the mean: each counted row within its bound, then torch's sum of the rows (n - 1
+    # additions of terms up to the largest row's loss) and the division, rounded
+    rows = torch.where(counted, e_loss, torch.zeros_like(e_loss))
+    bound = rows.max() + U * (n + 1) * ref.abs()
+    assert abs(loss.double() - ref) <= bound, (loss.item(), ref.item(), bound.item())
+    err = (a.grad.double() - z.grad).abs()
+    assert (err <= e_grad.unsqueeze(1)).all(), (err.max().item(), e_grad.max().item())
+    assert (a.grad[~counted] == 0).all()  # ignored rows: exactly nothing
+
+
+def logits(n: int, v: int, seed: int, scale: float = 3.0) -> torch.Tensor:
+    return torch.randn(n, v, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+# ---------------------------------------------------------------------------------------
+# the kernels, under Triton's interpreter
+
+
+@needs_triton
+@pytest.mark.parametrize("n, v, block", [(7, 33, 16), (7, 33, 8), (5, 33, 64), (3, 1, 16),
+                                         (6, 100, 32)])
+def test_odd_shapes_and_blocks_that_do_not_divide_the_vocabulary(interpreted: Worker, n: int,
+                                                                v: int, block: int) -> None:
+    t = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(n + v))
+    interpreted(check_against_reference, logits(n, v, seed=v), t, block)
+
+
+@needs_triton
+def test_large_logits_are_taken_relative_to_their_row_max(interpreted: Worker) -> None:
+    """exp(z) overflows fp32 past z = 88.7: rows of logits around +-100 and one around
+    1,000 leave no room for a kernel that skips the max."""
+    x = logits(6, 50, seed=2, scale=40.0)
+    x[0] += 100.0
+    x[1] -= 100.0
+    x[2] = x[2] * 10 + 1000.0
+    interpreted(check_against_reference, x, torch.tensor([0, 3, 49, 7, 8, 9]), block=16)
+
+
+@needs_triton
+@pytest.mark.parametrize("ignored", ["some", "all but one", "all"])
+def test_ignored_positions_count_for_nothing(interpreted: Worker, ignored: str) -> None:
+    t = torch.randint(0, 40, (9,), generator=torch.Generator().manual_seed(4))
+    if ignored == "some":
+        t[[0, 4, 5]] = -100
+    elif ignored == "all but one":
+        t[torch.arange(9) != 6] = -100
+    else:
+        t[:] = -100
+    interpreted(check_against_reference, logits(9, 40, seed=5), t, block=16)
+
+
+@needs_triton
+@pytest.mark.parametrize("cap", [5.0, 30.0])
+def test_the_soft_cap(interpreted: Worker, cap: float) -> None:
+    t = torch.randint(0, 33, (7,), generator=torch.Generator().manual_seed(6))
+    t[2] = -100
+    interpreted(check_against_reference, logits(7, 33, seed=7, scale=6.0), t, block=16, cap=cap)
+
+
+@needs_triton
+@pytest.mark.parametrize("cap", [0.0, 30.0])
+def test_gpt2s_padded_vocabulary(interpreted: Worker, cap: float) -> None:
+    """50,257 token ids in 50,304 columns, as GPT.logits makes them: the padded columns are
+    not masked there (their weights learn to keep them improbable), so they take part here
+    too, and get a gradient; 50,304 is not a multiple of the kernels' block (4,096)."""
+    x = logits(4, 50304, seed=8)
+    x[:, 50257:] += 2.0  # mass the padded columns must be seen to carry
+    t = torch.tensor([0, 50256, 17, -100])
+    interpreted(check_against_reference, x, t, cap=cap)
+
+
+def written_over_the_logits() -> None:
+    fce = kernels()
+    x, t = logits(5, 33, seed=9), torch.tensor([1, 2, 3, 4, 5])
+    apart = x.clone().requires_grad_()
+    fce.cross_entropy(apart, t, block=16).backward()  # not asked: a buffer of its own
+    assert torch.equal(apart.detach(), x)
+    leaf = x.clone().requires_grad_()
+    z = leaf * 1.0  # as the head's output: not a leaf, and no other op saved it
+    before = z._version
+    fce.cross_entropy(z, t, inplace=True, block=16).backward()
+    assert z._version > before  # bumped: a backward that saved z would refuse it
+    assert torch.equal(z.detach(), apart.grad) and torch.equal(leaf.grad, apart.grad)
+    # another op that saved the logits fails loudly instead of reading a gradient as logits
+    z = x.clone().requires_grad_() * 1.0
+    other = (z ** 2).sum()  # pow keeps z for its backward
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (fce.cross_entropy(z, t, inplace=True, block=16) + 0 * other).backward()
+
+
+@needs_triton
+def test_the_gradient_is_written_over_the_logits_when_asked(interpreted: Worker) -> None:
+    interpreted(written_over_the_logits)
+
+
+def gpt_loss_is_the_kernels_on_the_heads_logits(cap: float) -> None:
+    fce = kernels()
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=97, block_size=16,
+                            logit_softcap=cap))
+    idx, targets = torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16))
+    x = model.transformer.wte(idx).detach() + 1.0  # the last block's output, as GPT.loss gets it
+    model.loss_kernel = "fused"
+    fused = model.loss(x, targets)
+    fused.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    assert "lm_head.weight" in grads or "transformer.wte.weight" in grads
+    model.zero_grad()
+    head = model.lm_head(model.transformer.ln_f(x))
+    direct = fce.cross_entropy(head.reshape(-1, 97), targets.reshape(-1), cap)
+    direct.backward()
+    assert torch.equal(fused, direct)
+    for name, p in model.named_parameters():
+        assert (p.grad is None) == (name not in grads), name
+        assert p.grad is None or torch.equal(grads[name], p.grad), name
+    model.loss_kernel = "ours"  # chunked_loss is off: the whole logits and F.cross_entropy
+    with torch.no_grad():
+        whole = model.loss(x, targets)
+    e_loss, _ = error_bounds(head.detach().double().reshape(-1, 97), targets.reshape(-1),
+                             fce.BLOCK, cap, 1.0)
+    # F.cross_entropy's fp32 has errors of the same kinds, within the same bound (its sums
+    # are shorter), and each side's mean of 32 rows adds 33u of it
+    assert abs(fused.item() - whole.item()) <= 2 * (e_loss.max().item() + 33 * U * whole.item())
+
+
+@needs_triton
+@pytest.mark.parametrize("cap", [0.0, 15.0])
+def test_gpt_loss_runs_the_kernels_on_the_heads_logits(interpreted: Worker,
+                                                       cap: float) -> None:
+    """GPT.loss with loss_kernel "fused" is, bit for bit, the kernels on the head's logits
+    with the model's cap (handed to them, not applied before): its loss and every
+    parameter's gradient; and its loss is within the kernels' bound of the whole logits'."""
+    interpreted(gpt_loss_is_the_kernels_on_the_heads_logits, cap)
+
+
+def compiled_as_eager() -> None:
+    """The whole model under torch.compile (aot_eager: autograd's graphs, no code
+    generation), the kernels a graph break between the head and the compiled backward."""
+    kernels()
+    for cap in (0.0, 15.0):
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=97, block_size=16,
+                                logit_softcap=cap))
+        model.loss_kernel = "fused"
+        idx, targets = torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16))
+        eager = model(idx, targets)[1]
+        eager.backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        model.zero_grad()
+        compiled = torch.compile(model, backend="aot_eager")(idx, targets)[1]
+        compiled.backward()
+        # the same ops on the same values in the same order: equal, not merely close
+        assert torch.equal(compiled, eager), cap
+        for name, p in model.named_parameters():
+            assert torch.equal(p.grad, grads[name]), (cap, name)
+
+
+@needs_triton
+@pytest.mark.slow
+def test_a_compiled_model_runs_them_between_its_graphs(interpreted: Worker) -> None:
+    interpreted(compiled_as_eager)
+
+
+@needs_triton
+@pytest.mark.slow
+def test_the_kernels_compile_for_an_h100(tmp_path: Path) -> None:
+    """Triton's compiler, without the interpreter, turns both kernels into sm_90 machine
+    code in bf16, with and without the cap (it needs no GPU: ptxas ships with Triton).
+    What the interpreter accepts, the compiler may not: this is the check that it does."""
+    code = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from gpt import fused_ce
+assert not fused_ce.interpreted()
+common = {"V": "i32", "ignore_index": "i32", "softcap": "fp32", "SOFTCAP": "constexpr",
+          "BLOCK": "constexpr"}
+signatures = {
+    fused_ce._lse_kernel: {"x_ptr": "*bf16", "x_stride": "i32", "t_ptr": "*i64", "loss_ptr": "*fp32",
+                           "lse_ptr": "*fp32"},
+    fused_ce._grad_kernel: {"x_ptr": "*bf16", "x_stride": "i32", "g_ptr": "*bf16", "g_stride": "i32",
+                            "t_ptr": "*i64", "lse_ptr": "*fp32", "scale_ptr": "*fp32"}}
+for kernel, signature in signatures.items():
+    for cap in (False, True):
+        src = ASTSource(fn=kernel, signature={**signature, **common},
+                        constexprs={"SOFTCAP": cap, "BLOCK": fused_ce.BLOCK})
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": fused_ce.NUM_WARPS})
+        assert compiled.asm["cubin"], kernel
+print("compiled")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(REPO), TRITON_CACHE_DIR=str(tmp_path / "cache"),
+               TRITON_DEFAULT_FP_FUSION="1")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    if "No module named 'triton.backends.nvidia'" in proc.stderr:
+        pytest.skip("this Triton has no NVIDIA backend")
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+
+
+# ---------------------------------------------------------------------------------------
+# the switch (no Triton needed)
+
+
+def test_fused_is_refused_off_cuda_and_without_triton_in_one_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for device in ("cpu", "mps"):
+        with pytest.raises(UserError, match=f"^--loss-kernel fused runs Triton kernels on CUDA "
+                           f"only, and this run is on {device}: drop --loss-kernel fused$"):
+            loss_kernels.check("fused", device, chunked=False)
+    monkeypatch.setitem(sys.modules, "triton", None)  # importing it now fails
+    with pytest.raises(UserError, match=r"^--loss-kernel fused needs triton, which is not "
+                       r"installed: pip install -e \"\.\[kernels\]\" in the checkout, or pip "
+                       r"install triton$"):
+        loss_kernels.check("fused", "cuda", chunked=False)
+
+
+def test_fused_is_the_whole_logits_and_nobodys_default(capsys: pytest.CaptureFixture) -> None:
+    train = parse_args(["--loss-kernel", "fused"]).train
+    assert not train.chunked_loss_on("cuda") and not train.chunked_loss_on("cpu")
+    assert parse_args(["--loss-kernel", "fused", "--no-chunked-loss"]).train.loss_kernel == "fused"
+    assert TrainConfig().loss_kernel == "auto"
+    assert {loss_kernels.resolve("auto", d) for d in ("cuda", "cpu", "mps")} == {"liger", "ours"}
+    parse_args(["--loss-kernel", "fused", "--fp8", "tensorwise", "--fp8-head"])  # the head's own matmul
+    with pytest.raises(SystemExit):
+        parse_args(["--loss-kernel", "fused", "--chunked-loss"])
+    said = [line for line in capsys.readouterr().err.splitlines() if "--loss-kernel" in line]
+    assert said == ["train_gpt2.py: error: --loss-kernel fused is the whole logits' cross-entropy, "
+                    "not a kernel of the chunked loss that --chunked-loss asks for: drop one of "
+                    "the two"]
+
+
+@pytest.mark.slow
+def test_the_trainer_refuses_it_on_cpu_before_building_anything(tmp_path: Path) -> None:
+    data = write_random_shards(tmp_path, seed=1, train=(3_000,))
+    proc = run_cli(*TINY, *QUIET, "--max-steps", "1", "--loss-kernel", "fused",
+                   "--data-dir", str(data), "--out-dir", str(tmp_path / "run"))
+    assert proc.returncode == 1, proc.stdout[-1000:]
+    said = [line for line in (proc.stderr + proc.stdout).splitlines() if "--loss-kernel fused" in line]
+    assert said and said[0].endswith("runs Triton kernels on CUDA only, and this run is on cpu: "
+                                     "drop --loss-kernel fused")
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# on a GPU
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("cap", [0.0, 15.0])
+def test_on_cuda_in_bf16_it_equals_the_whole_logits(cap: float) -> None:
+    """bf16 logits at GPT-2's vocabulary: the whole logits' path under autocast
+    (F.cross_entropy in fp32, its gradient rounded to bf16) against the kernels (fp32
+    inside, the gradient rounded to bf16): the same roundings, so within a few bf16 ulps."""
+    from gpt.fused_ce import cross_entropy
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(4096, 50304, device="cuda", generator=g) * 3).bfloat16()
+    t = torch.randint(0, 50257, (4096,), device="cuda", generator=g)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    loss = cross_entropy(a * 1, t, cap, inplace=True)
+    (loss * 3).backward()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        z = cap * torch.tanh(b.float() / cap) if cap else b
+        ref = F.cross_entropy(z, t)
+    (ref * 3).backward()
+    assert abs(loss.item() - ref.item()) < 1e-4 * ref.item()
+    # each entry rounded to bf16 on both sides: 2^-8 relative, plus fp32 differences
+    err = (a.grad.float() - b.grad.float()).abs()
+    assert (err <= 2 ** -7 * b.grad.float().abs() + 1e-9).all(), err.max().item()
+
+
+@pytest.mark.cuda
+def test_a_compiled_trainer_run_with_fused_logs_the_whole_logits_losses(tmp_path: Path) -> None:
+    data = write_random_shards(tmp_path, seed=3, train=(20_000,))
+    losses = {}
+    for name, flags in (("whole", ["--no-chunked-loss"]), ("fused", ["--loss-kernel", "fused"])):
+        out = tmp_path / name
+        proc = run_cli("--model", "tiny", "--block-size", "64", "--seq-len", "64", "--batch-size", "8",
+                       "--total-batch-tokens", "1024", "--device", "cuda", "--logit-softcap", "15",
+                       "--max-steps", "4", "--no-save-checkpoints", *QUIET, *flags,
+                       "--data-dir", str(data), "--out-dir", str(out))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        if name == "fused":
+            assert "loss whole logits (fused)" in proc.stdout + proc.stderr
+        losses[name] = [r["loss"] for r in read_metrics(out, "train")]
+    assert losses["fused"] == pytest.approx(losses["whole"], rel=2e-2)
