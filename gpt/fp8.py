@@ -46,11 +46,12 @@ import torch.nn as nn
 
 from gpt.config import TrainConfig
 from gpt.errors import UserError
+from gpt.extras import install
 
 RECIPES = ("tensorwise", "rowwise")
 MULTIPLE = 16  # both dimensions of an FP8 matmul's weight (torch._scaled_mm's rule)
 MIN_CAPABILITY = (8, 9)  # Ada and Hopper onwards have FP8 tensor cores
-INSTALL = "pip install 'gpt2-trainer[fp8]' (or pip install torchao)"
+INSTALL = f"{install('fp8')} (or pip install torchao)"
 HEAD = "lm_head"
 # nn.Linear attributes GPT sets for its initialisation (gpt/model.py), which a swapped
 # module must keep so that an FP8 model starts from the same weights

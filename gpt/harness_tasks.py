@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from gpt.errors import UserError
+from gpt.extras import install
 
-INSTALL = 'pip install -e ".[eval]"'
+INSTALL = install("eval")
 
 
 class HarnessError(UserError):

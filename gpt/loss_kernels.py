@@ -28,6 +28,7 @@ import torch
 
 from gpt.chunked_ce import linear_cross_entropy, linear_dtype
 from gpt.errors import UserError
+from gpt.extras import install
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
@@ -65,9 +66,8 @@ def check(kernel: str, device_type: str, chunked: bool = True) -> None:
     if importlib.util.find_spec(module) is None:
         what = ("--chunked-loss on CUDA runs Liger Kernel's fused linear cross-entropy, which "
                 "needs" if kernel == "auto" else f"--loss-kernel {chosen} needs")
-        raise UserError(f"{what} the {module} package: {hint} (or pip install "
-                        f"'gpt2-trainer[kernels]'), or use --no-chunked-loss (the whole "
-                        f"logits, the default on CUDA)")
+        raise UserError(f"{what} the {module} package: {hint} (or {install('kernels')}), or "
+                        f"use --no-chunked-loss (the whole logits, the default on CUDA)")
 
 
 def _in_compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

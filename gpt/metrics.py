@@ -25,6 +25,7 @@ import torch
 from gpt.config import ConfigError, ModelConfig
 from gpt.dist import Runtime, synchronize
 from gpt.errors import UserError
+from gpt.extras import install
 from gpt.units import format_duration, human_count
 
 # bf16 dense (no sparsity) tensor-core peaks in TFLOP/s, from the vendors' datasheets
@@ -327,8 +328,7 @@ def check_tracking(tensorboard: bool, wandb_project: str | None) -> None:
     for wanted, package, flag_name in ((tensorboard, "tensorboard", "--tensorboard"),
                                        (wandb_project, "wandb", "--wandb-project")):
         if wanted and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"{flag_name} needs the {package} package: "
-                              f"pip install 'gpt2-trainer[{package}]'")
+            raise ConfigError(f"{flag_name} needs the {package} package: {install(package)}")
 
 
 class MetricsError(UserError):

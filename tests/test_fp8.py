@@ -29,7 +29,7 @@ from gpt.model import GPT
 
 needs_torchao = pytest.mark.skipif(
     importlib.util.find_spec("torchao") is None,
-    reason="torchao is not installed (pip install 'gpt2-trainer[fp8]')")
+    reason='torchao is not installed (pip install -e ".[fp8]")')
 CPU = Runtime(device=torch.device("cpu"))
 
 
@@ -86,7 +86,7 @@ def test_missing_torchao_is_one_line_with_the_install_hint(monkeypatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "torchao" else real(name, *a))
-    with pytest.raises(UserError, match=r"needs torchao: pip install 'gpt2-trainer\[fp8\]'"):
+    with pytest.raises(UserError, match=r'needs torchao: pip install -e "\.\[fp8\]"'):
         fp8.check(parse_args(["--fp8", "tensorwise"]).train, torch.device("cpu"))
     fp8.check(parse_args([]).train, torch.device("cpu"))  # --fp8 none needs nothing
 

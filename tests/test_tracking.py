@@ -61,7 +61,7 @@ def test_missing_package_is_one_line_naming_the_extra(flag: list[str], extra: st
     code = train_mod.main([*ARGS, *flag, "--data-dir", str(random_data_dir),
                            "--out-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
-    assert code == 2 and f"pip install 'gpt2-trainer[{extra}]'" in err
+    assert code == 2 and f'pip install -e ".[{extra}]"' in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
 
 
