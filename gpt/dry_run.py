@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from gpt import fp8, layout, loss_kernels, memory, weights
+from gpt import expected, fp8, layout, loss_kernels, memory, weights
 from gpt.checkpoint import check_resume_config, choose
 from gpt.checkpoint_contents import stored_step
 from gpt.config import Config, describe
@@ -98,6 +98,8 @@ def main(cfg: Config) -> int:
               f"{human_count(cfg.train.max_steps * d.total_batch_tokens)} tokens")
     if not layout.unsettled(cfg):
         check(lambda: _data(cfg, world))
+    if accum is not None:  # tokens, time where measured, disk (gpt/expected.py)
+        print("\n".join(expected.lines(cfg, device, device_name(device), world)))
     check(lambda: check_out_dir(cfg.train.out_dir))
     check(lambda: check_eval_tasks(cfg))
     check(lambda: _start(cfg))
