@@ -3,13 +3,14 @@ loss, the tokens it trained on, its wall time and tokens/s, and its checkpoint; 
 commands that go on from there (resume a run that stopped early, sample, evaluate) and
 the picture of its curves. The same figures go to metrics.jsonl as a "summary" record.
 
-    done: step 150/150 | val loss 6.3712, best 6.3712 at step 150 | 307.20k tokens in 1m08s:
-    4,518 tokens/s (4,806 in the steps alone) | checkpoint runs/shakespeare/ckpt_000150.pt
+    done: step 150/150 | val loss 6.3424, best 6.3424 at step 150 | 307.20k tokens in 15m57s:
+    321 tokens/s (341 in the steps alone) | checkpoint runs/shakespeare/ckpt_000150.pt
       sample:   python -m gpt.generate --checkpoint runs/shakespeare/ckpt_000150.pt --prompt ROMEO:
-      evaluate: python -m gpt.evaluate --checkpoint runs/shakespeare/ckpt_000150.pt --data-dir ...
+      evaluate: python -m gpt.evaluate --checkpoint runs/shakespeare/ckpt_000150.pt --data-dir data/shakespeare
+      curves:   runs/shakespeare/curves.png
 
-(one line each, here wrapped). The loop keeps a Tally as it goes; gpt/train.py hands the
-rest over as an Ending.
+(configs/cpu-demo.toml on a busy 2-core CPU; the first line here wrapped). The loop keeps
+a Tally as it goes; gpt/train.py hands the rest over as an Ending.
 """
 
 from __future__ import annotations
