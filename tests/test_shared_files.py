@@ -58,6 +58,7 @@ def test_every_atomic_writer_gives_the_mode_open_gives(tmp_path: Path, mask: int
     assert {p.name: oct(mode(p)) for p in written} == {p.name: oct(expected) for p in written}
 
 
+@pytest.mark.slow  # a subprocess that imports torch and writes a model: ~10 s on 2 busy cores
 def test_the_export_command_writes_files_a_user_can_share(tmp_path: Path) -> None:
     from helpers import REPO, write_checkpoint
 
