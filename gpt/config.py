@@ -190,11 +190,11 @@ class TrainConfig:
     log_every: int = _opt(1, "print a log line every N steps (loss is read back only then)")
     tensorboard: bool = _opt(
         False, "also write every metrics record as TensorBoard events to OUT_DIR/tensorboard "
-        "(pip install 'gpt2-trainer[tensorboard]')"
+        "(pip install -e '.[tensorboard]')"
     )
     wandb_project: str | None = _opt(
         None, "also log every metrics record to Weights & Biases in this project "
-        "(pip install 'gpt2-trainer[wandb]'; WANDB_MODE=offline keeps the run on disk)"
+        "(pip install -e '.[wandb]'; WANDB_MODE=offline keeps the run on disk)"
     )
     max_bad_steps: int = _opt(
         5, "stop after this many steps in a row with a non-finite loss or gradient (they are skipped)"
@@ -253,7 +253,7 @@ class TrainConfig:
     )
     fp8: str = _opt(
         "none", "FP8 matmuls for the blocks' linear layers through torchao's float8 training "
-        "(pip install 'gpt2-trainer[fp8]'; gpt/fp8.py): tensorwise or rowwise scaling. CUDA "
+        "(pip install -e '.[fp8]'; gpt/fp8.py): tensorwise or rowwise scaling. CUDA "
         "GPUs with FP8 tensor cores (compute capability 8.9+: H100, L4, RTX 40xx); on a CPU "
         "the fp8 rounding is emulated, to check the numerics, not the speed",
         ("none", "tensorwise", "rowwise"), since=3,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-from gpt import fp8, loss_kernels, memory, sizing
+from gpt import expected, fp8, loss_kernels, memory, sizing
 from gpt.config import Config, describe
 from gpt.dist import DTYPE_NAMES, device_name, launch_environment
 from gpt.errors import UserError
@@ -79,6 +79,8 @@ def report(plan: Plan) -> None:
               f"{rt.world_size} process(es) x {plan.accum} accumulation step(s) = "
               f"{d.total_batch_tokens:,} tokens per step; {cfg.train.max_steps:,} steps = "
               f"{human_count(cfg.train.max_steps * d.total_batch_tokens)} tokens")
+    if plan.accum is not None:  # tokens, time where measured, disk (gpt/expected.py)
+        print("\n".join(expected.lines(cfg, rt.device, device_name(rt.device), rt.world_size)))
     if plan.data is not None:
         facts = plan.data
         passes = cfg.train.max_steps * d.total_batch_tokens / max(facts.train_tokens, 1)

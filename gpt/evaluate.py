@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--limit", type=int, default=None, help="score only the first N examples of each task")
     t.add_argument("--include-path", metavar="DIR", help="a folder of task YAMLs of your own")
     t.add_argument("--tasks-batch-size", type=int, default=16, help="requests per forward")
+    t.add_argument("--tasks-progress", action="store_true",
+                   help="show the harness's and datasets' progress bars (default: one line "
+                   "per run of the tasks)")
     h = p.add_argument_group("HellaSwag (this package's own scoring)")
     h.add_argument("--hellaswag", metavar="FILE|URL|val",
                    help="HellaSwag jsonl: a local file, a URL, or 'val' for the official "
@@ -85,8 +88,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from gpt.validation import val_loss
     from gpt.weights import load_model
 
-    if args.tasks is not None:  # before any model is loaded
-        harness_tasks.require_lm_eval("--tasks")
     runtime = init_runtime(args.device)
     try:
         dtype = resolve_dtype(args.dtype, runtime.device)
@@ -105,7 +106,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise harness_tasks.HarnessError(f"{len(failed)} of the --tasks could not be "
                                                  f"loaded (see above)")
             lm = GPT2TrainerLM(model=model, dtype=dtype, batch_size=args.tasks_batch_size,
-                               rank=runtime.rank, world_size=runtime.world_size)
+                               rank=runtime.rank, world_size=runtime.world_size,
+                               quiet=not args.tasks_progress)
+            if runtime.rank == 0:  # in place of the progress bars (stdout: the results alone)
+                print(f"scoring {', '.join(harness_tasks.parse_tasks(args.tasks))} with "
+                      f"lm-evaluation-harness ...", file=sys.stderr, flush=True)
             results["tasks"] = harness_tasks.run_tasks(lm, tasks, args.limit)
         if args.hellaswag is not None:
             examples = hellaswag.load_examples(args.hellaswag, args.cache_dir, runtime.rank,
@@ -140,6 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     _check_args(parser, args)
 
     try:
+        if args.tasks is not None:
+            from gpt.harness_tasks import quiet_progress, require_lm_eval
+
+            # before torch and the model: a missing extra is named in a moment, not seconds
+            if not args.tasks_progress:
+                quiet_progress()  # before lm-eval and datasets are imported: they read it then
+            require_lm_eval("--tasks")
         results = run(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

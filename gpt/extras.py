@@ -1,17 +1,21 @@
-"""The optional packages (pyproject.toml's extras): importing one as the run will, and the
-one line that says what to do when it is missing or broken.
+"""The optional packages (pyproject.toml's extras): how to install one, in the words the
+README uses (an editable install from the checkout); importing one as the run will, and
+the one line that says what to do when it is missing or broken.
 
 A package can be on disk and still fail to import: a build for another torch or CUDA,
 an ABI mismatch, a dependency missing or of the wrong version, a half-finished install.
 So a check that a run can use one imports the very modules the run imports; looking for
 the package's files (importlib.util.find_spec) would promise a start the run then
 refuses. The first import also costs what it costs the run, once: the module stays
-imported.
+imported. Only a command that must name a missing extra before it loads torch (an import
+of torchao, lm-eval or matplotlib takes seconds) may first look for the package's files
+(have): that can refuse early, never promise.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 from types import ModuleType
 
@@ -23,9 +27,24 @@ class MissingExtra(UserError):
     import; the message names the flag, the package and the command that installs it."""
 
 
+def install(extra: str) -> str:
+    """The command that installs `extra` (plot, eval, hf, tensorboard, wandb, fp8, kernels,
+    toml), run from the repository's root as the README's section 1 does."""
+    return f'pip install -e ".[{extra}]"'
+
+
 def install_hint(extra: str, package: str) -> str:
     """How to install an extra: from the checkout (the README's way), or the package alone."""
-    return f'pip install -e ".[{extra}]" in the checkout, or pip install {package}'
+    return f"{install(extra)} in the checkout, or pip install {package}"
+
+
+def have(module: str) -> bool:
+    """Whether the top-level package `module` is there (found, not imported: see the
+    module's docstring for the one use this has)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken or half-removed installation
+        return False
 
 
 def require(modules: str | tuple[str, ...], what: str, extra: str, package: str,

@@ -3,8 +3,10 @@ lock, and the clean-up of temporary files that killed writers left behind.
 
 Shards, checkpoints, metadata.json and exported weights are written to a hidden temporary
 file beside their final name (`.NAME.tmp-PID`), fsynced and renamed over it, so a crash or a
-full disk leaves the earlier file and no partial one. The trainer's run folder and
-fineweb.py's shard folder are each held by one process at a time (FolderLock).
+full disk leaves the earlier file and no partial one; the file gets the mode open() would
+give a new file (0666 less the umask), not a temporary file's. The trainer's run folder and
+fineweb.py's shard folder are each held by one process at a time (FolderLock); the lock
+file exists while its holder runs (and after a kill -9, when only a held lock counts).
 """
 
 from __future__ import annotations
@@ -62,19 +64,39 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
-def _create_exclusively(path: Path) -> None:
+NEW_FILE_MODE = 0o666  # what open() asks for; the umask takes away the rest
+
+
+def _create_exclusively(path: Path) -> int:
     """Create `path` as a new empty regular file, never through whatever was at that name
     (a planted symlink, a stale file of a dead process with the same pid): that entry is
-    removed first, and O_EXCL | O_NOFOLLOW make the create fail rather than follow one."""
+    removed first, and O_EXCL | O_NOFOLLOW make the create fail rather than follow one.
+    Returns the permission bits it got: NEW_FILE_MODE less the umask, as open() gives
+    (read back from the file rather than from os.umask(), which can only be read by
+    setting it, a race with other threads)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    for attempt in range(2):
-        try:
-            os.close(os.open(path, flags, 0o644))
-            return
-        except FileExistsError:
-            if attempt:
-                raise
-            path.unlink()  # removes a symlink itself, never its target
+    try:
+        fd = os.open(path, flags, NEW_FILE_MODE)
+    except FileExistsError:
+        path.unlink()  # removes a symlink itself, never its target
+        fd = os.open(path, flags, NEW_FILE_MODE)
+    try:
+        return os.fstat(fd).st_mode & 0o7777
+    finally:
+        os.close(fd)
+
+
+def _finish(tmp: Path, mode: int) -> None:
+    """fsync a written temporary file and give it `mode`: a writer that replaced the file
+    instead of writing into it (safetensors writes a file of its own, mode 0600) would
+    otherwise pass its mode on through the rename."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        if os.fstat(fd).st_mode & 0o7777 != mode:
+            os.fchmod(fd, mode)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -84,14 +106,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
     file at `path` untouched and no partial file under the final name (the temporary file
     is removed on error)."""
     tmp = temp_path(path)
-    _create_exclusively(tmp)
+    mode = _create_exclusively(tmp)
     try:
         yield tmp
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _finish(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -108,15 +126,10 @@ def atomic_files(folder: Path, names: Sequence[str]) -> Iterator[dict[str, Path]
     file; only a kill during the renames themselves could leave a mix."""
     temps = {name: temp_path(folder / name) for name in names}
     try:
-        for tmp in temps.values():
-            _create_exclusively(tmp)
+        modes = {name: _create_exclusively(tmp) for name, tmp in temps.items()}
         yield temps
-        for tmp in temps.values():
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        for name, tmp in temps.items():
+            _finish(tmp, modes[name])
         for name, tmp in temps.items():
             os.replace(tmp, folder / name)
     except BaseException:
@@ -187,34 +200,50 @@ def lock_holder(folder: Path) -> str | None:
 
 class FolderLock:
     """One process per folder: an exclusive flock on `<folder>/.lock` held for the life of
-    the process (the OS drops it when the process dies, so a kill -9 leaves no stale lock).
-    The file names the holder, for the refusal a second process gets."""
+    the run (the OS drops it when the process dies, so a kill -9 leaves no lock held). The
+    file names the holder, for the refusal a second process gets, and is removed when the
+    holder releases it; one that a killed process left behind names a dead process and
+    means nothing (the next run takes it over). A process refused the lock only reads it."""
+
+    ATTEMPTS = 5  # a lock file removed by a releasing holder under us: open the new one
 
     def __init__(self, folder: Path, what: str) -> None:
         self.folder, self.what = folder, what
         self._fd: int | None = None
         self.created_folder = False  # acquire() made the folder
 
+    @property
+    def path(self) -> Path:
+        return self.folder / LOCK_NAME
+
     def acquire(self) -> "FolderLock":
         if not self.folder.exists():
             self.folder.mkdir(parents=True)
             self.created_folder = True
-        path = self.folder / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        if fcntl is None:  # pragma: no cover - no flock (Windows): say so, go on unguarded
-            print(f"note: cannot lock {self.folder} on this OS; do not start two runs on it",
-                  file=sys.stderr)
-            self._fd = fd
-            return self
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = os.read(fd, 1000).decode("utf-8", errors="replace").strip() or "another process"
-            os.close(fd)
-            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise
-            raise FolderInUse(f"{self.folder} is in use by {holder}: one {self.what} per folder; "
-                              f"wait for it to finish, stop it, or choose another folder") from None
+        for _ in range(self.ATTEMPTS):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                         NEW_FILE_MODE)
+            if fcntl is None:  # pragma: no cover - no flock (Windows): say so, go on unguarded
+                print(f"note: cannot lock {self.folder} on this OS; do not start two runs on it",
+                      file=sys.stderr)
+                self._fd = fd
+                return self
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                holder = os.read(fd, 1000).decode("utf-8", errors="replace").strip() or "another process"
+                os.close(fd)
+                if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                raise FolderInUse(f"{self.folder} is in use by {holder}: one {self.what} per "
+                                  f"folder; wait for it to finish, stop it, or choose another "
+                                  f"folder") from None
+            if self._names(fd):
+                break
+            os.close(fd)  # its holder removed that file as it let go: lock the new one
+        else:  # pragma: no cover - the file replaced under us again and again
+            raise FolderInUse(f"{self.path}: replaced while being locked, {self.ATTEMPTS} times; "
+                              f"another process is starting and stopping there")
         os.ftruncate(fd, 0)
         started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()} since {started} "
@@ -222,15 +251,30 @@ class FolderLock:
         self._fd = fd
         return self
 
+    def _names(self, fd: int) -> bool:
+        """Whether the lock file's name still leads to the file `fd` has open."""
+        try:
+            there = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(fd)
+        return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+
     def release(self, remove_folder_if_unused: bool = False) -> None:
-        """Drop the lock. With remove_folder_if_unused, a folder that acquire() created and
-        that holds nothing but the lock file is removed again (a run that failed at start)."""
+        """Remove the lock file, then drop the lock (in that order: a process waiting on
+        the old file sees it gone, and locks a new one). With remove_folder_if_unused, a
+        folder that acquire() created and that holds nothing else is removed again (a
+        run that failed at start)."""
         if self._fd is None:
             return
-        os.close(self._fd)  # closing the descriptor releases the flock
-        self._fd = None
+        try:
+            if self._names(self._fd):
+                self.path.unlink()
+        except OSError:  # a folder gone read-only: the file stays, meaning nothing
+            pass
+        finally:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
         if remove_folder_if_unused and self.created_folder:
-            if [p.name for p in self.folder.iterdir()] == [LOCK_NAME]:
-                (self.folder / LOCK_NAME).unlink(missing_ok=True)
-                with contextlib.suppress(OSError):
-                    self.folder.rmdir()
+            with contextlib.suppress(OSError):
+                self.folder.rmdir()  # only if empty

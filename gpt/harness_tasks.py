@@ -32,6 +32,15 @@ class HarnessError(UserError):
 LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow", "pandas")
 
 
+def quiet_progress() -> None:
+    """Leave out the progress bars lm-eval draws for each task as it builds its requests
+    and datasets draws for each split it reads: a few lines each on a screen, most of a
+    log file. Both read these variables as they are imported, so this comes first; a
+    value the user set stays."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+
 def require_lm_eval(what: str) -> None:
     """Raise one line naming `what` (the flag that needs it) if lm-eval is not installed,
     or is installed but fails to import the parts used here (they import datasets,

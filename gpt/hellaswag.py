@@ -86,8 +86,10 @@ def _download(url: str, dest: Path, timeout_s: float = 60.0) -> None:
             atomic_write(dest, lambda fh: shutil.copyfileobj(response, fh))
     except (urllib.error.URLError, OSError, TimeoutError) as e:
         reason = getattr(e, "reason", None) or e
-        raise HellaSwagError(f"could not download {url} ({reason}); offline, pass a local "
-                             "copy of the jsonl file") from None
+        raise HellaSwagError(f"could not download {url} ({reason}); offline, copy the file "
+                             f"to {dest} (where it is kept once downloaded), or pass a local "
+                             f"copy: --hellaswag FILE to python -m gpt.evaluate, "
+                             f"--hellaswag-file FILE to the trainer") from None
 
 
 def fetch(url: str, cache_dir: str | os.PathLike | None = None, rank: int = 0) -> Path:

@@ -4,7 +4,9 @@ tokens/s and HellaSwag accuracy.
     python -m gpt.plot runs/gpt2/metrics.jsonl -o curves.png
     python -m gpt.plot runs/a runs/b -o compare.png          # run folders work too; overlaid
 
-matplotlib is an optional dependency (``pip install gpt2-trainer[plot]``); reading the
+The trainer draws the same figure into its run folder as it goes (gpt/run_curves.py).
+
+matplotlib is an optional dependency (the plot extra: ``pip install -e ".[plot]"``); reading the
 file (``load_metrics``) needs only the standard library.
 
 metrics.jsonl holds one JSON object per line with a "type": "run" (written at every
@@ -27,9 +29,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpt.cli import OneLineParser, finite_float
+from gpt.extras import install
+from gpt.fileio import atomic_path
+from gpt.units import human_count
 
 PLOTTED = ("train", "val", "hellaswag")
-MATPLOTLIB_HINT = "pip install matplotlib (or pip install gpt2-trainer[plot])"
+MATPLOTLIB_HINT = f"{install('plot')} (or pip install matplotlib)"
 
 
 @dataclass
@@ -52,6 +57,28 @@ class RunMetrics:
                 steps.append(step)
                 values.append(float(v))
         return steps, values
+
+
+def run_title(run: RunMetrics) -> str:
+    """The run's folder and its recipe, from the newest header record: model, parameters,
+    tokens (steps x tokens a step), peak learning rate, optimizer, device."""
+    head = run.runs[-1] if run.runs else {}
+    cfg = head.get("config")
+    if not isinstance(cfg, dict):
+        return str(run.path.parent)
+    try:
+        train, data, optim = cfg["train"], cfg["data"], cfg["optim"]
+        steps, batch = int(train["max_steps"]), int(data["total_batch_tokens"])
+        parts = [f"{cfg.get('preset') or 'custom'} model"]
+        if isinstance(head.get("params"), int):
+            parts[0] += f", {human_count(head['params'])} params"
+        parts.append(f"{human_count(steps * batch)} tokens ({steps:,} steps x {human_count(batch)})")
+        parts.append(f"max lr {float(optim['max_lr']):g}, {optim.get('optimizer', 'adamw')}")
+        if head.get("device_name"):
+            parts.append(f"{head['device_name']} x {head.get('world_size', 1)}")
+    except (KeyError, TypeError, ValueError):  # a header from another version: the folder
+        return str(run.path.parent)
+    return f"{run.path.parent}: " + "; ".join(parts)
 
 
 def resolve_path(path: str | Path) -> Path:
@@ -147,7 +174,25 @@ def _ema(values: list[float], alpha: float) -> list[float]:
 
 def plot_runs(runs: Sequence[RunMetrics], output: str | Path, smooth: float = 0.0,
               title: str | None = None, log_loss: bool = False) -> Path:
-    """Draw the 2 x 2 figure (loss, lr, tokens/s, HellaSwag) into ``output``."""
+    """Draw the figure (see draw()) into ``output``, atomically: a viewer or a copy never
+    meets half a file (the trainer redraws it as it runs)."""
+    plt = _import_pyplot()
+    fig = draw(runs, smooth, title, log_loss)
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with atomic_path(out) as tmp:
+            # the format from the final name: the temporary one has no image suffix
+            fig.savefig(tmp, dpi=120, format=out.suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)
+    return out
+
+
+def draw(runs: Sequence[RunMetrics], smooth: float = 0.0, title: str | None = None,
+         log_loss: bool = False) -> Any:
+    """The 2 x 2 figure: loss, learning rate, tokens/s and HellaSwag, the last left out
+    when no run scored it."""
     plt = _import_pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     ax_loss, ax_lr, ax_tok, ax_hs = axes.flat
@@ -186,7 +231,9 @@ def plot_runs(runs: Sequence[RunMetrics], output: str | Path, smooth: float = 0.
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     ax_tok.set_title("tokens / s")
     ax_hs.set_title("HellaSwag accuracy")
-    for ax in axes.flat:
+    if not ax_hs.lines:  # no run scored it (--hellaswag-every 0): nothing to show
+        fig.delaxes(ax_hs)
+    for ax in fig.axes:
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
@@ -195,13 +242,9 @@ def plot_runs(runs: Sequence[RunMetrics], output: str | Path, smooth: float = 0.
             ax.text(0.5, 0.5, "no records", ha="center", va="center", transform=ax.transAxes,
                     color="gray")
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
-    out = Path(output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return fig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smooth", type=finite_float(0, 1), default=0.0,
                    help="EMA factor in [0, 1) for the train loss (default: 0, the raw loss)")
     p.add_argument("--log-loss", action="store_true", help="log scale for the loss")
-    p.add_argument("--title", default=None, help="the figure's title (default: none)")
+    p.add_argument("--title", default=None,
+                   help="the figure's title (default: the run's folder and recipe, for one run)")
     args = p.parse_args(argv)
     if not 0.0 <= args.smooth < 1.0:
         p.error("--smooth must be in [0, 1)")
@@ -234,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: plotting needs matplotlib: {MATPLOTLIB_HINT}", file=sys.stderr)
         return 1
     output = args.output or runs[0].path.parent / "curves.png"
-    out = plot_runs(runs, output, smooth=args.smooth, title=args.title, log_loss=args.log_loss)
+    title = args.title if args.title is not None else run_title(runs[0]) if len(runs) == 1 else None
+    out = plot_runs(runs, output, smooth=args.smooth, title=title, log_loss=args.log_loss)
     print(f"wrote {out}")
     return 0
 

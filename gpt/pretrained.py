@@ -25,14 +25,16 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--vocab-size", type=int, default=None,
                      help="rows of the exported vocabulary (default: 50257, GPT-2's)")
     args = parser.parse_args(argv)
-    from gpt.weights import CONFIG_FILE, export_hf  # torch: only once the flags are good
+    from gpt.weights import CONFIG_FILE, TOKENIZER_FILES, export_hf  # torch: only now
 
     try:
         out = export_hf(args.checkpoint, args.out, args.vocab_size)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    print(f"wrote {out / CONFIG_FILE} and {out / 'model.safetensors'}")
+    # export_hf removed the model files that would disagree: those left are this model's
+    names = [n for n in (CONFIG_FILE, "model.safetensors", *TOKENIZER_FILES) if (out / n).is_file()]
+    print(f"wrote {out}: {', '.join(names)}")
     return 0
 
 

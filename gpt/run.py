@@ -16,6 +16,8 @@ from gpt.data import ShardLoader
 from gpt.dist import Runtime
 from gpt.metrics import MetricsLog, Progress
 from gpt.model import GPT
+from gpt.run_curves import RunCurves
+from gpt.run_summary import Tally
 from gpt.step import SkippedSteps
 from gpt.train_tasks import TrainingTasks
 
@@ -43,6 +45,8 @@ class Run:
     skips: SkippedSteps = field(default_factory=SkippedSteps)  # counted on the device
     log: MetricsLog | None = None  # opened by the loop
     progress: Progress | None = None  # started by the loop
+    tally: Tally = field(default_factory=Tally)  # for the summary at the end (restarted by the loop)
+    curves: RunCurves | None = None  # OUT_DIR/curves.png, started by the loop
 
     def say(self, *args: Any) -> None:
         """Print on rank 0 only."""

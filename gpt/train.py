@@ -36,7 +36,9 @@ from gpt.optim import lr_at
 from gpt.preflight import Plan, preflight
 from gpt.profiling import Profiler
 from gpt.run import Run
+from gpt.run_curves import RunCurves
 from gpt.run_record import open_log, run_peak
+from gpt.run_summary import Ending, Tally, summarize
 from gpt.signals import StopSignal
 from gpt.rng import seed_everything
 from gpt.shards import DataError, find_shards
@@ -148,8 +150,10 @@ def run_loop(run: Run) -> dict[str, Any]:
     if already_done(run):
         return outcome(run)
     run.progress = Progress(cfg.data.total_batch_tokens, cfg.train.max_steps)
+    run.tally = Tally(start_step=start)
     timer = StepTimer(rt)
     with open_log(run), StopSignal(rt) as stop, Profiler(cfg.profile, rt, start) as profiler:
+        run.curves = RunCurves.start(run.out_dir, rt.is_master)
         timer.reset()
         while True:
             at_end = s.step >= end
@@ -179,7 +183,9 @@ def run_loop(run: Run) -> dict[str, Any]:
             # The only waits on the device: log steps, and the finiteness check when due.
             check = s.step % cfg.train.finite_check_every == 0
             if step % cfg.train.log_every == 0 or s.step == end:
-                last_loss = log_step(run, step, loss, norm, lr, timer.lap(), check)
+                steps, sec = timer.steps, timer.lap()
+                run.tally.steps_timed(steps, sec)
+                last_loss = log_step(run, step, loss, norm, lr, sec, check)
             elif check:
                 check_finite(run, step)
             if stop.agreed():  # every rank stops at the same step
@@ -191,6 +197,7 @@ def run_loop(run: Run) -> dict[str, Any]:
                     f"stopped at step {s.step} without a checkpoint; "
                     f"{no_checkpoint_note(run)}") + "; continue with --resume auto")
                 break
+        finish(run, stopped_by)
     return outcome(run, last_loss, stopped_by)
 
 
@@ -202,6 +209,21 @@ def already_done(run: Run) -> bool:
     run.say(f"nothing to do: the run is already at step {run.state.step} and {which} is "
             f"{run.end_step}; raise {which} to train further")
     return True
+
+
+def finish(run: Run, stopped_by: int | None) -> None:
+    """The end of a run that trained: its curves drawn a last time, then the summary and
+    the commands that go on from it (gpt/run_summary.py), printed and recorded."""
+    why = (signal.Signals(stopped_by).name if stopped_by is not None else
+           f"--stop-at-step {run.end_step}" if run.end_step < run.cfg.train.max_steps else None)
+    lines, record = summarize(run.tally, Ending(
+        cfg=run.cfg, state=run.state, stopped_by=why, checkpoint=run.checkpointer.last_saved,
+        out_dir=run.out_dir, curves=run.curves.at_end() if run.curves else None,
+        val=run.val_loader is not None, hellaswag=bool(run.hellaswag_examples),
+        distributed=run.runtime.distributed))
+    for line in lines:
+        run.say(line)
+    run.log.write(record)
 
 
 def outcome(run: Run, loss: float | None = None, stopped_by: int | None = None) -> dict[str, Any]:
@@ -230,6 +252,8 @@ def periodic_work(run: Run, at_end: bool, first: bool) -> bool:
         if wanted:
             with fp8.high_precision(run.model):  # evaluation as any reader of the weights
                 job(run)
+    if jobs[0][0] and not at_end and run.curves is not None:  # the end draws its own
+        run.curves.after_validation()  # after HellaSwag and the tasks, to show them too
     return any(wanted for wanted, _ in jobs)
 
 
@@ -332,6 +356,7 @@ def validate(run: Run) -> None:
                  run.autocast_dtype, bpb.token_bytes(run.cfg.model.vocab_size, rt.device)),
         rt).tolist()
     bits = bpb.bits_per_byte(s.last_val, per_token)
+    run.tally.validated(s.step, s.last_val)
     run.say(f"step {s.step:6d} | val loss {s.last_val:.4f} | {bits:.4f} bits/byte")
     run.log.write({"type": "val", "step": s.step, "val_loss": s.last_val, "val_bpb": bits})
 

@@ -52,3 +52,6 @@ def test_the_readme_command_scores_every_example_task(four_step_run: Path,
                          "baseline known): example_choice, example_last_word, "
                          "example_perplexity, example_qa")
     assert "Traceback" not in proc.stderr and "not registered" not in proc.stderr
+    # no progress bars (lm-eval's per task, datasets' per split): one line says what runs
+    assert proc.stderr.splitlines() == [f"scoring {TASKS.replace(',', ', ')} with "
+                                        f"lm-evaluation-harness ..."], proc.stderr[-3000:]

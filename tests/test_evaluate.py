@@ -111,6 +111,21 @@ def test_cli_errors(tmp_path: Path, capsys) -> None:
     assert "--seq-len 65" in capsys.readouterr().err
 
 
+def test_tasks_without_lm_eval_is_named_before_torch_and_the_model(
+        tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run() is where torch and the model load (seconds on a busy machine); a missing
+    extra is named before it."""
+    import sys
+
+    import gpt.evaluate as evaluate
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
+    monkeypatch.setattr(evaluate, "run", lambda args: pytest.fail("got to run()"))
+    assert main(["--checkpoint", str(tmp_path / "any.pt"), "--tasks", "hellaswag"]) == 1
+    assert capsys.readouterr().err == ("error: --tasks runs EleutherAI's lm-evaluation-harness, "
+                                       "which is not installed: pip install -e \".[eval]\"\n")
+
+
 @pytest.mark.slow
 def test_cli_under_torchrun_two_ranks_matches_one(tmp_path: Path, random_data_dir: Path,
                                                   capsys) -> None:

@@ -29,7 +29,7 @@ from gpt.model import GPT
 
 needs_torchao = pytest.mark.skipif(
     importlib.util.find_spec("torchao") is None,
-    reason="torchao is not installed (pip install 'gpt2-trainer[fp8]')")
+    reason='torchao is not installed (pip install -e ".[fp8]")')
 CPU = Runtime(device=torch.device("cpu"))
 
 

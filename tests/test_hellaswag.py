@@ -234,8 +234,12 @@ def test_fetch_downloads_once_into_the_cache(tmp_path: Path) -> None:
     source.unlink()
     assert hellaswag.fetch(url, cache) == path  # served from the cache, not fetched again
     assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no temporary left
-    with pytest.raises(HellaSwagError, match="could not download"):
+    with pytest.raises(HellaSwagError, match="could not download") as e:
         hellaswag.fetch((tmp_path / "gone.jsonl").as_uri(), cache)
+    # offline, the error names where to put a copy and the flag of each command that takes one
+    assert f"copy the file to {cache / 'gone.jsonl'}" in str(e.value)
+    assert "--hellaswag FILE to python -m gpt.evaluate" in str(e.value)
+    assert "--hellaswag-file FILE to the trainer" in str(e.value)
 
 
 def test_max_examples(tmp_path: Path) -> None:

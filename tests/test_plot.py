@@ -112,3 +112,35 @@ def test_plot_writes_png(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main([str(b)]) == 0  # default output: next to the metrics file
     assert (tmp_path / "curves.png").exists()
+
+
+def test_a_run_without_hellaswag_has_no_empty_panel_and_the_title_names_the_run(
+        tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from gpt.plot import draw, run_title
+
+    head = {"type": "run", "params": 3_327_744, "device_name": "AMD EPYC", "world_size": 1,
+            "config": {"preset": "tiny", "train": {"max_steps": 150},
+                       "data": {"total_batch_tokens": 2048},
+                       "optim": {"max_lr": 3e-3, "optimizer": "adamw"}}}
+    run = load_metrics(write_jsonl(tmp_path / "metrics.jsonl", [
+        head, train(0, 10.8), train(1, 9.0), {"type": "val", "step": 1, "val_loss": 9.5}]))
+    title = run_title(run)
+    assert title == (f"{tmp_path}: tiny model, 3.33M params; 307.20k tokens (150 steps x "
+                     f"2.05k); max lr 0.003, adamw; AMD EPYC x 1")
+    fig = draw([run], title=title)
+    try:
+        assert [ax.get_title() for ax in fig.axes] == ["loss", "learning rate", "tokens / s"]
+        assert fig._suptitle.get_text() == title
+    finally:
+        plt.close(fig)
+    run.records["hellaswag"][1] = {"type": "hellaswag", "step": 1, "acc": 0.25, "acc_norm": 0.25}
+    fig = draw([run])
+    try:
+        assert fig.axes[-1].get_title() == "HellaSwag accuracy" and len(fig.axes) == 4
+    finally:
+        plt.close(fig)
+    # a header from elsewhere (no config) still gives the folder
+    assert run_title(load_metrics(write_jsonl(tmp_path / "m2.jsonl", [train(0, 1.0)]))) == str(tmp_path)

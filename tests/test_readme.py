@@ -30,17 +30,18 @@ def test_it_is_a_users_path_of_at_most_450_lines():
 
 
 def test_its_two_commands_are_what_ci_runs_first_in_a_fresh_environment():
-    first = code_blocks(README)[0].splitlines()
-    assert [line.split("#")[0].strip() for line in first] == ['pip install -e ".[dev]"',
-                                                                "python -m pytest"]
+    """A reader who follows it in order on a laptop makes a virtual environment and installs
+    torch's CPU build before anything pulls in torch; then the two commands CI runs."""
+    env, two = (block.splitlines() for block in code_blocks(README)[:2])
+    assert env[0].startswith("python3 -m venv .venv && source .venv/bin/activate")
+    assert env[1].startswith("pip install torch --index-url https://download.pytorch.org/whl/cpu")
+    assert [line.split("#")[0].strip() for line in two] == ['pip install -e ".[dev]"',
+                                                              "python -m pytest"]
     ci = (REPO / ".ci" / "run").read_text()
     readme_part = ci[ci.index("python3 -m venv .venv-readme"):ci.index("rm -rf .venv-readme\n\n")]
     assert 'pip install --quiet --no-cache-dir -e ".[dev]"' in readme_part
     assert "\n  python -m pytest\n" in readme_part
     assert "torch==" not in readme_part and "--upgrade pip" not in readme_part  # nothing else
-    # the CPU-only alternative is in a code block too, before the suite runs
-    cpu = code_blocks(README)[1]
-    assert cpu.index("download.pytorch.org/whl/cpu") < cpu.index('pip install -e ".[dev]"')
 
 
 def test_every_file_it_points_to_exists():

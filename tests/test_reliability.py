@@ -193,11 +193,11 @@ def test_fineweb_refuses_a_folder_another_process_holds(tmp_path: Path) -> None:
         proc = subprocess.run([sys.executable, str(REPO / "fineweb.py"), "--source", str(src),
                                "--out", str(out), "--val-tokens", "10"], cwd=REPO,
                               capture_output=True, text=True, timeout=120)
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written
     finally:
         lock.release()
     line = one_line_error(proc)
     assert f"{out} is in use by pid {os.getpid()}" in line and "one fineweb.py run per folder" in line
-    assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written
 
 
 # ---------------------------------------------------------------------------------------

@@ -235,7 +235,7 @@ def test_without_matplotlib_the_plot_is_left_out_in_one_line(tmp_path: Path, mon
     assert not (tmp_path / "out" / "tokens.png").exists() and (tmp_path / "out" / "tokens.md").exists()
     notes = [line for line in out.err.splitlines() if "tokens.png" in line]
     assert notes == ["note: tokens.png left out: matplotlib is not installed; pip install "
-                     "matplotlib (or pip install gpt2-trainer[plot])"]
+                     "-e \".[plot]\" (or pip install matplotlib)"]
     assert "tokens.png" not in out.out
 
 

@@ -1,0 +1,160 @@
+"""Files a user shares and folders a run holds: every file written atomically gets the mode
+open() would give it under the user's umask (not a temporary file's, nor one a library
+chose), and the one-run-per-folder lock file lasts as long as its run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt.checkpoint import save_atomic
+from gpt.fileio import LOCK_NAME, FolderInUse, FolderLock, atomic_files, atomic_write
+from gpt.shards import write_shard
+from gpt.weights import write_safetensors
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="file modes and flock are POSIX's")
+
+
+@contextlib.contextmanager
+def umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
+def test_every_atomic_writer_gives_the_mode_open_gives(tmp_path: Path, mask: int) -> None:
+    expected = 0o666 & ~mask
+    with umask(mask):
+        plain = tmp_path / "plain"
+        plain.write_text("x")  # what open() gives: the reference
+        atomic_write(tmp_path / "bytes", lambda fh: fh.write(b"x"))
+        save_atomic({"w": torch.zeros(2)}, tmp_path / "ckpt_000001.pt")  # a checkpoint
+        write_shard(tmp_path / "train_000000.bin", torch.zeros(8, dtype=torch.int32).numpy())
+        # safetensors replaces the file it is given with one of its own, mode 0600
+        write_safetensors({"w": torch.zeros(2)}, tmp_path / "model.safetensors")
+        (tmp_path / "hf").mkdir()
+        with atomic_files(tmp_path / "hf", ["a.json", "b.bin"]) as temps:
+            temps["a.json"].write_text("{}")
+            temps["b.bin"].unlink()  # a writer that makes its own file
+            fd = os.open(temps["b.bin"], os.O_WRONLY | os.O_CREAT, 0o600)
+            os.close(fd)
+    assert mode(plain) == expected
+    written = [tmp_path / n for n in ("bytes", "ckpt_000001.pt", "train_000000.bin",
+                                      "model.safetensors")] + [tmp_path / "hf" / "a.json",
+                                                               tmp_path / "hf" / "b.bin"]
+    assert {p.name: oct(mode(p)) for p in written} == {p.name: oct(expected) for p in written}
+
+
+@pytest.mark.slow  # a subprocess that imports torch and writes a model: ~10 s on 2 busy cores
+def test_the_export_command_writes_files_a_user_can_share(tmp_path: Path) -> None:
+    from helpers import REPO, write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "ckpt_000001.pt")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = tmp_path / "hf"
+    proc = subprocess.run(f"umask 022 && {sys.executable} -m gpt.pretrained export "
+                          f"--checkpoint {ckpt} --out {out}", shell=True, cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["config.json", "merges.txt", "model.safetensors", "tokenizer_config.json",
+                     "vocab.json"]
+    assert {n: oct(mode(out / n)) for n in files} == {n: "0o644" for n in files}
+    # the line names every file written, the tokenizer's too
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith(f"wrote {out}:") and all(n in line for n in files), line
+
+
+# ---------------------------------------------------------------------------------------
+# the lock file
+
+
+def test_the_lock_file_lasts_as_long_as_its_holder(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    lock = FolderLock(folder, "training run").acquire()
+    text = (folder / LOCK_NAME).read_text()
+    assert f"pid {os.getpid()} " in text
+    lock.release()
+    assert not (folder / LOCK_NAME).exists() and folder.is_dir()
+
+
+def test_a_refused_process_leaves_the_holders_lock_file_as_it_was(tmp_path: Path) -> None:
+    from helpers import REPO
+
+    folder = tmp_path / "run"
+    lock = FolderLock(folder, "training run").acquire()
+    try:
+        before = (folder / LOCK_NAME).read_bytes(), (folder / LOCK_NAME).stat().st_ino
+        code = ("import sys; from pathlib import Path; from gpt.fileio import FolderLock\n"
+                f"FolderLock(Path({str(folder)!r}), 'training run').acquire()")
+        proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert proc.returncode != 0 and "FolderInUse" in proc.stderr
+        assert f"is in use by pid {os.getpid()}" in proc.stderr
+        assert ((folder / LOCK_NAME).read_bytes(), (folder / LOCK_NAME).stat().st_ino) == before
+    finally:
+        lock.release()
+
+
+def test_a_lock_file_left_by_a_killed_run_is_taken_over_and_removed(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / LOCK_NAME).write_text("pid 999999 on elsewhere since 2020 (killed)\n")
+    lock = FolderLock(folder, "training run").acquire()  # nobody holds it: it means nothing
+    assert f"pid {os.getpid()} " in (folder / LOCK_NAME).read_text()
+    lock.release()
+    assert not (folder / LOCK_NAME).exists()
+
+
+def test_a_waiter_on_a_released_lock_file_locks_the_new_one(tmp_path: Path) -> None:
+    """The race removing the file opens: B opened the lock file just before its holder A
+    removed it and let go. B's flock then succeeds on a file no longer in the folder, so B
+    must notice and lock the file at the name, or C could hold that one at the same time."""
+    folder = tmp_path / "run"
+    a = FolderLock(folder, "run").acquire()
+    stale_fd = os.open(folder / LOCK_NAME, os.O_RDWR)  # B's open, before A lets go
+    a.release()
+    b = FolderLock(folder, "run")
+    real_open = os.open
+    calls = []
+
+    def open_stale_first(path, flags, *args):
+        calls.append(path)
+        return os.dup(stale_fd) if len(calls) == 1 else real_open(path, flags, *args)
+
+    try:
+        os.open = open_stale_first  # type: ignore[assignment]
+        b.acquire()
+    finally:
+        os.open = real_open  # type: ignore[assignment]
+        os.close(stale_fd)
+    try:
+        assert len(calls) == 2  # the stale file was let go, the one at the name locked
+        with pytest.raises(FolderInUse, match=f"in use by pid {os.getpid()}"):
+            FolderLock(folder, "run").acquire()  # C: refused
+    finally:
+        b.release()
+
+
+def test_a_run_that_fails_at_start_leaves_no_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "new"
+    FolderLock(folder, "run").acquire().release(remove_folder_if_unused=True)
+    assert not folder.exists()
+    kept = tmp_path / "kept"
+    lock = FolderLock(kept, "run").acquire()
+    (kept / "ckpt_000001.pt").write_bytes(b"x")
+    lock.release(remove_folder_if_unused=True)
+    assert sorted(p.name for p in kept.iterdir()) == ["ckpt_000001.pt"]
