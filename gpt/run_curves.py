@@ -3,11 +3,11 @@
 recipe, redrawn as the run goes where matplotlib is installed. Where it is not, the run
 says so once, as it starts, with the command that installs it.
 
-Drawing takes a second or two of CPU (matplotlib's import, then each figure), so it is
-paced: after a validation once MIN_INTERVAL_S have passed since the run started or last
-drew, and at the end of a run that lasted that long. A run shorter than that draws
-nothing (`python -m gpt.plot RUN_FOLDER` draws it from the log at any time). A figure
-that fails to draw is a warning, never the end of a run.
+Drawing takes a second or two of CPU (matplotlib's import, then each figure), so the
+redraws after a validation are paced: once MIN_INTERVAL_S have passed since the run
+started or last drew. The end of a run that trained always draws, with its last points,
+so every run folder holds its picture (`python -m gpt.plot RUN_FOLDER` draws it from the
+log at any time too). A figure that fails to draw is a warning, never the end of a run.
 """
 
 from __future__ import annotations
@@ -59,10 +59,8 @@ class RunCurves:
         return self._draw()
 
     def at_end(self) -> Path | None:
-        """The last drawing, with the final points, for a run that lasted a minute or
-        more; the picture's path, or None if none was drawn."""
-        if time.monotonic() - self.started < MIN_INTERVAL_S:
-            return None
+        """The last drawing, with the final points; the picture's path, or None if none
+        was drawn."""
         return self._draw()
 
     def _draw(self) -> Path | None:

@@ -16,6 +16,7 @@ import gpt.run_curves as run_curves
 from gpt import train as train_mod
 from gpt.checkpointer import LoopState
 from gpt.cli import parse_args
+from gpt.extras import have
 from gpt.run_summary import Ending, Tally, summarize
 
 from helpers import TINY, read_metrics
@@ -42,7 +43,10 @@ def test_a_finished_run_ends_on_its_summary_and_the_commands_that_follow(
                         "--out-dir", str(out_dir), "--sample-prompt", "It's a"], capsys)
     assert code == 0
     vals = [r["val_loss"] for r in read_metrics(out_dir, "val")]
-    head, sample, evaluate = summary_lines(out)  # the last lines of the run, nothing after
+    lines = summary_lines(out)  # the last lines of the run, nothing after
+    head, sample, evaluate = lines[:3]
+    curves = out_dir / "curves.png"  # drawn at the end wherever matplotlib is installed
+    assert lines[3:] == ([f"  curves:   {curves}"] if have("matplotlib") else [])
     best = min(vals)
     m = re.fullmatch(r"done: step 4/4 \| val loss ([\d.]+), best ([\d.]+) at step (\d) \| "
                      r"1\.02k tokens in (\d+)s: ([\d,]+) tokens/s \(([\d,]+) in the steps "
@@ -90,7 +94,8 @@ def test_no_checkpoint_is_said_and_no_commands_offered(
     code, out, _ = run([*ARGS, "--max-steps", "2", "--val-every", "0", "--no-save-checkpoints",
                         "--data-dir", str(random_data_dir), "--out-dir", str(tmp_path / "r")], capsys)
     assert code == 0
-    (head,) = summary_lines(out)
+    head, *curves = summary_lines(out)  # (and the curves' line where matplotlib is installed)
+    assert curves == ([f"  curves:   {tmp_path / 'r' / 'curves.png'}"] if have("matplotlib") else [])
     assert head.startswith("done: step 2/2 | 512 tokens in ")
     assert head.endswith("| no checkpoint (--no-save-checkpoints)") and "val loss" not in head
 
@@ -146,13 +151,23 @@ def test_a_run_draws_its_curves_titled_with_its_folder_and_recipe(
     assert not [p for p in out_dir.iterdir() if p.name.startswith(".")]  # no temporary file left
 
 
-def test_a_short_run_draws_nothing(random_data_dir: Path, tmp_path: Path,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
-    """Drawing is paced to a minute: a run of seconds leaves it to python -m gpt.plot."""
+def test_a_short_run_draws_its_curves_once_at_the_end(
+        random_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The redraws after a validation are paced to a minute; the end always draws."""
+    pytest.importorskip("matplotlib")
+    import gpt.plot as plot
+
+    drawn: list[int] = []
+    real = plot.plot_runs
+    monkeypatch.setattr(plot, "plot_runs", lambda runs, output, **kw: (
+        drawn.append(len(runs[0].series("val", "val_loss")[0])), real(runs, output, **kw))[1])
     out_dir = tmp_path / "r"
-    code, out, _ = run([*ARGS, "--max-steps", "2", "--data-dir", str(random_data_dir),
+    code, out, _ = run([*ARGS, "--max-steps", "4", "--data-dir", str(random_data_dir),
                         "--out-dir", str(out_dir)], capsys)
-    assert code == 0 and not (out_dir / "curves.png").exists() and "curves:" not in out
+    assert code == 0 and (out_dir / "curves.png").is_file()
+    assert drawn == [3]  # once, with the validations at steps 0, 2 and 4
+    assert summary_lines(out)[-1] == f"  curves:   {out_dir / 'curves.png'}"
 
 
 def test_without_matplotlib_the_start_says_once_how_to_get_the_curves(
