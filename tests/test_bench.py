@@ -369,6 +369,7 @@ def test_profiling_flags_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[st
 # pieces
 
 
+@pytest.mark.numerics
 def test_naive_attention_matches_sdpa() -> None:
     torch.manual_seed(0)
     cfg = model_preset("tiny", block_size=32, vocab_size=97)

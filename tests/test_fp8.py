@@ -250,6 +250,7 @@ def train_losses(recipe: str, steps: int, data: Path) -> list[float]:
     return out
 
 
+@pytest.mark.numerics
 @needs_torchao
 @pytest.mark.parametrize("recipe", fp8.RECIPES)
 def test_a_tiny_model_trains_in_fp8_within_tolerance_of_fp32(recipe: str,
@@ -276,6 +277,7 @@ def run_args(data: Path, recipe: str = "tensorwise") -> list[str]:
             "--val-steps", "2", "--total-batch-tokens", "512"]
 
 
+@pytest.mark.numerics
 @needs_torchao
 @pytest.mark.slow
 def test_a_run_with_fp8_resumes_bit_exactly(text_data: Path, tmp_path: Path) -> None:
@@ -287,6 +289,7 @@ def test_a_run_with_fp8_resumes_bit_exactly(text_data: Path, tmp_path: Path) -> 
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
+@pytest.mark.numerics
 @needs_torchao
 @pytest.mark.parametrize("recipe", fp8.RECIPES)
 def test_a_checkpoint_of_an_fp8_run_is_any_readers(text_data: Path, tmp_path: Path,
@@ -329,6 +332,7 @@ def test_the_dry_run_says_fp8_is_emulated_here(text_data: Path, tmp_path: Path) 
     assert "fp8 tensorwise planned as its bf16 step" in proc.stdout
 
 
+@pytest.mark.numerics
 @needs_torchao
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
@@ -341,6 +345,7 @@ def test_fp8_on_two_ranks_trains_as_one_process(mode: str, text_data: Path,
                                mode, tmp_path)
 
 
+@pytest.mark.numerics
 @needs_torchao
 @pytest.mark.slow
 def test_fp8_compiles(text_data: Path, tmp_path: Path, monkeypatch) -> None:

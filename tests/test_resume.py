@@ -49,6 +49,7 @@ def assert_same_model(a: Path, b: Path) -> None:
 # exact resume
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_stop_and_resume_is_bitwise_identical(data_dir: Path, tmp_path: Path) -> None:
     args = [*ARGS, "--data-dir", str(data_dir), "--val-every", "2", "--val-steps", "2"]
@@ -76,6 +77,7 @@ def test_stop_and_resume_is_bitwise_identical(data_dir: Path, tmp_path: Path) ->
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_stop_and_resume_is_bitwise_identical_on_two_ranks(data_dir: Path, tmp_path: Path) -> None:
     args = [*ARGS, "--data-dir", str(data_dir)]

@@ -33,6 +33,7 @@ def grads_after_step(data: Path, batch_size: int, accum: int) -> dict[str, torch
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.numerics
 def test_accumulated_micro_batches_equal_one_big_batch(random_data_dir: Path) -> None:
     # B=8 in one pass, and B=2 over 4 micro-steps, read the same 8 rows of the stream.
     big = grads_after_step(random_data_dir, batch_size=8, accum=1)
