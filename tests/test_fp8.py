@@ -340,9 +340,14 @@ def test_fp8_on_two_ranks_trains_as_one_process(mode: str, text_data: Path,
                                                 tmp_path: Path) -> None:
     """Each FP8 cast's scale comes from the tensor it casts: a micro-batch's input on its
     rank, the whole (gathered) weight under FSDP; so two ranks compute what one process
-    does over the same micro-batches."""
+    does over the same micro-batches: the same losses and gradient norms (helpers' LOSS_REL
+    and GRAD_NORM_REL). Not helpers' weight bound, which is fp32 rounding amplified by AdamW:
+    a cast to e4m3 (3 mantissa bits) tips the other way where another summation order moves
+    its input across a rounding boundary, a gradient noise far above fp32's (measured under
+    ATEN_CPU_CAPABILITY=default: 0.26% of the weights beyond lr / 100, where the bound allows
+    0.1% and a planted bug moves 10-95%)."""
     assert_two_ranks_match_one([*run_args(text_data), "--max-steps", "3", "--val-every", "0"],
-                               mode, tmp_path)
+                               mode, tmp_path, weights=False)
 
 
 @pytest.mark.numerics
