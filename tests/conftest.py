@@ -270,22 +270,43 @@ def shakespeare_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_tokens
     return out
 
 
+def _shared(tmp_path_factory: pytest.TempPathFactory, name: str, build) -> Path:
+    """A folder built once for the whole test run, by whichever process asks first: under
+    pytest-xdist the workers share pytest's base temporary folder's parent, and a file lock
+    there makes the others wait for the first one's build and then read it."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's, shared by its workers
+    folder = base / f"shared-{name}"
+    with FileLock(str(folder) + ".lock"):
+        if not (folder / "done").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / "done").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def four_step_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Random shards for four_step_run (and for resuming copies of it)."""
-    return write_random_shards(tmp_path_factory.mktemp("four_data"), seed=5, train=(9_000, 9_000),
-                               val=(3_000,))
+    return _shared(tmp_path_factory, "four_data", lambda folder: write_random_shards(
+        folder, seed=5, train=(9_000, 9_000), val=(3_000,)))
 
 
 @pytest.fixture(scope="session")
 def four_step_run(four_step_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished tiny run with ckpt_000002.pt and ckpt_000004.pt, trained once per session;
-    tests that write into it take run_copy."""
-    out = tmp_path_factory.mktemp("four") / "run"
-    proc = run_cli(*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "4",
-                   "--checkpoint-every", "2", "--data-dir", str(four_step_data), "--out-dir", str(out))
-    assert proc.returncode == 0, proc.stderr
-    return out
+    """A finished tiny run with ckpt_000002.pt and ckpt_000004.pt, trained once per test run
+    (shared by the xdist workers); tests that write into it take run_copy."""
+    def train(folder: Path) -> None:
+        proc = run_cli(*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "4",
+                       "--checkpoint-every", "2", "--data-dir", str(four_step_data),
+                       "--out-dir", str(folder / "run"))
+        assert proc.returncode == 0, proc.stderr
+
+    return _shared(tmp_path_factory, "four_run", train) / "run"
 
 
 @pytest.fixture()
