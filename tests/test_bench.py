@@ -425,6 +425,25 @@ def test_cuda_requested_without_gpu(capsys: pytest.CaptureFixture[str], monkeypa
                                        "(try --device auto)\n")
 
 
+def test_compile_rows_set_the_speed_up_and_break_even_or_say_what_failed() -> None:
+    """The compile subcommand's arithmetic, without compiling (test_compile_subcommand, in the
+    slow tier, runs inductor): speed-up eager / compiled, and the steps a compilation's
+    seconds take to win back at the time saved per step."""
+    from gpt.bench.compile_bench import _compare
+
+    ok = _compare("model", "fwd", {"status": "ok", "ms": {"median": 30.0}},
+                  {"status": "ok", "ms": {"median": 20.0}, "compile_s": 5.0,
+                   "first_call_ms": 5020.0}, "ms")
+    assert (ok["status"], ok["speedup"], ok["break_even_steps"]) == ("ok", 1.5, 500.0)
+    slower = _compare("model", "fwd", {"status": "ok", "ms": 20.0},
+                      {"status": "ok", "ms": 25.0, "compile_s": 5.0}, "ms")
+    assert slower["speedup"] == 0.8 and slower["break_even_steps"] is None  # never wins back
+    failed = _compare("attention", "sdpa", {"status": "ok", "ms": 1.0},
+                      {"status": "error", "error": "backend compiler failed"}, "ms")
+    assert failed["status"] == "error" and failed["reason"] == "backend compiler failed"
+    assert "speedup" not in failed
+
+
 def test_module_entry_point(monkeypatch: pytest.MonkeyPatch,
                             capsys: pytest.CaptureFixture[str]) -> None:
     """`python -m gpt.bench --help` (run in-process: no second torch import)."""
