@@ -151,6 +151,7 @@ ARGS = [*TINY, *QUIET, *ALL_FLAGS, "--total-batch-tokens", "512"]
 
 
 @pytest.mark.numerics
+@pytest.mark.slow
 def test_the_trainer_resumes_a_modern_model_exactly(data_dir: Path, tmp_path: Path) -> None:
     split = assert_resume_is_exact([*ARGS, "--data-dir", str(data_dir)], tmp_path)
     # what generate and evaluate load: the model as trained, its head its own

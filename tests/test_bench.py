@@ -300,6 +300,7 @@ def test_attention_oom_in_one_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                       ("sdpa", 32): "ok"}
 
 
+@pytest.mark.slow
 def test_ladder_subcommand(tmp_path: Path) -> None:
     data = run_bench(tmp_path, "ladder", "ladder", "--size", "tiny", "--seq-len", "16",
                      "--batch-size", "2", "--warmup", "1", "--steps", "2", "--no-compile-rungs")

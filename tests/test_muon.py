@@ -105,6 +105,7 @@ ARGS = [*TINY, *QUIET, "--optimizer", "muon", "--muon-momentum-warmup", "3",
 
 
 @pytest.mark.numerics
+@pytest.mark.slow
 def test_the_trainer_resumes_muon_exactly(data_dir: Path, tmp_path: Path) -> None:
     assert_resume_is_exact([*ARGS, "--data-dir", str(data_dir)], tmp_path)
 

@@ -398,6 +398,7 @@ def test_empty_data_folder(tmp_path: Path) -> None:
     assert f"{empty}: no train_* shards" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_wrong_magic_and_out_of_range_token(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
@@ -422,6 +423,7 @@ def test_fresh_start_refuses_a_folder_with_checkpoints(data_dir: Path, two_step_
     assert (out / "ckpt_000002.pt").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_incompatible_checkpoint_lists_the_differences(data_dir: Path, tmp_path: Path,
                                                        two_step_run: Path) -> None:
     out = two_step_run  # only read: the runs below write into tmp_path / "other"

@@ -120,6 +120,7 @@ def test_cli_end_to_end_on_shakespeare(shakespeare_dir: Path, tmp_path: Path) ->
     assert parse_args(["--config", str(out / "config.toml")]) == cfg
 
 
+@pytest.mark.slow
 def test_cli_bf16_autocast_on_cpu_without_val_or_samples(random_data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = run_cli(*TINY, "--data-dir", str(random_data_dir), "--out-dir", str(out),
@@ -214,6 +215,7 @@ def test_init_from_missing_folder_is_a_clear_error(random_data_dir: Path, tmp_pa
 # runs that say what they do
 
 
+@pytest.mark.slow
 def test_resume_past_the_last_step_does_nothing_and_says_so(random_data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(random_data_dir), "--out-dir", str(out)]
