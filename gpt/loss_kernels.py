@@ -21,6 +21,7 @@ so every kernel computes the same gradients to rounding.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Callable
 
@@ -38,10 +39,12 @@ PACKAGES = {"liger": ("liger_kernel", "pip install liger-kernel"),
 
 
 def resolve(kernel: str, device_type: str) -> str:
-    """--loss-kernel as given; auto: liger on CUDA, ours elsewhere."""
-    if kernel != "auto":
-        return kernel
-    return "liger" if device_type == "cuda" else "ours"
+    """--loss-kernel as given; auto: liger on CUDA, ours elsewhere. A library's kernel is
+    made ready here, before a model that calls it is compiled (see _eager)."""
+    chosen = kernel if kernel != "auto" else "liger" if device_type == "cuda" else "ours"
+    if chosen in ("liger", "cce"):
+        loss_fn(chosen).prepare()  # type: ignore[attr-defined]
+    return chosen
 
 
 def check(kernel: str, device_type: str, chunked: bool = True) -> None:
@@ -77,7 +80,27 @@ def _in_compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tens
     return h.reshape(-1, h.size(-1)).to(dtype).contiguous(), weight.to(dtype)
 
 
-@torch.compiler.disable  # a library's Triton launches: run eagerly, the model stays compiled
+def _eager(fn: LossFn) -> LossFn:
+    """`fn` run eagerly inside a compiled model (a library's Triton launches; the model stays
+    compiled): torch.compiler.disable(fn), made at the first call, because it imports
+    torch._dynamo, a third of the trainer's start-up (2 s of 6 on a CPU), which a run that
+    never calls a library kernel need not pay."""
+    disabled: list[LossFn] = []
+
+    def prepare() -> None:
+        if not disabled:
+            disabled.append(torch.compiler.disable(fn))
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        prepare()
+        return disabled[0](*args, **kwargs)
+
+    run.prepare = prepare  # type: ignore[attr-defined]
+    return run
+
+
+@_eager
 def liger(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
           softcap: float = 0.0) -> torch.Tensor:
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
@@ -89,7 +112,7 @@ def liger(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
             accum_dtype=torch.float32 if w.dtype != torch.float32 else None).float()
 
 
-@torch.compiler.disable
+@_eager
 def cce(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
         softcap: float = 0.0) -> torch.Tensor:
     from cut_cross_entropy import linear_cross_entropy as cut_cross_entropy
