@@ -60,8 +60,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that reach one of torch's moving parts are marked torch_api; the fast tier
-    leaves the slow tests out; tests marked cuda are skipped, with the reason, where there
+    """Under -m torch_api, the tests that reach one of torch's moving parts are marked so;
+    the fast tier leaves the slow tests out; tests marked cuda are skipped, with the reason, where there
     is no GPU."""
     if "torch_api" in config.option.markexpr:  # tests/tiers.py's rule (a second to apply)
         for item in items:
