@@ -26,6 +26,7 @@ copy. It is measured beside the others in `gpu loss-kernels` before it is anyone
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -45,10 +46,12 @@ PACKAGES = {"liger": (("liger_kernel", "liger_kernel.transformers.functional"), 
 
 
 def resolve(kernel: str, device_type: str) -> str:
-    """--loss-kernel as given; auto: liger on CUDA, ours elsewhere."""
-    if kernel != "auto":
-        return kernel
-    return "liger" if device_type == "cuda" else "ours"
+    """--loss-kernel as given; auto: liger on CUDA, ours elsewhere. A Triton kernel is made
+    ready here, before a model that calls it is compiled (see _eager)."""
+    chosen = kernel if kernel != "auto" else "liger" if device_type == "cuda" else "ours"
+    if chosen != "ours":
+        (fused if chosen == "fused" else loss_fn(chosen)).prepare()  # type: ignore[attr-defined]
+    return chosen
 
 
 def describe(chunked: bool, kernel: str) -> str:
@@ -98,7 +101,27 @@ def _in_compute_dtype(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tens
     return h.reshape(-1, h.size(-1)).to(dtype).contiguous(), weight.to(dtype)
 
 
-@torch.compiler.disable  # a library's Triton launches: run eagerly, the model stays compiled
+def _eager(fn: LossFn) -> LossFn:
+    """`fn` run eagerly inside a compiled model (Triton launches, a library's or
+    gpt/fused_ce.py's; the model stays compiled): torch.compiler.disable(fn), made at the
+    first call (or by resolve), because it imports torch._dynamo, a third of the trainer's
+    start-up (2 s of 6 on a CPU), which a run that never calls these kernels need not pay."""
+    disabled: list[LossFn] = []
+
+    def prepare() -> None:
+        if not disabled:
+            disabled.append(torch.compiler.disable(fn))
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        prepare()
+        return disabled[0](*args, **kwargs)
+
+    run.prepare = prepare  # type: ignore[attr-defined]
+    return run
+
+
+@_eager
 def liger(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
           softcap: float = 0.0) -> torch.Tensor:
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
@@ -110,7 +133,7 @@ def liger(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
             accum_dtype=torch.float32 if w.dtype != torch.float32 else None).float()
 
 
-@torch.compiler.disable
+@_eager
 def cce(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
         softcap: float = 0.0) -> torch.Tensor:
     from cut_cross_entropy import linear_cross_entropy as cut_cross_entropy
@@ -121,7 +144,7 @@ def cce(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                                  reduction="mean", filter_eps=None).float()
 
 
-@torch.compiler.disable  # Triton launches and an in-place write: eager (gpt/fused_ce.py)
+@_eager  # Triton launches and an in-place write (gpt/fused_ce.py)
 def fused(logits: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0) -> torch.Tensor:
     """--loss-kernel fused: the mean cross-entropy of softcap(logits) (..., V) against
     targets, by gpt/fused_ce.py's kernels (Triton, imported here, when it runs). Its

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import QUIET, SHAKESPEARE, SHARED_DATA, TINY, run_cli, write_random_shards
+from tiers import torch_api
 
 TIKTOKEN_CACHE = SHARED_DATA / "tiktoken_cache"
 _HOME_ROOT = pytest.StashKey[Path]()
@@ -22,8 +23,61 @@ CUDA_SKIP = ("needs an NVIDIA GPU: torch.cuda.is_available() is False here; run 
              "`python -m pytest -m cuda` on a CUDA machine")
 
 
+# Two tiers. `python -m pytest` runs the fast one: every test not marked slow (minutes).
+# `python -m pytest --slow` runs both, `-m slow` the slow one alone; any -m expression
+# chooses for itself (`-m "not slow"` is the fast tier again), and a test named on the
+# command line (FILE::TEST) runs whatever its tier.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true",
+                     help="also run the tests marked slow (the longer end-to-end tier); "
+                          "-m slow runs those alone")
+
+
+def _named(config: pytest.Config) -> list[str]:
+    """The node ids named on the command line (FILE::TEST...), relative to the rootdir."""
+    out = []
+    for arg in config.args:
+        if "::" not in arg:
+            continue
+        path, _, rest = arg.partition("::")
+        try:
+            path = Path(path).resolve().relative_to(config.rootpath).as_posix()
+        except ValueError:
+            pass
+        out.append(f"{path}::{rest}")
+    return out
+
+
+def _fast_tier(config: pytest.Config) -> bool:
+    return not config.getoption("--slow") and not config.option.markexpr
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if _fast_tier(config):
+        return ("tier: fast (tests marked slow are left out: `--slow` adds them, `-m slow` "
+                "runs them alone)")
+    return f"tier: {'all tests' if config.getoption('--slow') else '-m ' + config.option.markexpr}"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked cuda are skipped, with the reason, where there is no GPU."""
+    """Under -m torch_api, the tests that reach one of torch's moving parts are marked so;
+    the fast tier leaves the slow tests out; tests marked cuda are skipped, with the reason, where there
+    is no GPU."""
+    if "torch_api" in config.option.markexpr:  # tests/tiers.py's rule (a second to apply)
+        for item in items:
+            if torch_api(Path(str(item.fspath)), getattr(item, "originalname", item.name)):
+                item.add_marker(pytest.mark.torch_api)
+    if _fast_tier(config):
+        named = _named(config)
+        keep, slow = [], []
+        for item in items:
+            explicit = any(item.nodeid == n or item.nodeid.startswith((n + "[", n + "::"))
+                           for n in named)
+            (slow if "slow" in item.keywords and not explicit else keep).append(item)
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = keep
+
     import torch
 
     if torch.cuda.is_available():
@@ -74,6 +128,17 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, sub in HOME_WRITES.items():
         (root / sub).mkdir(parents=True, exist_ok=True)
         os.environ[name] = str(root / sub)
+    _start_recording(root)
+    # Under pytest-xdist (the dev extra; `-n auto` in pyproject.toml) each worker, and each
+    # trainer it starts, gets its share of the cores: N workers each running torch on every
+    # core would oversubscribe them. Set before torch sizes its thread pool.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -82,6 +147,75 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print(f"\nthe tests wrote into the home folder: {sorted(created)} under {Path.home()}; "
               "point that library's cache at the temporary folder in tests/conftest.py",
               file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _record_imports()
+    if not hasattr(session.config, "workerinput") and _whole_tier(session.config):
+        _check_imports(session)
+
+
+# Every module of gpt/ must be imported by the fast tier: by a test's own process or by a
+# process one starts (the trainer, torchrun's ranks, `python -m gpt.x`). Each process of the
+# run writes the gpt modules it imported into one folder at its end: pytest's (the xdist
+# workers' too) from here, the others from a sitecustomize.py on the PYTHONPATH they
+# inherit. A run of a whole tier (no file, test or -k chosen) fails when one is missing.
+IMPORTS = "GPT2_TRAINER_TESTS_IMPORTS"
+RECORDER = """import atexit, os, sys
+
+
+def _record():
+    folder = os.environ.get("GPT2_TRAINER_TESTS_IMPORTS")
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    names = [m for m in [*sys.modules, getattr(main, "name", "")] if m.split(".")[0] == "gpt"]
+    if folder and os.path.isdir(folder) and names:
+        with open(os.path.join(folder, f"{os.getpid()}.txt"), "w") as f:
+            f.write("\\n".join(sorted(set(names))))
+
+
+atexit.register(_record)
+"""
+
+
+def _start_recording(root: Path) -> None:
+    if IMPORTS in os.environ:  # an xdist worker: the controller's folder
+        return
+    folder = root / "imports"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(RECORDER)
+    os.environ[IMPORTS] = str(folder)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def _record_imports() -> None:
+    folder = Path(os.environ.get(IMPORTS, ""))
+    names = {m for m in sys.modules if m.split(".")[0] == "gpt"}
+    if folder.is_dir() and names:
+        (folder / f"{os.getpid()}.txt").write_text("\n".join(sorted(names)))
+
+
+def _whole_tier(config: pytest.Config) -> bool:
+    """Whether this run is a whole tier: the test paths pytest.ini names, no -k, no node."""
+    return (config.args_source == pytest.Config.ArgsSource.TESTPATHS
+            and not config.option.keyword and not config.getoption("deselect")
+            and not config.getoption("lf") and config.option.markexpr in ("", "not slow"))
+
+
+def _check_imports(session: pytest.Session) -> None:
+    if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        return
+    package = Path(__file__).resolve().parent.parent / "gpt"
+    modules = {".".join(p.relative_to(package.parent).with_suffix("").parts).removesuffix(
+        ".__init__") for p in package.rglob("*.py")}
+    seen = set()
+    for f in Path(os.environ[IMPORTS]).glob("*.txt"):
+        seen |= set(f.read_text().split())
+    missing = sorted(modules - seen)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"the package's modules this run imported: {len(modules & seen)} "
+                            f"of {len(modules)}" + (f"; never: {', '.join(missing)}" if missing
+                                                    else ""))
+    if missing:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -136,22 +270,43 @@ def shakespeare_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_tokens
     return out
 
 
+def _shared(tmp_path_factory: pytest.TempPathFactory, name: str, build) -> Path:
+    """A folder built once for the whole test run, by whichever process asks first: under
+    pytest-xdist the workers share pytest's base temporary folder's parent, and a file lock
+    there makes the others wait for the first one's build and then read it."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's, shared by its workers
+    folder = base / f"shared-{name}"
+    with FileLock(str(folder) + ".lock"):
+        if not (folder / "done").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            (folder / "done").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def four_step_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Random shards for four_step_run (and for resuming copies of it)."""
-    return write_random_shards(tmp_path_factory.mktemp("four_data"), seed=5, train=(9_000, 9_000),
-                               val=(3_000,))
+    return _shared(tmp_path_factory, "four_data", lambda folder: write_random_shards(
+        folder, seed=5, train=(9_000, 9_000), val=(3_000,)))
 
 
 @pytest.fixture(scope="session")
 def four_step_run(four_step_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished tiny run with ckpt_000002.pt and ckpt_000004.pt, trained once per session;
-    tests that write into it take run_copy."""
-    out = tmp_path_factory.mktemp("four") / "run"
-    proc = run_cli(*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "4",
-                   "--checkpoint-every", "2", "--data-dir", str(four_step_data), "--out-dir", str(out))
-    assert proc.returncode == 0, proc.stderr
-    return out
+    """A finished tiny run with ckpt_000002.pt and ckpt_000004.pt, trained once per test run
+    (shared by the xdist workers); tests that write into it take run_copy."""
+    def train(folder: Path) -> None:
+        proc = run_cli(*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "4",
+                       "--checkpoint-every", "2", "--data-dir", str(four_step_data),
+                       "--out-dir", str(folder / "run"))
+        assert proc.returncode == 0, proc.stderr
+
+    return _shared(tmp_path_factory, "four_run", train) / "run"
 
 
 @pytest.fixture()

@@ -65,6 +65,7 @@ def test_each_option_changes_what_it_names() -> None:
     assert torch.equal(relu2(torch.tensor([-2.0, 3.0])), torch.tensor([0.0, 9.0]))
 
 
+@pytest.mark.numerics
 def test_rotary_scores_depend_on_relative_positions_only() -> None:
     q, k = torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
     rotary = Rotary()
@@ -74,6 +75,7 @@ def test_rotary_scores_depend_on_relative_positions_only() -> None:
     assert not torch.allclose(q0, q7)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", ["rotary", "all"])
 def test_kv_cache_decoding_equals_the_full_forward(name: str) -> None:
     options = dict(ALL, zero_init_proj=False) if name == "all" else OPTIONS[name]
@@ -148,6 +150,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 ARGS = [*TINY, *QUIET, *ALL_FLAGS, "--total-batch-tokens", "512"]
 
 
+@pytest.mark.numerics
+@pytest.mark.slow
 def test_the_trainer_resumes_a_modern_model_exactly(data_dir: Path, tmp_path: Path) -> None:
     split = assert_resume_is_exact([*ARGS, "--data-dir", str(data_dir)], tmp_path)
     # what generate and evaluate load: the model as trained, its head its own
@@ -160,6 +164,7 @@ def test_the_trainer_resumes_a_modern_model_exactly(data_dir: Path, tmp_path: Pa
     assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_ranks_match_one_process_with_a_modern_model(mode: str, data_dir: Path,

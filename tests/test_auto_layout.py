@@ -225,6 +225,7 @@ def test_the_settled_config_passes_the_same_validation_as_flags() -> None:
 # ---- the chooser, against the real planner
 
 
+@pytest.mark.slow
 def test_the_real_planner_picks_selective_between_none_and_blocks() -> None:
     cfg = parse_args([*SMALL, "--n-layer", "4", "--n-embd", "128", "--n-head", "4",
                       "--vocab-size", "512", "--dtype", "bf16", "--batch-size", "8"])

@@ -300,6 +300,7 @@ def test_attention_oom_in_one_cell(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                       ("sdpa", 32): "ok"}
 
 
+@pytest.mark.slow
 def test_ladder_subcommand(tmp_path: Path) -> None:
     data = run_bench(tmp_path, "ladder", "ladder", "--size", "tiny", "--seq-len", "16",
                      "--batch-size", "2", "--warmup", "1", "--steps", "2", "--no-compile-rungs")
@@ -369,6 +370,7 @@ def test_profiling_flags_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[st
 # pieces
 
 
+@pytest.mark.numerics
 def test_naive_attention_matches_sdpa() -> None:
     torch.manual_seed(0)
     cfg = model_preset("tiny", block_size=32, vocab_size=97)
@@ -422,6 +424,25 @@ def test_cuda_requested_without_gpu(capsys: pytest.CaptureFixture[str], monkeypa
     assert cli.main(["comm", "allreduce", "--device", "cuda"]) == 2
     assert capsys.readouterr().err == ("error: --device cuda: no CUDA device is visible to torch "
                                        "(try --device auto)\n")
+
+
+def test_compile_rows_set_the_speed_up_and_break_even_or_say_what_failed() -> None:
+    """The compile subcommand's arithmetic, without compiling (test_compile_subcommand, in the
+    slow tier, runs inductor): speed-up eager / compiled, and the steps a compilation's
+    seconds take to win back at the time saved per step."""
+    from gpt.bench.compile_bench import _compare
+
+    ok = _compare("model", "fwd", {"status": "ok", "ms": {"median": 30.0}},
+                  {"status": "ok", "ms": {"median": 20.0}, "compile_s": 5.0,
+                   "first_call_ms": 5020.0}, "ms")
+    assert (ok["status"], ok["speedup"], ok["break_even_steps"]) == ("ok", 1.5, 500.0)
+    slower = _compare("model", "fwd", {"status": "ok", "ms": 20.0},
+                      {"status": "ok", "ms": 25.0, "compile_s": 5.0}, "ms")
+    assert slower["speedup"] == 0.8 and slower["break_even_steps"] is None  # never wins back
+    failed = _compare("attention", "sdpa", {"status": "ok", "ms": 1.0},
+                      {"status": "error", "error": "backend compiler failed"}, "ms")
+    assert failed["status"] == "error" and failed["reason"] == "backend compiler failed"
+    assert "speedup" not in failed
 
 
 def test_module_entry_point(monkeypatch: pytest.MonkeyPatch,

@@ -51,6 +51,7 @@ def inputs(seed: int = 0, rows: int = 96, vocab: int = 1000, width: int = 48):
     return h, w, t
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("cap", [0.0, 15.0, 1.0])  # 1.0: most logits deep in tanh's tails
 @pytest.mark.parametrize("rows", [7, 32, None])  # chunks that do not divide, divide, one
 def test_fp32_loss_and_gradients_equal_the_unfused_path(cap: float, rows: int | None) -> None:
@@ -61,6 +62,7 @@ def test_fp32_loss_and_gradients_equal_the_unfused_path(cap: float, rows: int | 
         assert rel(a, b) <= FP32_REL, (name, rel(a, b))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("cap", [0.0, 15.0])
 def test_low_precision_is_as_close_to_the_exact_values_as_the_unfused_path(dtype, cap) -> None:
@@ -81,6 +83,7 @@ def test_low_precision_is_as_close_to_the_exact_values_as_the_unfused_path(dtype
         assert rel(a, b) < 2e-2, (name, rel(a, b))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("parts", [{}, {"untied_head": True, "logit_softcap": 15.0}])
 def test_the_model_trains_the_same_with_and_without_it(parts) -> None:
     """GPT.loss either way, tied and untied heads: the same loss and gradient of every
@@ -102,6 +105,7 @@ def test_the_model_trains_the_same_with_and_without_it(parts) -> None:
         assert rel(chunked_grads[name], g) <= 2 * FP32_REL, name
 
 
+@pytest.mark.numerics
 def test_a_chunk_of_the_logits_at_a_time_and_none_without_gradients() -> None:
     """The most the chunked path holds at once is about a chunk's logits (and the two
     gradients it returns), where the unfused path holds all of them, twice; without
@@ -142,6 +146,7 @@ def test_chunk_rows_keep_a_chunk_near_the_hidden_states_and_above_the_floor() ->
     assert chunk_rows(10, 64, 50304) == 10  # never more rows than there are
 
 
+@pytest.mark.numerics
 def test_compiles_as_one_graph_with_the_eager_loss_and_gradients() -> None:
     torch.manual_seed(0)
     model = GPT(model_preset("tiny", block_size=32, vocab_size=512, logit_softcap=15.0))
@@ -230,6 +235,7 @@ def test_the_switch_reaches_the_model_and_the_planner(tmp_path: Path) -> None:
     assert on.logits_and_loss_bytes < off.logits_and_loss_bytes / 3
 
 
+@pytest.mark.numerics
 def test_the_trainer_logs_the_same_losses_either_way(tmp_path: Path) -> None:
     data = write_random_shards(tmp_path, seed=3, train=(5_000,))
     runs = {}

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import QUIET, TINY, read_metrics, run_cli, run_torchrun, write_random_shards
+from helpers import (QUIET, TINY, assert_trains_alike, read_metrics, run_cli, run_torchrun,
+                     write_random_shards)
 from gpt.checkpoint import load
 from gpt.data import ShardLoader
 from gpt.shards import write_shard
@@ -38,11 +39,13 @@ def final_params(out: Path) -> dict[str, torch.Tensor]:
     return load(out / "ckpt_000003.pt")["model"]
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "zero1", "fsdp", "fsdp-ac"])
 def test_two_ranks_match_one_process(mode: str, data_dir: Path, single_run: Path,
                                      tmp_path: Path) -> None:
-    """Same global batch: the losses and the parameters after 3 steps agree to fp32 rounding."""
+    """Same global batch: the losses, gradient norms and the parameters after 3 steps agree
+    to fp32 rounding in another summation order."""
     flags = ["--parallel", mode.split("-")[0]]
     if mode.endswith("-ac"):
         flags.append("--activation-checkpointing")
@@ -52,20 +55,12 @@ def test_two_ranks_match_one_process(mode: str, data_dir: Path, single_run: Path
     assert "x 2 | parallel " + flags[1] in proc.stdout  # the banner: 2 ranks, this mode
     assert proc.stdout.count("saved checkpoint") == 1  # rank 0 alone writes
 
-    one, two = read_metrics(single_run, "train"), read_metrics(out, "train")
-    assert [r["step"] for r in two] == [0, 1, 2]
-    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)
-    assert [r["grad_norm"] for r in two] == pytest.approx([r["grad_norm"] for r in one], rel=1e-3)
-    ref, got = final_params(single_run), final_params(out)
-    assert got.keys() == ref.keys()  # full, unprefixed names in every mode
-    for name in ref:
-        # Adam divides by sqrt(v): where a gradient is tiny, fp32 rounding differences of
-        # the reduction order are magnified up to a fraction of the lr (3e-3) in a few
-        # elements. A real error (a missed all-reduce, a wrong batch) moves most elements
-        # by about the lr, so bound the worst element loosely and the mean tightly.
-        diff = (got[name] - ref[name]).abs()
-        assert diff.max() < 5e-5, (name, diff.max())
-        assert diff.mean() < 2e-6, (name, diff.mean())
+    assert [r["step"] for r in read_metrics(out, "train")] == [0, 1, 2]
+    assert final_params(out).keys() == final_params(single_run).keys()  # full, unprefixed names
+    # Losses, gradient norms and weights to what another summation order (2 ranks' halves
+    # all-reduced, against 4 micro-batches in one process; another CPU's kernels) can make
+    # of fp32 rounding, AdamW's amplification included: helpers.assert_trains_alike.
+    assert_trains_alike(single_run, out, 3)
     ckpt = load(out / "ckpt_000003.pt")
     assert len(ckpt["loader"]) == 2 and [s["rank"] for s in ckpt["loader"]] == [0, 1]
     assert len(ckpt["rng"]) == 2

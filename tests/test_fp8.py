@@ -249,6 +249,7 @@ def train_losses(recipe: str, steps: int, data: Path) -> list[float]:
     return out
 
 
+@pytest.mark.numerics
 @needs_torchao
 @pytest.mark.parametrize("recipe", fp8.RECIPES)
 def test_a_tiny_model_trains_in_fp8_within_tolerance_of_fp32(recipe: str,
@@ -275,6 +276,7 @@ def run_args(data: Path, recipe: str = "tensorwise") -> list[str]:
             "--val-steps", "2", "--total-batch-tokens", "512"]
 
 
+@pytest.mark.numerics
 @needs_torchao
 @pytest.mark.slow
 def test_a_run_with_fp8_resumes_bit_exactly(text_data: Path, tmp_path: Path) -> None:
@@ -286,6 +288,7 @@ def test_a_run_with_fp8_resumes_bit_exactly(text_data: Path, tmp_path: Path) -> 
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
+@pytest.mark.numerics
 @needs_torchao
 @pytest.mark.parametrize("recipe", fp8.RECIPES)
 def test_a_checkpoint_of_an_fp8_run_is_any_readers(text_data: Path, tmp_path: Path,
@@ -328,6 +331,7 @@ def test_the_dry_run_says_fp8_is_emulated_here(text_data: Path, tmp_path: Path) 
     assert "fp8 tensorwise planned as its bf16 step" in proc.stdout
 
 
+@pytest.mark.numerics
 @needs_torchao
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
@@ -335,11 +339,17 @@ def test_fp8_on_two_ranks_trains_as_one_process(mode: str, text_data: Path,
                                                 tmp_path: Path) -> None:
     """Each FP8 cast's scale comes from the tensor it casts: a micro-batch's input on its
     rank, the whole (gathered) weight under FSDP; so two ranks compute what one process
-    does over the same micro-batches."""
+    does over the same micro-batches: the same losses and gradient norms (helpers' LOSS_REL
+    and GRAD_NORM_REL). Not helpers' weight bound, which is fp32 rounding amplified by AdamW:
+    a cast to e4m3 (3 mantissa bits) tips the other way where another summation order moves
+    its input across a rounding boundary, a gradient noise far above fp32's (measured under
+    ATEN_CPU_CAPABILITY=default: 0.26% of the weights beyond lr / 100, where the bound allows
+    0.1% and a planted bug moves 10-95%)."""
     assert_two_ranks_match_one([*run_args(text_data), "--max-steps", "3", "--val-every", "0"],
-                               mode, tmp_path)
+                               mode, tmp_path, weights=False)
 
 
+@pytest.mark.numerics
 @needs_torchao
 @pytest.mark.slow
 def test_fp8_compiles(text_data: Path, tmp_path: Path, monkeypatch) -> None:

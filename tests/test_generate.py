@@ -21,6 +21,7 @@ def tiny_model(block_size: int = 64, vocab_size: int = 256, seed: int = 0) -> GP
     return GPT(model_preset("tiny", block_size=block_size, vocab_size=vocab_size)).eval()
 
 
+@pytest.mark.numerics
 def test_cached_logits_match_one_full_forward() -> None:
     model = tiny_model(block_size=16)
     idx = torch.randint(0, 256, (2, 16))

@@ -59,6 +59,7 @@ def flatten(resps: list) -> list:
     return items
 
 
+@pytest.mark.numerics
 def test_scores_equal_the_harness_hf_model_on_the_export(tmp_path: Path) -> None:
     """Our model's answers to all three request types equal those of its Hugging Face
     export scored by the harness's own `hf` model (fp32; log-likelihoods within 1e-4),
@@ -129,6 +130,7 @@ def test_training_writes_task_metrics(tmp_path: Path, random_data_dir: Path) -> 
     assert val and all(math.isfinite(r["val_bpb"]) for r in val)
 
 
+@pytest.mark.numerics
 def test_two_ranks_give_the_numbers_of_one_process(tmp_path: Path, capsys: pytest.CaptureFixture
                                                   ) -> None:
     """Under torchrun (2 gloo ranks) each rank scores its share and rank 0 alone prints the
@@ -203,6 +205,7 @@ def test_a_local_task_without_its_data_file_is_named_with_the_file(
     assert "1 of the --tasks could not be loaded" in err[-1]
 
 
+@pytest.mark.numerics
 def test_init_from_a_hugging_face_folder_scores_as_its_checkpoint(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """--init-from (here a local Hugging Face GPT-2 folder, as OpenAI's weights arrive)

@@ -164,6 +164,7 @@ REAL_SET = [
 ]
 
 
+@pytest.mark.numerics
 def test_batched_scoring_matches_per_candidate_reference(tmp_path: Path, enc) -> None:
     examples = hellaswag.load_examples(write_jsonl(tmp_path / "real.jsonl", REAL_SET),
                                        tokenizer=enc)

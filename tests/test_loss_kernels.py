@@ -120,6 +120,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, package: str, module: str, name: s
 @pytest.mark.parametrize("kernel, package, module, name", [
     ("liger", "liger_kernel", "liger_kernel.transformers.functional", "liger_fused_linear_cross_entropy"),
     ("cce", "cut_cross_entropy", "cut_cross_entropy", "linear_cross_entropy")])
+@pytest.mark.numerics
 def test_a_library_gets_what_autocast_linear_would(monkeypatch: pytest.MonkeyPatch, kernel: str,
                                                   package: str, module: str, name: str) -> None:
     calls = stand_in(monkeypatch, package, module, name)
@@ -152,6 +153,7 @@ def test_a_library_gets_what_autocast_linear_would(monkeypatch: pytest.MonkeyPat
     assert w.grad is not None and w.grad.dtype == torch.float32
 
 
+@pytest.mark.numerics
 def test_the_model_calls_the_kernel_the_trainer_chose(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpt import parallel
     from gpt.config import model_preset
@@ -171,6 +173,7 @@ def test_the_model_calls_the_kernel_the_trainer_chose(monkeypatch: pytest.Monkey
     assert len(calls) == 1 and torch.allclose(loss, ours, rtol=1e-5)
 
 
+@pytest.mark.numerics
 def test_a_library_kernel_runs_eagerly_inside_a_compiled_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dynamo does not trace into the library (its Triton launches): the rest of the model
     compiles, the loss and gradients are the eager ones."""
@@ -251,6 +254,7 @@ def test_a_library_kernel_on_cuda_equals_ours(kernel: str) -> None:
         assert ((x - y).norm() / y.norm()).item() < 2e-2, (label, ((x - y).norm() / y.norm()).item())
 
 
+@pytest.mark.numerics
 @pytest.mark.cuda
 @pytest.mark.parametrize("kernel", ["liger", "cce"])
 def test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_losses(kernel: str, tmp_path: Path) -> None:

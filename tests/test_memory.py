@@ -159,6 +159,7 @@ def test_largest_batch_is_the_last_that_fits() -> None:
     assert memory.largest_batch(cfg, memory.RESERVE, device_type="cpu") == (0, None)
 
 
+@pytest.mark.slow
 def test_the_command_line_takes_the_trainers_flags(capsys, tmp_path) -> None:
     out = tmp_path / "plan.json"
     assert bench_main(["memory", *SMALL, "--device", "cpu", "--json", "--out", str(out)]) == 0

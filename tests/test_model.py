@@ -57,6 +57,7 @@ def test_default_vocab_is_padded_multiple_of_128() -> None:
     assert cfg.vocab_size == 50304 and cfg.vocab_size % 128 == 0
 
 
+@pytest.mark.numerics
 def test_causality_later_tokens_never_change_earlier_logits() -> None:
     torch.manual_seed(0)
     model = GPT(model_preset("tiny", block_size=32)).eval()

@@ -98,10 +98,12 @@ def check_shards(runtime: Runtime) -> None:
         assert torch.equal(p.to_local(), mine), name
 
 
+@pytest.mark.numerics
 def test_fsdp_shards_hold_their_part_of_the_cpu_init(fake_world: Runtime) -> None:
     check_shards(fake_world)
 
 
+@pytest.mark.numerics
 def test_fsdp_shards_of_another_rank_too() -> None:
     """Rank 5 of 8, in a process of its own (DTensor caches sharding by mesh shape, so a
     second fake world in one process would reuse the first one's rank)."""

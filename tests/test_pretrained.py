@@ -161,6 +161,7 @@ def test_corrupt_safetensors_are_named(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fmt,prefix", [("safetensors", "transformer."), ("safetensors", ""),
                                         ("bin", "transformer.")])
+@pytest.mark.numerics
 def test_loaded_logits_match_reference_forward(tmp_path: Path, fmt: str, prefix: str) -> None:
     folder = make_hf_folder(tmp_path / "hf", fmt=fmt, prefix=prefix)
     model = load_pretrained(folder)
@@ -171,6 +172,7 @@ def test_loaded_logits_match_reference_forward(tmp_path: Path, fmt: str, prefix:
     torch.testing.assert_close(logits_of(model, IDX), expected, rtol=0, atol=1e-4)
 
 
+@pytest.mark.numerics
 def test_vocab_padding_and_block_size_crop(tmp_path: Path) -> None:
     folder = make_hf_folder(tmp_path / "hf")
     plain = load_pretrained(folder)
@@ -305,6 +307,7 @@ def test_export_cli_errors(tmp_path: Path, capsys) -> None:
     assert exc.value.code == 2
 
 
+@pytest.mark.numerics
 def test_transformers_loads_the_export(tmp_path: Path) -> None:
     transformers = pytest.importorskip(
         "transformers", reason="transformers is not installed (optional; not a dependency)")

@@ -215,6 +215,7 @@ def flip_tensor_bytes(path: Path) -> None:
         fh.write(bytes(b ^ 0xFF for b in data))
 
 
+@pytest.mark.slow
 def test_flipped_bytes_are_caught_on_load(run_copy: Path, data_dir: Path) -> None:
     flip_tensor_bytes(run_copy / "ckpt_000004.pt")
     with pytest.raises(CheckpointError, match="ckpt_000004.pt: damaged: record .* fails its CRC check"):
@@ -229,6 +230,7 @@ def test_flipped_bytes_are_caught_on_load(run_copy: Path, data_dir: Path) -> Non
     assert "resumed from" in proc.stdout and "ckpt_000002.pt at step 2" in proc.stdout
 
 
+@pytest.mark.slow
 def test_rotation_keeps_the_checkpoint_just_verified(data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = run_cli(*ARGS, "--max-steps", "4", "--checkpoint-every", "1", "--keep-checkpoints", "1",
@@ -321,6 +323,7 @@ def test_fineweb_killed_between_first_shard_and_metadata_resumes(tmp_path: Path,
 # 6. every error a single line
 
 
+@pytest.mark.slow
 def test_checkpoint_with_wrong_shapes(run_copy: Path, data_dir: Path) -> None:
     ckpt = torch.load(run_copy / "ckpt_000004.pt", weights_only=True)
     ckpt["model"]["transformer.wpe.weight"] = torch.zeros(3, 3)

@@ -124,6 +124,7 @@ def test_a_step_beyond_its_names_is_not_chosen_automatically(run_copy: Path) -> 
     assert checkpoint.usable(run_copy / "ckpt_000002.pt")["step"] == 3  # --resume PATH takes it
 
 
+@pytest.mark.slow
 def test_resume_auto_and_rotation_step_over_foreign_and_contradicting_files(
         run_copy: Path, data_dir: Path) -> None:
     """Once a KeyError traceback at start (or at a running job's next rotation), and a

@@ -158,6 +158,7 @@ def test_lm_eval_command_refuses_a_request_in_one_line(tasks: Path, ckpt: Path, 
     assert code == 1 and "task odd_long_continuation, document 0: its continuation" in line
 
 
+@pytest.mark.numerics
 def test_a_continuation_as_long_as_the_block_scores_as_the_hf_model_scores_it(
         tasks: Path, tmp_path: Path) -> None:
     """The left cut keeps a continuation of block-size tokens whole: the harness's `hf`

@@ -49,6 +49,7 @@ def assert_same_model(a: Path, b: Path) -> None:
 # exact resume
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_stop_and_resume_is_bitwise_identical(data_dir: Path, tmp_path: Path) -> None:
     args = [*ARGS, "--data-dir", str(data_dir), "--val-every", "2", "--val-steps", "2"]
@@ -76,6 +77,7 @@ def test_stop_and_resume_is_bitwise_identical(data_dir: Path, tmp_path: Path) ->
     assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_stop_and_resume_is_bitwise_identical_on_two_ranks(data_dir: Path, tmp_path: Path) -> None:
     args = [*ARGS, "--data-dir", str(data_dir)]
@@ -396,6 +398,7 @@ def test_empty_data_folder(tmp_path: Path) -> None:
     assert f"{empty}: no train_* shards" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_wrong_magic_and_out_of_range_token(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
@@ -420,6 +423,7 @@ def test_fresh_start_refuses_a_folder_with_checkpoints(data_dir: Path, two_step_
     assert (out / "ckpt_000002.pt").read_bytes() == before
 
 
+@pytest.mark.slow
 def test_incompatible_checkpoint_lists_the_differences(data_dir: Path, tmp_path: Path,
                                                        two_step_run: Path) -> None:
     out = two_step_run  # only read: the runs below write into tmp_path / "other"

@@ -100,6 +100,7 @@ def test_documents_do_not_see_each_other() -> None:
     assert moved[1, 3:9].all() and not moved[1, 9:].any()  # row 1's breaks at 9
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", [*PARTS, "all"])
 def test_kv_cache_decoding_equals_the_full_forward(name: str) -> None:
     options = ALL if name == "all" else PARTS[name]
@@ -170,6 +171,7 @@ def test_bad_windows_are_one_line(flags: list[str], says: str, tmp_path: Path) -
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.numerics
 @pytest.mark.slow
 def test_the_trainer_grows_the_window_and_resumes_exactly(tmp_path: Path) -> None:
     """The window comes from the step, so a run stopped and resumed trains as one that
@@ -208,6 +210,7 @@ def test_the_memory_planner_counts_the_value_tables() -> None:
         pytest.approx(2 * extra, rel=0.01)
 
 
+@pytest.mark.numerics
 def test_the_flex_attention_block_mask_is_the_sdpa_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     """The BlockMask used under torch.compile on CUDA allows exactly what the boolean mask
     does: forward only here (FlexAttention has no backward on CPU), eager."""
@@ -225,6 +228,7 @@ def test_the_flex_attention_block_mask_is_the_sdpa_mask(monkeypatch: pytest.Monk
     assert torch.allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.numerics
 @pytest.mark.cuda
 def test_flex_attention_trains_as_sdpa_on_cuda(graph_backend) -> None:
     """On CUDA under torch.compile the mask is a BlockMask for FlexAttention: the same loss

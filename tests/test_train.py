@@ -33,6 +33,7 @@ def grads_after_step(data: Path, batch_size: int, accum: int) -> dict[str, torch
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.numerics
 def test_accumulated_micro_batches_equal_one_big_batch(random_data_dir: Path) -> None:
     # B=8 in one pass, and B=2 over 4 micro-steps, read the same 8 rows of the stream.
     big = grads_after_step(random_data_dir, batch_size=8, accum=1)
@@ -119,6 +120,7 @@ def test_cli_end_to_end_on_shakespeare(shakespeare_dir: Path, tmp_path: Path) ->
     assert parse_args(["--config", str(out / "config.toml")]) == cfg
 
 
+@pytest.mark.slow
 def test_cli_bf16_autocast_on_cpu_without_val_or_samples(random_data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = run_cli(*TINY, "--data-dir", str(random_data_dir), "--out-dir", str(out),
@@ -213,6 +215,7 @@ def test_init_from_missing_folder_is_a_clear_error(random_data_dir: Path, tmp_pa
 # runs that say what they do
 
 
+@pytest.mark.slow
 def test_resume_past_the_last_step_does_nothing_and_says_so(random_data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(random_data_dir), "--out-dir", str(out)]
