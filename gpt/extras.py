@@ -48,13 +48,16 @@ def have(module: str) -> bool:
 
 
 def require(modules: str | tuple[str, ...], what: str, extra: str, package: str,
-            error: type[UserError] = MissingExtra, quiet: tuple[str, ...] = ()) -> ModuleType:
+            error: type[UserError] = MissingExtra, quiet: tuple[str, ...] = (),
+            called: str | None = None) -> ModuleType:
     """Import `modules` (the first is returned), as the run will, or raise `error` in one
     line: `what` (the flag or command that needs it) needs `package`, which is not
     installed, or is installed but fails to import (with the import's own reason: the
     two need different fixes). `quiet`: loggers silenced during the import (a package that
-    logs warnings about parts this package does not use)."""
+    logs warnings about parts this package does not use). `called`: how the message names
+    the package, where its pip name says too little (default: `package`)."""
     wanted = (modules,) if isinstance(modules, str) else modules
+    called = called or package
     top = wanted[0].split(".")[0]
     names = dict.fromkeys((top, *wanted))  # the package itself first: missing, or broken
     loggers = [logging.getLogger(name) for name in quiet]
@@ -66,7 +69,7 @@ def require(modules: str | tuple[str, ...], what: str, extra: str, package: str,
         return imported[wanted[0]]
     except ImportError as e:
         if e.name == top:
-            raise error(f"{what} needs {package}, which is not installed: "
+            raise error(f"{what} needs {called}, which is not installed: "
                         f"{install_hint(extra, package)}") from None
         broken: BaseException = e
     except Exception as e:  # noqa: BLE001 - an import can fail in any way
@@ -75,6 +78,6 @@ def require(modules: str | tuple[str, ...], what: str, extra: str, package: str,
         for log, level in zip(loggers, levels):
             log.setLevel(level)
     reason = " ".join(str(broken).split())[:200]
-    raise error(f"{what} needs {package}, which is installed but fails to import "
+    raise error(f"{what} needs {called}, which is installed but fails to import "
                 f"({type(broken).__name__}: {reason}): a package it needs is missing or of "
                 f"another version; reinstall it: {install_hint(extra, package)}")

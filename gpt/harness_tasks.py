@@ -46,7 +46,8 @@ def require_lm_eval(what: str) -> None:
     or is installed but fails to import the parts used here (they import datasets,
     transformers' tokenizers, ...): the two need different fixes."""
     extras.require(("lm_eval", "lm_eval.evaluator", "lm_eval.tasks"), what, "eval",
-                   "lm-eval (EleutherAI's lm-evaluation-harness)", error=HarnessError)
+                   "lm-eval", error=HarnessError,
+                   called="EleutherAI's lm-evaluation-harness (lm-eval)")
 
 
 def parse_tasks(text: str | None) -> list[str]:

@@ -35,7 +35,6 @@ from typing import Any, Callable
 from gpt import memory, sizing
 from gpt.config import AUTO, Config, ConfigError
 from gpt.config_check import MAX_MICRO_TOKENS, validate
-from gpt.dist import Runtime
 
 GiB = 2**30
 Planner = Callable[[Config, int, str], "memory.MemoryPlan"]

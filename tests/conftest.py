@@ -196,8 +196,8 @@ def _record_imports() -> None:
 def _whole_tier(config: pytest.Config) -> bool:
     """Whether this run is a whole tier: the test paths pytest.ini names, no -k, no node."""
     return (config.args_source == pytest.Config.ArgsSource.TESTPATHS
-            and not config.option.keyword and not config.getoption("deselect")
-            and not config.getoption("lf") and config.option.markexpr in ("", "not slow"))
+            and not config.option.keyword and not config.getoption("deselect", None)
+            and not config.getoption("lf", False) and config.option.markexpr in ("", "not slow"))
 
 
 def _check_imports(session: pytest.Session) -> None:
@@ -319,3 +319,12 @@ def run_copy(four_step_run: Path, tmp_path: Path) -> Path:
 def random_data_dir(tmp_path: Path) -> Path:
     """Synthetic shards of random token ids (no tokenizer needed)."""
     return write_random_shards(tmp_path, seed=0, train=(30_000,), val=(5_000,))
+
+
+@pytest.fixture
+def no_launch_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No torchrun worker variables in this process's environment (a test that runs the
+    trainer in-process as one process); the monkeypatch, to set some again."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch

@@ -265,3 +265,20 @@ def read_only_folder(tmp_path: Path) -> Path:
         return Path("/sys")
     probe.rmdir()
     pytest.skip("no folder here is read-only to root")
+
+
+def cuda_run_losses(tmp_path: Path, variants: dict[str, list[str]],
+                    total_batch_tokens: int) -> dict[str, tuple[list[float], str]]:
+    """A compiled 4-step CUDA run of a tiny soft-capped model for each variant's flags, on
+    the same random data: each one's logged losses and its output."""
+    data = write_random_shards(tmp_path, seed=3, train=(20_000,))
+    runs = {}
+    for name, flags in variants.items():
+        out = tmp_path / name
+        proc = run_cli("--model", "tiny", "--block-size", "64", "--seq-len", "64", "--batch-size", "8",
+                       "--total-batch-tokens", str(total_batch_tokens), "--device", "cuda",
+                       "--logit-softcap", "15", "--max-steps", "4", "--no-save-checkpoints", *QUIET,
+                       *flags, "--data-dir", str(data), "--out-dir", str(out))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = ([r["loss"] for r in read_metrics(out, "train")], proc.stdout + proc.stderr)
+    return runs

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from gpt import sizing
 from gpt.train import main as train_main
 
@@ -16,12 +14,6 @@ from helpers import QUIET, TINY, run_cli, write_random_shards
 def mkdir(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
-
-
-@pytest.fixture
-def clean_launch_env(monkeypatch):
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
 
 
 def test_a_dry_run_reports_the_run_and_writes_nothing(tmp_path: Path) -> None:
@@ -54,7 +46,7 @@ def test_a_dry_run_names_every_problem(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
-def test_a_dry_run_says_which_checkpoint_it_would_resume(tmp_path: Path, clean_launch_env,
+def test_a_dry_run_says_which_checkpoint_it_would_resume(tmp_path: Path, no_launch_env,
                                                          capsys) -> None:
     data = write_random_shards(mkdir(tmp_path / "data"), seed=0, train=(10_000,))
     out = tmp_path / "run"
@@ -75,7 +67,7 @@ def test_a_dry_run_says_which_checkpoint_it_would_resume(tmp_path: Path, clean_l
     assert code != 0 and "already holds checkpoints" in capsys.readouterr().err
 
 
-def test_what_to_lower_when_the_plan_does_not_fit(tmp_path: Path, clean_launch_env,
+def test_what_to_lower_when_the_plan_does_not_fit(tmp_path: Path, no_launch_env,
                                                   monkeypatch, capsys) -> None:
     data = write_random_shards(mkdir(tmp_path / "data"), seed=0, train=(10_000,))
     args = [*TINY, *QUIET, "--data-dir", str(data), "--out-dir", str(tmp_path / "run"),

@@ -123,8 +123,9 @@ def test_tasks_without_lm_eval_is_named_before_torch_and_the_model(
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
     monkeypatch.setattr(evaluate, "run", lambda args: pytest.fail("got to run()"))
     assert main(["--checkpoint", str(tmp_path / "any.pt"), "--tasks", "hellaswag"]) == 1
-    assert capsys.readouterr().err == ("error: --tasks runs EleutherAI's lm-evaluation-harness, "
-                                       "which is not installed: pip install -e \".[eval]\"\n")
+    assert capsys.readouterr().err == (
+        "error: --tasks needs EleutherAI's lm-evaluation-harness (lm-eval), which is not "
+        "installed: pip install -e \".[eval]\" in the checkout, or pip install lm-eval\n")
 
 
 @pytest.mark.slow

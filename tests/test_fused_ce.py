@@ -29,7 +29,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import QUIET, REPO, TINY, read_metrics, run_cli, write_random_shards
+from helpers import QUIET, REPO, TINY, cuda_run_losses, run_cli, write_random_shards
 from gpt import loss_kernels
 from gpt.cli import parse_args
 from gpt.config import ModelConfig, TrainConfig
@@ -405,16 +405,7 @@ def test_on_cuda_in_bf16_it_equals_the_whole_logits(cap: float) -> None:
 
 @pytest.mark.cuda
 def test_a_compiled_trainer_run_with_fused_logs_the_whole_logits_losses(tmp_path: Path) -> None:
-    data = write_random_shards(tmp_path, seed=3, train=(20_000,))
-    losses = {}
-    for name, flags in (("whole", ["--no-chunked-loss"]), ("fused", ["--loss-kernel", "fused"])):
-        out = tmp_path / name
-        proc = run_cli("--model", "tiny", "--block-size", "64", "--seq-len", "64", "--batch-size", "8",
-                       "--total-batch-tokens", "1024", "--device", "cuda", "--logit-softcap", "15",
-                       "--max-steps", "4", "--no-save-checkpoints", *QUIET, *flags,
-                       "--data-dir", str(data), "--out-dir", str(out))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        if name == "fused":
-            assert "loss whole logits (fused)" in proc.stdout + proc.stderr
-        losses[name] = [r["loss"] for r in read_metrics(out, "train")]
-    assert losses["fused"] == pytest.approx(losses["whole"], rel=2e-2)
+    runs = cuda_run_losses(tmp_path, {"whole": ["--no-chunked-loss"],
+                                      "fused": ["--loss-kernel", "fused"]}, 1024)
+    assert "loss whole logits (fused)" in runs["fused"][1]
+    assert runs["fused"][0] == pytest.approx(runs["whole"][0], rel=2e-2)

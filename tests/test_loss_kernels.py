@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import QUIET, REPO, TINY, read_metrics, run_cli, write_random_shards
+from helpers import QUIET, REPO, TINY, cuda_run_losses, run_cli, write_random_shards
 from gpt import loss_kernels, memory
 from gpt.cli import parse_args
 from gpt.config import TrainConfig, field_index
@@ -261,14 +261,6 @@ def test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_loss
     module = loss_kernels.PACKAGES[kernel][0]
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} is not installed ({loss_kernels.PACKAGES[kernel][1]})")
-    data = write_random_shards(tmp_path, seed=3, train=(20_000,))
-    losses = {}
-    for name, flags in (("whole", ["--no-chunked-loss"]), (kernel, ["--loss-kernel", kernel])):
-        out = tmp_path / name
-        proc = run_cli("--model", "tiny", "--block-size", "64", "--seq-len", "64", "--batch-size", "8",
-                       "--total-batch-tokens", "512", "--device", "cuda", "--logit-softcap", "15",
-                       "--max-steps", "4", "--no-save-checkpoints", *QUIET, *flags,
-                       "--data-dir", str(data), "--out-dir", str(out))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        losses[name] = [r["loss"] for r in read_metrics(out, "train")]
-    assert losses[kernel] == pytest.approx(losses["whole"], rel=2e-2)
+    runs = cuda_run_losses(tmp_path, {"whole": ["--no-chunked-loss"],
+                                      kernel: ["--loss-kernel", kernel]}, 512)
+    assert runs[kernel][0] == pytest.approx(runs["whole"][0], rel=2e-2)

@@ -25,16 +25,8 @@ from gpt.model_load import PretrainedError, load_checkpoint_model, read_checkpoi
 from gpt.train import main as train_main
 from gpt.weights import export_hf
 
-LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 WORKER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}  # what torchrun adds
 ABSURD = ["--n-layer", "100000", "--n-embd", "65536", "--n-head", "64"]
-
-
-@pytest.fixture
-def no_launch_env(monkeypatch):
-    for name in LAUNCH:
-        monkeypatch.delenv(name, raising=False)
-    return monkeypatch
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ CASES = {
         "--eval-tasks-include MISSING: no such folder", None),
     "lm-eval not importable": (
         ["--eval-tasks", "tiny_mc", "--eval-tasks-every", "1"],
-        "--eval-tasks needs lm-eval (EleutherAI's lm-evaluation-harness), which is not installed",
+        "--eval-tasks needs EleutherAI's lm-evaluation-harness (lm-eval), which is not installed",
         lm_eval_missing),
     "--out-dir naming a file": (["--out-dir", "FILE"],
                                 "--out-dir FILE: cannot write there: it is a file, not a folder",
