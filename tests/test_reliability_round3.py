@@ -253,6 +253,11 @@ def test_a_peer_that_never_comes_is_waited_for_no_longer_than_dist_timeout(
         monkeypatch.setenv(name, value)
     for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"):
         monkeypatch.delenv(name, raising=False)
+    # torch counts a group before the rendezvous fails and never uncounts it: the next
+    # default group in this process would be named "1", and a later test's FSDP would
+    # look up that name after its own group ("0") replaced it. Put the count back after.
+    c10d = torch.distributed.distributed_c10d
+    monkeypatch.setattr(c10d._world, "group_count", c10d._world.group_count)
     started = time.monotonic()
     with pytest.raises(RendezvousError) as caught:
         init_runtime("cpu", timeout_s=1)
