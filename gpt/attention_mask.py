@@ -15,7 +15,7 @@ the same window at the same step and no checkpoint needs to carry it.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -23,10 +23,24 @@ import torch.nn.functional as F
 
 from gpt.config import ModelConfig
 
-try:  # torch >= 2.5 has it; without it, SDPA with a mask everywhere
-    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
-except ImportError:  # pragma: no cover - the project's minimum torch has it
-    BlockMask = create_block_mask = flex_attention = None  # type: ignore[assignment,misc]
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask as FlexMask
+
+# FlexAttention's names, set by load_flex() when a model with a mask is built: importing it
+# pulls in sympy (about 0.8 s of every start-up), which GPT-2's causal-only attention never
+# needs. The compiled forward reads them as this module's globals, set before it runs.
+BlockMask: Any = None
+create_block_mask: Any = None
+flex_attention: Any = None
+
+
+def load_flex() -> None:
+    """Import FlexAttention into this module's globals (once; torch >= 2.9 has it)."""
+    global BlockMask, create_block_mask, flex_attention
+    if flex_attention is None:
+        from torch.nn.attention import flex_attention as flex
+        BlockMask, create_block_mask = flex.BlockMask, flex.create_block_mask
+        flex_attention = flex.flex_attention
 
 EOT = 50256  # GPT-2's <|endoftext|>, which fineweb.py puts between documents
 
@@ -61,6 +75,7 @@ class AttentionMask(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        load_flex()
         self.cfg = cfg
         self.register_buffer("window", torch.tensor(window_at(cfg, 0, 1)), persistent=False)
 
@@ -71,7 +86,7 @@ class AttentionMask(nn.Module):
     def set_step(self, step: int, max_steps: int) -> None:
         self.window.fill_(window_at(self.cfg, step, max_steps))
 
-    def forward(self, idx: torch.Tensor, kv_cache: Cache | None = None) -> "torch.Tensor | BlockMask":
+    def forward(self, idx: torch.Tensor, kv_cache: Cache | None = None) -> "torch.Tensor | FlexMask":
         """idx: (B, T) new tokens, at positions kv_cache.length onwards with a cache (whose
         document ids this extends). Returns the mask: a BlockMask where FlexAttention is
         used, else booleans (B or 1, 1, T, cached + T)."""
@@ -97,7 +112,7 @@ class AttentionMask(nn.Module):
         return mask & same.unsqueeze(1)
 
 
-    def block_mask(self, idx: torch.Tensor) -> "BlockMask":
+    def block_mask(self, idx: torch.Tensor) -> FlexMask:
         """The same mask as a FlexAttention BlockMask, for a pass without a cache."""
         B, T = idx.shape
         windowed, window = self.cfg.attn_window > 0, self.window

@@ -21,22 +21,12 @@ mode or world size loads under another.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.tensor.experimental import implicit_replication
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt import fp8, loss_kernels, recompute
@@ -47,6 +37,13 @@ from gpt.model import GPT, unwrap
 from gpt.muon import MuonAdamW
 from gpt.optim import (adamw_kwargs, build_optimizer, muon_kwargs, optimizer_groups,
                        param_groups, want_fused)
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+# torch.distributed's FSDP, ZeRO, DTensor and state-dict modules are imported where they are
+# used, not here: together they pull in DTensor and sympy, over a second of every start-up
+# (the dry run, a refused flag, generation) that a one-process run without them never needs.
 
 # torch.compile's backend. Tests that check the graphs (not the kernels) set "aot_eager":
 # the same graphs and recompiles, without inductor's code generation.
@@ -111,6 +108,7 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
         apply_activation_checkpointing(model, train.activation_checkpointing)
     if train.parallel == "fsdp":
         if mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
             mesh = init_device_mesh(runtime.device_type, (runtime.world_size,))
         train_model = eval_model = _shard(model, mesh, train.fsdp_param_dtype, compile_mode)
         materialize(model, runtime.device)
@@ -145,7 +143,11 @@ def materialize(model: GPT, device: torch.device) -> None:
     if not any(p.is_meta for p in model.parameters()):
         return
     model.to_empty(device=device)
-    with implicit_replication():
+    if any(hasattr(p, "to_local") for p in model.parameters()):  # DTensors: sharded
+        from torch.distributed.tensor.experimental import implicit_replication
+        with implicit_replication():
+            model.init_weights()
+    else:
         model.init_weights()
 
 
@@ -170,6 +172,7 @@ def _shard(model: GPT, mesh: DeviceMesh, param_dtype: str, compile_mode: str | N
     # (default): the parameters stay fp32 and autocast does the bf16 compute, as in the
     # other modes, so all three train the same numbers. bf16: gathered and used in bf16
     # (half the all-gather traffic and unsharded memory), torchtitan's default.
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if param_dtype == "bf16" else None,
                                   reduce_dtype=torch.float32)
     for block in model.transformer.h:
@@ -208,6 +211,7 @@ def grad_scaler(mode: str, device_type: str, enabled: bool) -> torch.amp.GradSca
     sharded scaler all-reduces its found-inf flag. The plain one would let ranks disagree
     on skipping, and their scales drift apart."""
     if mode == "fsdp" and enabled:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
         return ShardedGradScaler(device_type, enabled=True)
     return torch.amp.GradScaler(device_type, enabled=enabled)
 
@@ -225,6 +229,7 @@ def _make_optimizer(model: GPT, mode: str, cfg: OptimConfig, runtime: Runtime,
         cfg = dataclasses.replace(cfg, fused=False)
     if mode != "zero1":
         return build_optimizer(model, cfg, runtime.device)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
     fused = want_fused(cfg, runtime.device)
     if cfg.optimizer == "muon":  # one MuonAdamW per rank, over its share of each group
         return ZeroRedundancyOptimizer(optimizer_groups(model, cfg), optimizer_class=MuonAdamW,
@@ -260,36 +265,44 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer holding this rank's state: ZeroRedundancyOptimizer's inner AdamW."""
-    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return optimizer.optim if _is_zero(optimizer) else optimizer
+
+
+def _is_zero(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` is a ZeroRedundancyOptimizer: never where its module was not
+    imported, which _make_optimizer does before building one."""
+    zero = sys.modules.get("torch.distributed.optim")
+    return zero is not None and isinstance(optimizer, zero.ZeroRedundancyOptimizer)
 
 
 # ---- checkpoint state: full, keyed by parameter name, on rank 0
 
 
-def _full_options() -> StateDictOptions:
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
 def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Full model state on rank 0 (collective under FSDP: every rank must call)."""
-    return get_model_state_dict(model, options=_full_options())
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
 
 
 def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, runtime: Runtime) -> dict[str, Any]:
     """Full optimizer state keyed by parameter name, on rank 0 (every rank must call)."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        optimizer.consolidate_state_dict(to=0)
+    if _is_zero(optimizer):
+        optimizer.consolidate_state_dict(to=0)  # type: ignore[attr-defined]
         if not runtime.is_master:
             return {}
         return _index_to_names(optimizer.state_dict(), model, optimizer)
-    return get_optimizer_state_dict(model, optimizer, options=_full_options())
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True))
 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """Load a full, name-keyed optimizer state (every rank passes the whole state)."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    if _is_zero(optimizer):
         optimizer.load_state_dict(_names_to_index(state, model, optimizer))
         return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
