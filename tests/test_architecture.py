@@ -108,6 +108,7 @@ def test_export_refuses_a_model_gpt2_cannot_hold(tmp_path: Path) -> None:
     assert (tmp_path / "zero-init" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_init_from_gpt2_weights_refuses_parts_with_no_place_for_them(tmp_path: Path) -> None:
     torch.manual_seed(3)
     source = GPT(tiny())

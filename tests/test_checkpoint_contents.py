@@ -75,6 +75,7 @@ def test_a_spoiled_entry_makes_the_checkpoint_unusable(entry: str, run_copy: Pat
     assert len(notes) == 1 and "skipping damaged checkpoint" in notes[0] and words in notes[0]
 
 
+@pytest.mark.slow
 def test_resume_auto_falls_back_from_wrong_shaped_optimizer_state(run_copy: Path,
                                                                   data_dir: Path) -> None:
     """The file that once resumed and then "diverged", calling itself the last good one."""

@@ -236,6 +236,7 @@ def test_the_switch_reaches_the_model_and_the_planner(tmp_path: Path) -> None:
 
 
 @pytest.mark.numerics
+@pytest.mark.slow
 def test_the_trainer_logs_the_same_losses_either_way(tmp_path: Path) -> None:
     data = write_random_shards(tmp_path, seed=3, train=(5_000,))
     runs = {}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from gpt import sizing
 from gpt.train import main as train_main
 
@@ -86,6 +88,7 @@ def test_what_to_lower_when_the_plan_does_not_fit(tmp_path: Path, no_launch_env,
     assert "the run would not start (or would run out of memory in its first step)" in err
 
 
+@pytest.mark.slow
 def test_under_torchrun_rank_zero_answers_for_the_world(tmp_path: Path) -> None:
     data = write_random_shards(mkdir(tmp_path / "data"), seed=0, train=(10_000,))
     args = [*TINY, *QUIET, "--data-dir", str(data), "--out-dir", str(tmp_path / "run"),

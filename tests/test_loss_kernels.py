@@ -79,6 +79,7 @@ def test_a_library_kernel_needs_the_chunked_loss(capsys: pytest.CaptureFixture) 
     assert "--loss-kernel cce is a kernel of the chunked loss" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_trainer_and_its_dry_run_refuse_it_on_cpu_in_one_line(tmp_path: Path) -> None:
     data = write_random_shards(tmp_path, seed=1, train=(3_000,))
     for extra in ([], ["--dry-run"]):

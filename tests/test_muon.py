@@ -110,6 +110,7 @@ def test_the_trainer_resumes_muon_exactly(data_dir: Path, tmp_path: Path) -> Non
     assert_resume_is_exact([*ARGS, "--data-dir", str(data_dir)], tmp_path)
 
 
+@pytest.mark.slow
 def test_resuming_with_the_other_optimizer_is_refused_in_one_line(data_dir: Path,
                                                                  tmp_path: Path) -> None:
     adamw = [*TINY, *QUIET, "--total-batch-tokens", "512", "--data-dir", str(data_dir),

@@ -58,6 +58,7 @@ def test_a_cpu_trace_is_summarised_from_its_outermost_operators() -> None:
         trace_summary.summarize({"traceEvents": []})
 
 
+@pytest.mark.slow
 def test_the_trainers_own_trace_summarises(tmp_path: Path) -> None:
     data = write_random_shards(tmp_path, seed=5, train=(5_000,))
     trace = tmp_path / "trace"
