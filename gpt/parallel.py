@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 # torch.distributed's FSDP, ZeRO, DTensor and state-dict modules are imported where they are
 # used, not here: together they pull in DTensor and sympy, over a second of every start-up
-# (the dry run, a refused flag, generation) that a one-process run without them never needs.
+# (the dry run, a refused flag) that a one-process run without them never needs.
 
 # torch.compile's backend. Tests that check the graphs (not the kernels) set "aot_eager":
 # the same graphs and recompiles, without inductor's code generation.

@@ -64,3 +64,18 @@ def test_the_rule_follows_helpers_fixtures_and_the_trainer_s_flags(tmp_path) -> 
         "def test_plain():\n    run_cli('--max-steps', '1'); torch.ones(2).sum()\n")
     assert [bool(torch_api(src, t)) for t in ("test_ranks", "test_uses_it", "test_flag",
                                               "test_plain")] == [True, True, True, False]
+
+
+def test_a_module_only_an_absent_extra_stops_is_excused_from_the_import_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast tier must import every module of gpt/, but gpt.harness imports lm-eval,
+    which `.[dev]` alone does not install (its tests skip): the check names the extra and
+    passes; a module that imports here and was never reached still fails the run."""
+    import sys
+
+    from conftest import _extra_missing
+
+    monkeypatch.delitem(sys.modules, "gpt.harness", raising=False)
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # `import lm_eval` raises ImportError
+    assert _extra_missing("gpt.harness") == "lm_eval"
+    assert _extra_missing("gpt.config") is None
