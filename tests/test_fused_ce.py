@@ -288,6 +288,10 @@ def compiled_as_eager() -> None:
 
 @needs_triton
 @pytest.mark.slow
+@pytest.mark.skipif(torch.__version__ < "2.11", reason=(
+    "torch 2.9's Triton (3.5) interpreter stops on a compiled graph's call of the kernels "
+    "(InterpreterError: only 0-dimensional arrays can be converted to Python scalars); "
+    "the eager checks run here, the compiled one from torch 2.11 on"))
 def test_a_compiled_model_runs_them_between_its_graphs(interpreted: Worker) -> None:
     interpreted(compiled_as_eager)
 
