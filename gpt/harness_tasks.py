@@ -10,12 +10,13 @@ it (or with an install that fails to import) require_lm_eval() says so in one li
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from gpt import extras
 from gpt.errors import UserError
@@ -167,8 +168,28 @@ def run_tasks(lm: Any, tasks: dict[Any, Any], limit: int | None = None
 
     if not tasks:
         return {}
-    out = evaluate(lm=lm, task_dict=tasks, limit=limit, bootstrap_iters=0, log_samples=False)
+    with _request_bars(shown=not getattr(lm, "quiet", False)):
+        out = evaluate(lm=lm, task_dict=tasks, limit=limit, bootstrap_iters=0, log_samples=False)
     return scores(out) if out is not None else {}
+
+
+@contextlib.contextmanager
+def _request_bars(shown: bool) -> Iterator[None]:
+    """lm-eval draws a progress bar for each task as it builds its requests. TQDM_DISABLE
+    (quiet_progress) reaches only a tqdm imported after it is set, and `import torch`
+    imports tqdm (torch.hub): in the trainer it comes too late. So for a quiet model the
+    bar is turned off where lm-eval draws it, for this call alone."""
+    from lm_eval.api import task as drawer
+
+    bar = getattr(drawer, "tqdm", None)
+    if shown or bar is None:
+        yield
+        return
+    drawer.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        drawer.tqdm = bar
 
 
 def scores(results: dict[str, Any]) -> dict[str, dict[str, float]]:

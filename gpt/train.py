@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
-from gpt import bpb, fp8, hellaswag, muon, parallel, weights
+from gpt import bpb, fp8, harness_tasks, hellaswag, muon, parallel, weights
 from gpt.attention_mask import set_attention_step
 from gpt.checkpoint import model_weights
 from gpt.checkpointer import Checkpointer
@@ -416,6 +416,10 @@ def log_samples(run: Run) -> None:
 
 def train(cfg: Config) -> dict[str, Any]:
     """Run training as configured (one process, or one rank under torchrun)."""
+    if cfg.eval.eval_tasks:
+        # the harness's and datasets' progress bars would fill the training log at each
+        # scoring; they read this as the preflight first imports them
+        harness_tasks.quiet_progress()
     # Every check before the ranks meet, as the dry run makes them: a refusal is one
     # line, not a rendezvous that waits for --dist-timeout
     plan = preflight(cfg).settled()
