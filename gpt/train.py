@@ -417,8 +417,8 @@ def log_samples(run: Run) -> None:
 def train(cfg: Config) -> dict[str, Any]:
     """Run training as configured (one process, or one rank under torchrun)."""
     if cfg.eval.eval_tasks:
-        # the harness's and datasets' progress bars would fill the training log at each
-        # scoring; they read this as the preflight first imports them
+        # datasets' progress bars would fill the training log at each scoring; it reads
+        # this as the preflight first imports it (lm-eval's own: harness_tasks.run_tasks)
         harness_tasks.quiet_progress()
     # Every check before the ranks meet, as the dry run makes them: a refusal is one
     # line, not a rendezvous that waits for --dist-timeout
