@@ -21,7 +21,6 @@ import importlib.util
 import math
 import multiprocessing
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ import torch.nn.functional as F
 from helpers import QUIET, REPO, TINY, cuda_run_losses, run_cli, write_random_shards
 from gpt import loss_kernels
 from gpt.cli import parse_args
+from gpt.compat import version_tuple
 from gpt.config import ModelConfig, TrainConfig
 from gpt.errors import UserError
 from gpt.model import GPT
@@ -52,7 +52,10 @@ def interpreted() -> Iterator[Worker]:
     functions, tl.sum, tl.max, tl.sigmoid, are jit functions decorated then), and this
     process may have imported it already (torch.compile's modules do): so one spawned
     worker, started with it set, runs every check; an assertion there fails the test here."""
-    if _version("triton") < (3, 7) and _version("numpy") >= (2, 4):
+    # the versions from the packages' metadata: importing Triton here would fix its
+    # interpreter setting in this process
+    triton, numpy = (version_tuple(importlib.metadata.version(p)) for p in ("triton", "numpy"))
+    if triton < (3, 7) and numpy >= (2, 4):
         # Triton 3.5 and 3.6 (torch 2.9's and 2.11's) hand a kernel's int argument to
         # range() as a one-element array, and int() of one is an error from NumPy 2.4 on
         # ("only 0-dimensional arrays can be converted to Python scalars", a deprecation
@@ -68,12 +71,6 @@ def interpreted() -> Iterator[Worker]:
     finally:
         pool.close()
         pool.join()
-
-
-def _version(package: str) -> tuple[int, ...]:
-    """An installed package's (major, minor), from its metadata: importing Triton here would
-    fix its interpreter setting in this process (see interpreted)."""
-    return tuple(int(p) for p in re.findall(r"\d+", importlib.metadata.version(package))[:2])
 
 
 def warm() -> None:
