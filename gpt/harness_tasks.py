@@ -64,22 +64,30 @@ def data_home() -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _manager(include_path: str | None, stamp: tuple[tuple[str, int], ...]) -> Any:
+def _manager(include_path: str | None, stamp: tuple[tuple[str, int], ...], defaults: bool) -> Any:
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=include_path)
+    return TaskManager(include_path=include_path, include_defaults=defaults)
 
 
-def task_manager(include_path: str | None) -> Any:
-    """The harness's index of its tasks (and those in include_path). Indexing its ~15,000
-    task files takes seconds, and a run checks the names before it starts and loads the
-    tasks later: one index serves both, rebuilt when a task file in include_path changes."""
+def task_manager(include_path: str | None, names: list[str] | None = None) -> Any:
+    """The harness's index of its tasks and those in include_path. Indexing its ~15,000
+    task files takes seconds (15 on a 2-core machine), and a run checks the names before it
+    starts and loads the tasks later: one index serves both, rebuilt when a task file in
+    include_path changes. Where every name is a task of include_path's own (not a group, a
+    tag or a pattern, which may reach the harness's tasks), that folder alone is indexed:
+    the harness gives include_path's tasks precedence over its own of the same name, so the
+    tasks are the same ones."""
     logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its progress chatter
     stamp: tuple[tuple[str, int], ...] = ()
     if include_path is not None:
         stamp = tuple(sorted((str(f), f.stat().st_mtime_ns) for f in Path(include_path).rglob("*")
                              if f.suffix in (".yaml", ".yml", ".py")))
-    return _manager(include_path, stamp)
+        if names and not any(c in n for n in names for c in "*?["):
+            own = _manager(include_path, stamp, False)
+            if all(n in own.all_subtasks for n in names):
+                return own
+    return _manager(include_path, stamp, True)
 
 
 def check_tasks(text: str | None, include_path: str | None, flag: str = "--tasks",
@@ -99,7 +107,7 @@ def check_tasks(text: str | None, include_path: str | None, flag: str = "--tasks
     if not names:
         raise HarnessError(f"{flag} {text!r} names no task: give a comma-separated list, "
                            f"e.g. hellaswag,arc_easy")
-    manager = task_manager(include_path)
+    manager = task_manager(include_path, names)
     if patterns:
         names = list(dict.fromkeys(m for n in names for m in (
             (manager.match_tasks([n]) or [n]) if any(c in n for c in "*?[") else [n])))
