@@ -117,7 +117,7 @@ def test_training_writes_task_metrics(tmp_path: Path, random_data_dir: Path) -> 
     proc = run_cli(*TINY, *QUIET, "--val-every", "2", "--data-dir", str(random_data_dir),
                    "--out-dir", str(out), "--max-steps", "3", "--eval-tasks", "tiny_mc,tiny_broken,tiny_gen",
                    "--eval-tasks-every", "2", "--eval-tasks-limit", "3",
-                   "--eval-tasks-include", str(folder))
+                   "--eval-tasks-include", str(folder), process=True)  # what a fresh process prints
     assert proc.returncode == 0, proc.stderr
     # no progress bars, neither datasets' as it reads a task's file nor lm-eval's as it
     # builds the requests: three scorings would be most of the log
@@ -157,6 +157,30 @@ def test_two_ranks_give_the_numbers_of_one_process(tmp_path: Path, capsys: pytes
     assert single["tiny_mc"]["sample_len"] == double["tiny_mc"]["sample_len"] == len(MC)
     for task, metrics in single.items():
         assert double[task] == pytest.approx(metrics, rel=1e-6), task
+
+
+def test_names_of_the_include_path_alone_index_that_folder_alone(tmp_path: Path) -> None:
+    """Names that are all tasks of --include-path's own are checked and loaded on an index of
+    that folder alone (the harness's ~15,000 task files take seconds to index); a name of
+    the harness's or a pattern indexes both. A task of the folder's named like one of the
+    harness's is the folder's either way: the harness gives include_path precedence."""
+    from gpt import harness_tasks
+
+    folder = write_tasks(tmp_path / "tasks")
+    mine = (folder / "tiny_mc.yaml").read_text().replace("task: tiny_mc", "task: arc_easy")
+    (folder / "arc_easy.yaml").write_text(mine)
+    own, names = harness_tasks.check_tasks("tiny_mc,arc_easy", str(folder))
+    assert names == ["tiny_mc", "arc_easy"] and "hellaswag" not in own.all_tasks
+    both, _ = harness_tasks.check_tasks("arc_easy,hellaswag", str(folder))
+    assert "hellaswag" in both.all_tasks and "tiny_mc" in both.all_tasks
+    for manager in (own, both):
+        assert Path(manager.task_index["arc_easy"].yaml_path).parent == folder
+    matched, names = harness_tasks.check_tasks("tiny_m*", str(folder), patterns=True)
+    assert matched is both and names == ["tiny_mc"]
+    with pytest.raises(harness_tasks.HarnessError, match="no such lm-eval task"):
+        harness_tasks.check_tasks("tiny_mc,tiny_typo", str(folder))  # judged on both
+    tasks, failed = harness_tasks.load_tasks(["arc_easy"], str(folder))
+    assert not failed and [t.config.task for t in tasks.values()] == ["arc_easy"]
 
 
 def test_lm_eval_command_finds_the_model(tmp_path: Path) -> None:
