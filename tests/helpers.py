@@ -1,4 +1,4 @@
-"""Shared test helpers: the trainer's command line in subprocesses, shared data paths,
+"""Shared test helpers: the trainer's command line (here or in a subprocess), shared data paths,
 small models and trainer-style checkpoints."""
 
 from __future__ import annotations
@@ -39,10 +39,54 @@ def write_random_shards(folder: Path, seed: int, train: tuple[int, ...],
     return folder
 
 
-def run_cli(*args: str, timeout: int = 300, **kwargs) -> subprocess.CompletedProcess:
-    """`python train_gpt2.py ARGS`, captured."""
-    return subprocess.run([sys.executable, str(TRAIN_SCRIPT), *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=timeout, **kwargs)
+def run_cli(*args: str, timeout: int = 300, process: bool = False,
+            **kwargs: Any) -> subprocess.CompletedProcess:
+    """`python train_gpt2.py ARGS`, captured: its exit status, stdout and stderr. It runs in
+    this process (train_gpt2.py's own call, gpt.entry.train_main), which saves a Python
+    start and torch's import, about 5 s a run on 2 cores; as a process of its own where the
+    test passes subprocess's arguments (env, preexec_fn, ...) or process=True: a test of
+    what the process does (its environment, limits, signals, what it imports)."""
+    if process or kwargs:
+        return subprocess.run([sys.executable, str(TRAIN_SCRIPT), *args], cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout, **kwargs)
+    return train_here(*args)
+
+
+def train_here(*args: str) -> subprocess.CompletedProcess:
+    """train_gpt2.py's entry point called here, as `python train_gpt2.py ARGS` runs it: from
+    the checkout (relative paths), its streams captured, an exit by SystemExit turned into
+    the status, Python's own warning filters (pytest's would swallow what a user sees), and
+    torch.compile's caches emptied after it (its recompile limit counts across runs)."""
+    import contextlib
+    import io
+    import warnings
+
+    from gpt.entry import train_main
+
+    out, err = io.StringIO(), io.StringIO()
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                warnings.catch_warnings():
+            warnings.resetwarnings()  # Python's defaults, as a process of its own starts with
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
+                             ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            warnings.showwarning = warnings._showwarning_orig  # type: ignore[attr-defined]
+            try:
+                code = train_main(list(args))
+            except SystemExit as e:  # argparse's errors, --help
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+                code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        os.chdir(cwd)
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is not None:
+            dynamo.reset()
+    return subprocess.CompletedProcess([sys.executable, str(TRAIN_SCRIPT), *args], code,
+                                       out.getvalue(), err.getvalue())
 
 
 def torchrun_cmd(*args: str, nproc: int = 2, extra: tuple[str, ...] = (),

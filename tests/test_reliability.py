@@ -254,7 +254,7 @@ def test_dead_temp_files_go_and_live_ones_stay(run_copy: Path, data_dir: Path) -
     for p in (dead, dead_meta, live):
         p.write_bytes(b"x" * 1000)
     proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
-                   "--resume", "auto")
+                   "--resume", "auto", process=True)  # this process is the live writer
     assert proc.returncode == 0, proc.stderr
     assert not dead.exists() and not dead_meta.exists() and live.exists()
     assert f"removed {dead.name}" in proc.stderr

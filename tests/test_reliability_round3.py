@@ -333,7 +333,7 @@ def test_training_on_a_folder_fineweb_is_writing_is_refused(tmp_path: Path) -> N
     lock = FolderLock(data, "fineweb.py run").acquire()  # this test process is the writer
     try:
         proc = run_cli(*ARGS, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
-                       str(tmp_path / "run"))
+                       str(tmp_path / "run"), process=True)  # a trainer beside the writer
         line = one_line_error(proc)
         assert f"--data-dir {data} is still being written, by pid {os.getpid()}" in line
         assert "(metadata.json: 2 shards so far)" in line and "--allow-incomplete-data" in line
