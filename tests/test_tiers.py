@@ -1,5 +1,5 @@
-"""The torch_api selection (tests/tiers.py), which CI runs on the declared range's other torch
-versions: it holds the tests that caught what changed between torch versions, and leaves
+"""The torch_api selection (tests/tiers.py), `-m torch_api`, a quick check of another torch
+version: it holds the tests that caught what changed between torch versions, and leaves
 out tests of this package's own logic."""
 
 from __future__ import annotations

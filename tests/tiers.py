@@ -1,6 +1,6 @@
 """Which tests run where, as rules over the test files' source (read with ast, nothing run):
 
-- the torch_api selection, which CI runs on the declared range's other torch versions: the
+- the torch_api selection, `-m torch_api`, for a quick check of another torch version: the
   tests that reach one of torch's moving parts (below), found in each test's own code, the
   fixtures it asks for and the functions of its file it calls, so a test added tomorrow is
   in it, or not, by the same rule (tests/conftest.py marks them at collection);
