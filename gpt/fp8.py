@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.metadata
 from typing import Any, Iterator
 
 import torch
 import torch.nn as nn
 
 from gpt import extras
+from gpt.compat import version_tuple
 from gpt.config import TrainConfig
 from gpt.errors import UserError
 
@@ -88,8 +90,32 @@ def _torchao(what: str = "--fp8") -> Any:
     """torchao.float8, imported quietly: its import logs a warning for each CUDA extension
     a CPU-only machine cannot load, and torch's pytree a deprecation, none of which
     concerns the float8 training used here (pure Python over torch._scaled_mm)."""
-    return extras.require("torchao.float8", what, "fp8", "torchao",
-                          quiet=("torchao", "torch.utils._pytree"))
+    try:
+        return extras.require("torchao.float8", what, "fp8", "torchao",
+                              quiet=("torchao", "torch.utils._pytree"))
+    except extras.MissingExtra:
+        release = _release_for_this_torch()
+        if release is None:
+            raise
+        raise extras.MissingExtra(
+            f"{what} needs torchao, and torchao {release} does not import under torch "
+            f"{torch.__version__} (it needs a newer torch); 0.17.0 does: pip install "
+            f"torchao==0.17.0") from None
+
+
+def _release_for_this_torch() -> str | None:
+    """The installed torchao's version where it is one that does not import under this
+    torch: 0.18 and later under torch 2.9, the minimum (0.18.0 imports a name 2.9 lacks,
+    torch.nn.functional.ScalingType; 0.17.0, built for 2.11, imports there and
+    tests/test_fp8.py passes with it: pip resolves .[fp8] to the newest, so a user on 2.9
+    meets this)."""
+    try:
+        release = importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if version_tuple(torch.__version__) < (2, 10) and version_tuple(release) >= (0, 18):
+        return release
+    return None
 
 
 def convertible(module: nn.Module, name: str, head: bool) -> bool:

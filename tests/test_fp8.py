@@ -101,6 +101,28 @@ def test_the_trainer_without_torchao_stops_before_anything_is_written(tmp_path: 
     assert not (tmp_path / "run").exists()
 
 
+def test_a_torchao_too_new_for_the_minimum_torch_names_the_release_that_imports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip resolves .[fp8] to the newest torchao, and 0.18 does not import under torch 2.9:
+    the line says which release does, not "reinstall it" (which would fetch 0.18 again)."""
+    (tmp_path / "torchao").mkdir()
+    (tmp_path / "torchao" / "__init__.py").write_text(
+        "raise ImportError(\"cannot import name 'ScalingType' from 'torch.nn.functional'\")\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.split(".")[0] == "torchao"]:
+        monkeypatch.delitem(sys.modules, name)
+    releases = {"torchao": "0.18.0"}
+    monkeypatch.setattr(fp8.importlib.metadata, "version", releases.__getitem__)
+    monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
+    with pytest.raises(UserError, match=r"^--fp8 tensorwise needs torchao, and torchao 0\.18\.0 "
+                       r"does not import under torch 2\.9\.1\+cu128 .*pip install torchao==0\.17\.0$"):
+        fp8._torchao("--fp8 tensorwise")
+    monkeypatch.setattr(torch, "__version__", "2.11.0")  # a torch it is built for: the import's reason
+    with pytest.raises(UserError, match=r"installed but fails to import \(ImportError: cannot "
+                                        r"import name 'ScalingType'.*reinstall it"):
+        fp8._torchao("--fp8 tensorwise")
+
+
 def test_fp8_head_where_the_chunked_loss_runs_the_head_is_refused() -> None:
     train = parse_args(["--fp8", "tensorwise", "--fp8-head"]).train  # chunked loss unset
     with pytest.raises(UserError, match="on cpu the chunked loss"):
