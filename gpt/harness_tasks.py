@@ -72,7 +72,7 @@ def _manager(include_path: str | None, stamp: tuple[tuple[str, int], ...], defau
 
 def task_manager(include_path: str | None, names: list[str] | None = None) -> Any:
     """The harness's index of its tasks and those in include_path. Indexing its ~15,000
-    task files takes seconds (15 on a 2-core machine), and a run checks the names before it
+    task files takes 15 to 18 s on a 2-core machine, and a run checks the names before it
     starts and loads the tasks later: one index serves both, rebuilt when a task file in
     include_path changes. Where every name is a task of include_path's own (not a group, a
     tag or a pattern, which may reach the harness's tasks), that folder alone is indexed:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 from pathlib import Path
@@ -45,7 +46,8 @@ def run_cli(*args: str, timeout: int = 300, process: bool = False,
     this process (train_gpt2.py's own call, gpt.entry.train_main), which saves a Python
     start and torch's import, about 5 s a run on 2 cores; as a process of its own where the
     test passes subprocess's arguments (env, preexec_fn, ...) or process=True: a test of
-    what the process does (its environment, limits, signals, what it imports)."""
+    what the process does (its environment, limits, signals, what it imports); `timeout`
+    bounds a process."""
     if process or kwargs:
         return subprocess.run([sys.executable, str(TRAIN_SCRIPT), *args], cwd=REPO,
                               capture_output=True, text=True, timeout=timeout, **kwargs)
@@ -59,7 +61,6 @@ def train_here(*args: str) -> subprocess.CompletedProcess:
     torch.compile's caches emptied after it (its recompile limit counts across runs)."""
     import contextlib
     import io
-    import warnings
 
     from gpt.entry import train_main
 
@@ -73,7 +74,7 @@ def train_here(*args: str) -> subprocess.CompletedProcess:
             for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning,
                              ResourceWarning):
                 warnings.simplefilter("ignore", category)
-            warnings.showwarning = warnings._showwarning_orig  # type: ignore[attr-defined]
+            warnings.showwarning = _to_stderr
             try:
                 code = train_main(list(args))
             except SystemExit as e:  # argparse's errors, --help
@@ -87,6 +88,12 @@ def train_here(*args: str) -> subprocess.CompletedProcess:
             dynamo.reset()
     return subprocess.CompletedProcess([sys.executable, str(TRAIN_SCRIPT), *args], code,
                                        out.getvalue(), err.getvalue())
+
+
+def _to_stderr(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+               file: Any = None, line: str | None = None) -> None:
+    """A warning shown as Python shows one: on stderr (here, the run's captured stream)."""
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def torchrun_cmd(*args: str, nproc: int = 2, extra: tuple[str, ...] = (),
