@@ -63,6 +63,11 @@ def data_home() -> str:
     return str(config.HF_DATASETS_CACHE)
 
 
+def _is_pattern(name: str) -> bool:
+    """Whether a task name is a pattern the harness matches (arc_*), not a name."""
+    return any(c in name for c in "*?[")
+
+
 @functools.lru_cache(maxsize=4)
 def _manager(include_path: str | None, stamp: tuple[tuple[str, int], ...], defaults: bool) -> Any:
     from lm_eval.tasks import TaskManager
@@ -83,7 +88,7 @@ def task_manager(include_path: str | None, names: list[str] | None = None) -> An
     if include_path is not None:
         stamp = tuple(sorted((str(f), f.stat().st_mtime_ns) for f in Path(include_path).rglob("*")
                              if f.suffix in (".yaml", ".yml", ".py")))
-        if names and not any(c in n for n in names for c in "*?["):
+        if names and not any(map(_is_pattern, names)):
             own = _manager(include_path, stamp, False)
             if all(n in own.all_subtasks for n in names):
                 return own
@@ -110,7 +115,7 @@ def check_tasks(text: str | None, include_path: str | None, flag: str = "--tasks
     manager = task_manager(include_path, names)
     if patterns:
         names = list(dict.fromkeys(m for n in names for m in (
-            (manager.match_tasks([n]) or [n]) if any(c in n for c in "*?[") else [n])))
+            (manager.match_tasks([n]) or [n]) if _is_pattern(n) else [n])))
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
         where = f" or in {include_flag} {include_path}" if include_path else ""
