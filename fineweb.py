@@ -1,7 +1,7 @@
 """Prepare GPT-2 token shards for train_gpt2.py: `python fineweb.py --help`.
-The command line is gpt/prepare/cli.py; the pipeline, gpt/prepare/."""
+The command line is gpt/data/prepare/cli.py; the pipeline, gpt/data/prepare/."""
 
-from gpt.prepare.cli import main
+from gpt.data.prepare.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

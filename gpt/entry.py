@@ -3,14 +3,14 @@ before torch is imported, so --help and a bad flag answer at once instead of aft
 
 from __future__ import annotations
 
-from gpt.cli import parse_command
+from gpt.core.cli import parse_command
 
 
 def train_main(argv: list[str] | None = None) -> int:
     cfg, dry_run = parse_command(argv)
     if dry_run:
-        from gpt.dry_run import main as dry_main  # torch, but not the trainer
+        from gpt.plan.dry_run import main as dry_main  # torch, but not the trainer
         return dry_main(cfg)
-    from gpt.train import main_with  # torch and the whole trainer: only now
+    from gpt.train.loop import main_with  # torch and the whole trainer: only now
 
     return main_with(cfg)

@@ -10,8 +10,8 @@ loss (with bits per byte) of a checkpoint or GPT-2.
 
 Under torchrun each rank scores its share (the harness's requests by its rank / world-size
 contract, HellaSwag examples i % world_size, disjoint validation windows) and the results
-are combined; rank 0 prints them. The scoring is gpt/harness.py's (through the harness),
-gpt/hellaswag.py's and gpt/validation.py's; the flags are parsed before torch is imported.
+are combined; rank 0 prints them. The scoring is gpt/eval/harness.py's (through the harness),
+gpt/eval/hellaswag.py's and gpt/eval/validation.py's; the flags are parsed before torch is imported.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import json
 import sys
 from typing import Any
 
-from gpt.cli import OneLineParser, check_at_least_one
-from gpt.errors import UserError
+from gpt.core.cli import OneLineParser, check_at_least_one
+from gpt.core.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,13 +80,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as the arguments say (one process or one torchrun rank); results dict."""
     import torch  # only once the flags are good: --help answers at once
 
-    from gpt import bpb, harness_tasks, hellaswag
-    from gpt.config import ConfigError
-    from gpt.data import ShardLoader
-    from gpt.dist import all_reduce_mean, init_runtime, resolve_dtype, shutdown
-    from gpt.tokenizer import GPT2_VOCAB
-    from gpt.validation import val_loss
-    from gpt.weights import load_model
+    from gpt.eval import bpb, harness_tasks, hellaswag
+    from gpt.core.config import ConfigError
+    from gpt.data.loader import ShardLoader
+    from gpt.runtime.dist import all_reduce_mean, init_runtime, resolve_dtype, shutdown
+    from gpt.data.tokenizer import GPT2_VOCAB
+    from gpt.eval.validation import val_loss
+    from gpt.checkpoint.weights import load_model
 
     runtime = init_runtime(args.device)
     try:
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         scored = torch.compile(model) if args.compile else model
         results: dict[str, Any] = {"source": args.checkpoint or args.init_from}
         if args.tasks is not None:
-            from gpt.harness import GPT2TrainerLM
+            from gpt.eval.harness import GPT2TrainerLM
 
             tasks, failed = harness_tasks.load_tasks(harness_tasks.parse_tasks(args.tasks),
                                                      args.include_path)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.tasks is not None:
-            from gpt.harness_tasks import quiet_progress, require_lm_eval
+            from gpt.eval.harness_tasks import quiet_progress, require_lm_eval
 
             # before torch and the model: a missing extra is named in a moment, not seconds
             if not args.tasks_progress:
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"val loss: {results['val_loss']:.4f} | {results['val_bpb']:.4f} bits/byte "
               f"({results['val_tokens']:,} tokens)")
     if "tasks" in results:
-        from gpt.gpt2_scores import comparison_lines
+        from gpt.eval.gpt2_scores import comparison_lines
 
         print("\n".join(comparison_lines(results["tasks"])))
     return 0

@@ -3,7 +3,7 @@
     python -m gpt.generate --init-from gpt2 --prompt "Hello, I'm a language model,"
     python -m gpt.generate --checkpoint runs/x/ckpt_001000.pt --num-samples 4 --seed 0
 
-Sampling itself (KV cache, top-k, temperature) is gpt/sampling.py. The flags are parsed
+Sampling itself (KV cache, top-k, temperature) is gpt/eval/sampling.py. The flags are parsed
 before torch is imported, so --help and a bad flag answer at once.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt.cli import OneLineParser, check_at_least_one, finite_float
-from gpt.errors import UserError
+from gpt.core.cli import OneLineParser, check_at_least_one, finite_float
+from gpt.core.errors import UserError
 
 # The logits are divided by the temperature in fp32 (at most 3.4e38): a logit of 1e4 over
 # 1e-35 is inf, and the probabilities NaN. Above 100 a sample is as good as uniform noise.
@@ -71,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch  # only once the flags are good: --help answers at once
 
-    from gpt.dist import pick_device, resolve_dtype
-    from gpt.sampling import sample, until_eot
-    from gpt.tokenizer import gpt2_tokenizer
-    from gpt.weights import load_model
+    from gpt.runtime.dist import pick_device, resolve_dtype
+    from gpt.eval.sampling import sample, until_eot
+    from gpt.data.tokenizer import gpt2_tokenizer
+    from gpt.checkpoint.weights import load_model
 
     try:
         device = pick_device(args.device)

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpt.errors import UserError
-from gpt.harness_tasks import HarnessError, load_tasks, require_lm_eval
+from gpt.core.errors import UserError
+from gpt.eval.harness_tasks import HarnessError, load_tasks, require_lm_eval
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         from lm_eval._cli import HarnessCLI
         from lm_eval.utils import setup_logging
 
-        from gpt.harness import register
+        from gpt.eval.harness import register
 
         register()
         setup_logging()

@@ -4,7 +4,7 @@ tokens/s and HellaSwag accuracy.
     python -m gpt.plot runs/gpt2/metrics.jsonl -o curves.png
     python -m gpt.plot runs/a runs/b -o compare.png          # run folders work too; overlaid
 
-The trainer draws the same figure into its run folder as it goes (gpt/run_curves.py).
+The trainer draws the same figure into its run folder as it goes (gpt/train/run_curves.py).
 
 matplotlib is an optional dependency (the plot extra: ``pip install -e ".[plot]"``); reading the
 file (``load_metrics``) needs only the standard library.
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from gpt.cli import OneLineParser, finite_float
-from gpt.extras import install
-from gpt.fileio import atomic_path
-from gpt.units import human_count
+from gpt.core.cli import OneLineParser, finite_float
+from gpt.core.extras import install
+from gpt.core.fileio import atomic_path
+from gpt.core.units import human_count
 
 PLOTTED = ("train", "val", "hellaswag")
 MATPLOTLIB_HINT = f"{install('plot')} (or pip install matplotlib)"

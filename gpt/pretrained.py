@@ -2,7 +2,7 @@
 
     python -m gpt.pretrained export --checkpoint runs/x/ckpt_001000.pt --out hf/my-gpt2
 
-The conversion itself is gpt/weights.py's export_hf. The flags are parsed before torch
+The conversion itself is gpt/checkpoint/weights.py's export_hf. The flags are parsed before torch
 is imported, so --help and a bad flag answer at once.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from gpt.cli import OneLineParser
-from gpt.errors import UserError
+from gpt.core.cli import OneLineParser
+from gpt.core.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--vocab-size", type=int, default=None,
                      help="rows of the exported vocabulary (default: 50257, GPT-2's)")
     args = parser.parse_args(argv)
-    from gpt.weights import CONFIG_FILE, TOKENIZER_FILES, export_hf  # torch: only now
+    from gpt.checkpoint.weights import CONFIG_FILE, TOKENIZER_FILES, export_hf  # torch: only now
 
     try:
         out = export_hf(args.checkpoint, args.out, args.vocab_size)

@@ -16,7 +16,7 @@
 # How warm-up is excluded: nsys starts with --capture-range=cudaProfilerApi, so it records
 # nothing until the program calls cudaProfilerStart(). `python -m gpt.bench ... --nvtx`
 # (or --cuda-profiler-range) calls it after the warm-up iterations and cudaProfilerStop()
-# after the measured ones (gpt.profiling.cuda_profiler_range); the trainer does the same
+# after the measured ones (gpt.report.profiling.cuda_profiler_range); the trainer does the same
 # for the steps it is told to profile. With --capture-range-end=stop the first such range
 # is the report, so profile ONE configuration per run (a sweep would only record its first
 # cell); set NSYS_CAPTURE_END=repeat to get one report per range instead.

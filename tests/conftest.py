@@ -95,7 +95,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # Set before any of those libraries is imported (datasets reads its cache path at import),
 # and inherited by every subprocess a test starts.
 HOME_WRITES = {
-    "XDG_CACHE_HOME": "cache",        # gpt.hellaswag's downloads, and most libraries'
+    "XDG_CACHE_HOME": "cache",        # gpt.eval.hellaswag's downloads, and most libraries'
     "XDG_CONFIG_HOME": "config",
     "XDG_DATA_HOME": "data",
     "HF_HOME": "huggingface",
@@ -225,7 +225,7 @@ def _check_imports(session: pytest.Session) -> None:
 
 
 def _extra_missing(module: str) -> str | None:
-    """The third-party package whose absence stops `module` importing here (gpt.harness
+    """The third-party package whose absence stops `module` importing here (gpt.eval.harness
     imports lm_eval: an extra, whose tests skip without it), else None: a module that
     imports was simply never reached."""
     try:
@@ -263,7 +263,7 @@ def restore_global_flags():
 @pytest.fixture(scope="session")
 def enc():
     """The GPT-2 tokenizer (tiktoken's cache, else the files the package ships)."""
-    from gpt.tokenizer import gpt2_tokenizer
+    from gpt.data.tokenizer import gpt2_tokenizer
 
     return gpt2_tokenizer()
 
@@ -279,7 +279,7 @@ def shakespeare_tokens(request: pytest.FixtureRequest) -> np.ndarray:
 @pytest.fixture(scope="session")
 def shakespeare_dir(tmp_path_factory: pytest.TempPathFactory, shakespeare_tokens: np.ndarray) -> Path:
     """A data folder with tiny shakespeare: val = first 20k tokens, train = the rest in 2 shards."""
-    from gpt.shards import write_shard
+    from gpt.data.shards import write_shard
 
     out = tmp_path_factory.mktemp("shakespeare")
     val, train = shakespeare_tokens[:20_000], shakespeare_tokens[20_000:]

@@ -105,7 +105,7 @@ HELLASWAG = [
 
 
 def write_hellaswag_both_ways(folder: Path, harness_yaml: Path) -> tuple[Path, Path]:
-    """HELLASWAG as gpt/hellaswag.py reads it (ctx = ctx_a + ' ' + ctx_b, as the official
+    """HELLASWAG as gpt/eval/hellaswag.py reads it (ctx = ctx_a + ' ' + ctx_b, as the official
     jsonl's ctx is) and as the harness's own `hellaswag` task, included from its YAML, on
     a local JSONL (task hellaswag_local). Returns (our jsonl, the folder for include_path)."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ def write_random_shards(folder: Path, seed: int, train: tuple[int, ...],
     """A data folder of random GPT-2 token ids: one train_/val_ shard per size given."""
     import numpy as np
 
-    from gpt.shards import write_shard
+    from gpt.data.shards import write_shard
 
     rng = np.random.default_rng(seed)
     for split, sizes in (("train", train), ("val", val)):
@@ -122,8 +122,8 @@ def meta_gpt(name: str, **overrides: object):
     """A preset GPT built on the meta device: shapes without memory, so even 2.7B is instant."""
     import torch
 
-    from gpt.config import model_preset
-    from gpt.model import GPT
+    from gpt.core.config import model_preset
+    from gpt.model.transformer import GPT
 
     with torch.device("meta"):
         return GPT(model_preset(name, **overrides))
@@ -134,8 +134,8 @@ def write_checkpoint(path: Path, model=None, step: int = 1, block_size: int = 64
     padded vocabulary and the given block size."""
     import torch
 
-    from gpt.config import Config, model_preset, to_dict
-    from gpt.model import GPT
+    from gpt.core.config import Config, model_preset, to_dict
+    from gpt.model.transformer import GPT
 
     if model is None:
         torch.manual_seed(0)
@@ -249,7 +249,7 @@ def assert_trains_alike(one: Path, two: Path, step: int, weights: bool = True) -
     AdamW bounds its own) end with weights that agree (their checkpoints of `step`)."""
     import pytest
 
-    from gpt.checkpoint import load
+    from gpt.checkpoint.files import load
 
     a, b = read_metrics(one, "train"), read_metrics(two, "train")
     assert [r["step"] for r in b] == [r["step"] for r in a]
@@ -284,7 +284,7 @@ def meta_build_and_reference(cfg: Any) -> tuple[Any, Any]:
     the trainer builds big models the first way, and must get the same start."""
     import torch
 
-    from gpt.model import GPT
+    from gpt.model.transformer import GPT
 
     torch.manual_seed(0)
     ref = GPT(cfg)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.checkpoint import load
-from gpt.config import ModelConfig, model_preset
-from gpt.model import GPT, Rotary
-from gpt.weights import PretrainedError, export_hf
+from gpt.checkpoint.files import load
+from gpt.core.config import ModelConfig, model_preset
+from gpt.model.transformer import GPT, Rotary
+from gpt.checkpoint.weights import PretrainedError, export_hf
 from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one,
                      meta_build_and_reference, run_cli, write_random_shards)
 from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
@@ -90,7 +90,7 @@ def test_kv_cache_decoding_equals_the_full_forward(name: str) -> None:
 
 
 def test_generation_with_the_cache_equals_generation_without(tmp_path: Path) -> None:
-    from gpt.sampling import sample
+    from gpt.eval.sampling import sample
 
     torch.manual_seed(0)
     model = GPT(tiny(**dict(ALL, zero_init_proj=False))).eval()
@@ -133,7 +133,7 @@ def test_init_from_gpt2_weights_refuses_parts_with_no_place_for_them(tmp_path: P
 
 
 def test_flags_and_recipe_keys_validate() -> None:
-    from gpt.cli import parse_args
+    from gpt.core.cli import parse_args
 
     cfg = parse_args([*TINY, *ALL_FLAGS])
     assert cfg.model.rotary and cfg.model.qk_norm and cfg.model.logit_softcap == 15.0
@@ -156,7 +156,7 @@ ARGS = [*TINY, *QUIET, *ALL_FLAGS, "--total-batch-tokens", "512"]
 def test_the_trainer_resumes_a_modern_model_exactly(data_dir: Path, tmp_path: Path) -> None:
     split = assert_resume_is_exact([*ARGS, "--data-dir", str(data_dir)], tmp_path)
     # what generate and evaluate load: the model as trained, its head its own
-    from gpt.model_load import load_checkpoint_model
+    from gpt.checkpoint.model_load import load_checkpoint_model
 
     model = load_checkpoint_model(split / "ckpt_000004.pt")
     assert model.config.rotary and model.config.untied_head
@@ -175,8 +175,8 @@ def test_two_ranks_match_one_process_with_a_modern_model(mode: str, data_dir: Pa
 
 
 def test_the_memory_planner_plans_a_modern_model() -> None:
-    from gpt import memory
-    from gpt.cli import parse_args
+    from gpt.plan import memory
+    from gpt.core.cli import parse_args
 
     gpt2 = memory.plan(parse_args(TINY), device_type="cpu")
     modern = memory.plan(parse_args([*TINY, *ALL_FLAGS]), device_type="cpu")
@@ -192,13 +192,13 @@ def test_the_compiled_step_of_a_modern_model_has_no_graph_break(graph_backend, t
     """All the options and Muon under the trainer's torch.compile (aot_eager here): one
     graph for the training step and none added by a second step; evaluation and HellaSwag
     (rotary positions over padded examples) compile on their own callable."""
-    from gpt import hellaswag
-    from gpt.cli import parse_args
-    from gpt.dist import init_runtime
-    from gpt.step import forward_backward, optimizer_step
-    from gpt.preflight import preflight
-    from gpt.train import build_run
-    from gpt.validation import val_loss
+    from gpt.eval import hellaswag
+    from gpt.core.cli import parse_args
+    from gpt.runtime.dist import init_runtime
+    from gpt.engine.step import forward_backward, optimizer_step
+    from gpt.plan.preflight import preflight
+    from gpt.train.loop import build_run
+    from gpt.eval.validation import val_loss
 
     data = write_random_shards(tmp_path, seed=0, train=(20_000,), val=(5_000,))
     cfg = parse_args([*TINY, *QUIET, *ALL_FLAGS, "--zero-init-proj", "--optimizer", "muon",

@@ -1,6 +1,6 @@
-"""The layout a run chooses when the user leaves it to the trainer (gpt/layout.py:
+"""The layout a run chooses when the user leaves it to the trainer (gpt/plan/layout.py:
 --parallel auto, --activation-checkpointing auto, --batch-size auto) and selective
-activation checkpointing (gpt/recompute.py): the flags and their old spellings, the
+activation checkpointing (gpt/engine/recompute.py): the flags and their old spellings, the
 chooser's decisions from planned peaks (a stand-in planner with a made-up device memory,
 and the real planner), the values recorded and honoured on resume, the dry run's line,
 and one-line errors when nothing fits."""
@@ -15,12 +15,13 @@ import pytest
 import torch
 
 from helpers import QUIET, TINY, read_metrics, run_cli, write_random_shards
-from gpt import layout, memory, parallel
-from gpt.checkpoint import load, resume_point
-from gpt.cli import parse_args
-from gpt.config import Config, ConfigError, from_dict, to_dict
-from gpt.memory import MemoryPlan
-from gpt.model import GPT
+from gpt.engine import parallel
+from gpt.plan import layout, memory
+from gpt.checkpoint.files import load, resume_point
+from gpt.core.cli import parse_args
+from gpt.core.config import Config, ConfigError, from_dict, to_dict
+from gpt.plan.memory import MemoryPlan
+from gpt.model.transformer import GPT
 
 GiB = 2**30
 AUTO = ["--parallel", "auto", "--activation-checkpointing", "auto", "--batch-size", "auto"]
@@ -216,7 +217,7 @@ def test_a_resume_takes_the_checkpoints_values_without_planning() -> None:
 def test_the_settled_config_passes_the_same_validation_as_flags() -> None:
     planner = Planner({"ddp": 10}, {"none": 1.0, "selective": 0.5, "blocks": 0.1})
     cfg, _ = settle(AUTO, planner, usable(20))
-    from gpt.cli import to_toml
+    from gpt.core.cli import to_toml
     text = to_toml(cfg)
     assert 'parallel = "ddp"' in text and "batch_size = 8" in text
     assert from_dict(to_dict(cfg)) == cfg
@@ -306,7 +307,7 @@ def test_the_dry_run_prints_the_choice(data_dir: Path, tmp_path: Path) -> None:
 
 def test_a_run_records_the_values_it_chose_and_a_resume_keeps_them(
         data_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
-    from gpt.train import main
+    from gpt.train.loop import main
 
     out = tmp_path / "run"
     args = [*TINY, *QUIET, *AUTO, "--data-dir", str(data_dir), "--out-dir", str(out),
@@ -333,8 +334,8 @@ def test_a_run_records_the_values_it_chose_and_a_resume_keeps_them(
 
 def test_a_run_with_nothing_that_fits_stops_in_one_line(data_dir: Path, tmp_path: Path,
                                                         monkeypatch, capsys) -> None:
-    from gpt import sizing
-    from gpt.train import main
+    from gpt.model import sizing
+    from gpt.train.loop import main
 
     monkeypatch.setattr(sizing, "device_memory", lambda device: 64 * 2**20)
     code = main([*TINY, *QUIET, *AUTO, "--data-dir", str(data_dir),

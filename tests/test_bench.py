@@ -19,10 +19,10 @@ from gpt.bench import attention as attention_bench
 from gpt.bench.common import mode_flops_per_token, precision_skip_reason
 from gpt.bench.naive import NaiveCausalSelfAttention, use_naive_attention
 from gpt.bench.timing import run_guarded, summarize, time_fn
-from gpt.dist import is_oom
-from gpt.config import model_preset
-from gpt.metrics import flops_per_token
-from gpt.model import GPT
+from gpt.runtime.dist import is_oom
+from gpt.core.config import model_preset
+from gpt.report.metrics import flops_per_token
+from gpt.model.transformer import GPT
 
 CPU = torch.device("cpu")
 RUN_FIELDS = ("command", "device", "torch", "cuda", "tf32", "commit", "time", "results")

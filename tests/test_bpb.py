@@ -1,4 +1,4 @@
-"""Bits per byte (gpt/bpb.py) beside the validation loss (gpt/validation.py), and in
+"""Bits per byte (gpt/eval/bpb.py) beside the validation loss (gpt/eval/validation.py), and in
 `python -m gpt.evaluate --data-dir`."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt import bpb
-from gpt.config import model_preset
-from gpt.data import ShardLoader
+from gpt.eval import bpb
+from gpt.core.config import model_preset
+from gpt.data.loader import ShardLoader
 from gpt.evaluate import main
-from gpt.model import GPT
-from gpt.tokenizer import GPT2_EOT, gpt2_tokenizer
-from gpt.validation import val_loss
+from gpt.model.transformer import GPT
+from gpt.data.tokenizer import GPT2_EOT, gpt2_tokenizer
+from gpt.eval.validation import val_loss
 
 from helpers import write_checkpoint
 

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from helpers import QUIET, TINY, run_cli
-from gpt import checkpoint
-from gpt.checkpoint import CheckpointError
-from gpt.config import Config, to_dict
-from gpt.model_load import PretrainedError, read_checkpoint
+from gpt.checkpoint import files as checkpoint
+from gpt.checkpoint.files import CheckpointError
+from gpt.core.config import Config, to_dict
+from gpt.checkpoint.model_load import PretrainedError, read_checkpoint
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 

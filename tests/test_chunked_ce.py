@@ -1,4 +1,4 @@
-"""The chunked head + cross-entropy (gpt/chunked_ce.py): the unfused path's loss and
+"""The chunked head + cross-entropy (gpt/model/chunked_ce.py): the unfused path's loss and
 gradients (fp32 to rounding, bf16 and fp16 as close to the exact values as the unfused
 path is), never the whole logits, torch.compile without a graph break, and the switch
 (--chunked-loss / --no-chunked-loss, [train] chunked_loss) from the command line to the
@@ -14,12 +14,13 @@ import torch.nn.functional as F
 
 from helpers import QUIET, TINY, read_metrics, run_cli, write_random_shards
 from test_memory import highest_rise
-from gpt import memory, parallel
-from gpt.chunked_ce import chunk_rows, linear_cross_entropy
-from gpt.cli import parse_args
-from gpt.config import TrainConfig, model_preset
-from gpt.dist import Runtime
-from gpt.model import GPT
+from gpt.engine import parallel
+from gpt.plan import memory
+from gpt.model.chunked_ce import chunk_rows, linear_cross_entropy
+from gpt.core.cli import parse_args
+from gpt.core.config import TrainConfig, model_preset
+from gpt.runtime.dist import Runtime
+from gpt.model.transformer import GPT
 
 FP32_REL = 1e-6  # |chunked - unfused| / |unfused| over each whole tensor, in fp32
 
@@ -186,7 +187,7 @@ def test_compiled_the_chunk_loop_is_one_op_inductor_cannot_reorder() -> None:
 
 
 def test_unset_it_is_on_but_on_cuda_where_auto_is_liger() -> None:
-    from gpt import loss_kernels
+    from gpt.model import loss_kernels
 
     assert TrainConfig().chunked_loss_on("cpu") and TrainConfig().chunked_loss_on("mps")
     assert not TrainConfig().chunked_loss_on("cuda")  # the whole logits measured fastest there

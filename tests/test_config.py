@@ -1,4 +1,4 @@
-"""Tests for gpt.config: defaults, presets, CLI flags, TOML files, validation, round trips."""
+"""Tests for gpt.core.config: defaults, presets, CLI flags, TOML files, validation, round trips."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt.config import (
+from gpt.core.config import (
     PRESETS,
     SECTIONS,
     CheckpointConfig,
@@ -25,8 +25,8 @@ from gpt.config import (
     model_preset,
     to_dict,
 )
-from gpt.config_check import grad_accum_steps, resolve
-from gpt.cli import parse_args, to_toml
+from gpt.core.config_check import grad_accum_steps, resolve
+from gpt.core.cli import parse_args, to_toml
 
 # --------------------------------------------------------------------------
 # helpers
@@ -299,7 +299,7 @@ def test_cli_no_abbreviations(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_non_integer(capsys: pytest.CaptureFixture[str]) -> None:
-    err = parse_error(capsys, ["--batch-size", "big"])  # which also takes auto (gpt/layout.py)
+    err = parse_error(capsys, ["--batch-size", "big"])  # which also takes auto (gpt/plan/layout.py)
     assert "--batch-size" in err and "'big' is neither an int nor auto" in err
     err = parse_error(capsys, ["--n-layer", "2.5"])
     assert "--n-layer" in err and "invalid int value: '2.5'" in err

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt.cli import parse_args
-from gpt.config_check import grad_accum_steps
+from gpt.core.cli import parse_args
+from gpt.core.config_check import grad_accum_steps
 
 from helpers import REPO
 
@@ -67,7 +67,7 @@ def test_the_xl_recipe_leaves_its_layout_to_the_trainer() -> None:
     the layout named, and the two agree on everything else."""
     from dataclasses import replace
 
-    from gpt import layout
+    from gpt.plan import layout
 
     auto = parse_args(["--config", str(REPO / "configs" / "gpt2-xl.toml")])
     named = parse_args(["--config", str(REPO / "configs" / "gpt2-xl-fsdp.toml")])

@@ -22,20 +22,20 @@ import torch.nn.functional as F
 
 from helpers import (QUIET, REPO, kill_tree, read_metrics, run_cli, run_torchrun, wait_for,
                      write_random_shards)
-from gpt import hellaswag
-from gpt.cli import parse_args
-from gpt.config import OptimConfig, model_preset
-from gpt.data import ShardLoader
-from gpt.dist import init_runtime
-from gpt.sampling import sample
-from gpt.metrics import peak_tflops
-from gpt.model import GPT
-from gpt.optim import build_optimizer
-from gpt.parallel import apply_activation_checkpointing
-from gpt.shards import write_shard
-from gpt.step import forward_backward, optimizer_step
-from gpt.preflight import preflight
-from gpt.train import build_run
+from gpt.eval import hellaswag
+from gpt.core.cli import parse_args
+from gpt.core.config import OptimConfig, model_preset
+from gpt.data.loader import ShardLoader
+from gpt.runtime.dist import init_runtime
+from gpt.eval.sampling import sample
+from gpt.report.metrics import peak_tflops
+from gpt.model.transformer import GPT
+from gpt.optim.optimizer import build_optimizer
+from gpt.engine.parallel import apply_activation_checkpointing
+from gpt.data.shards import write_shard
+from gpt.engine.step import forward_backward, optimizer_step
+from gpt.plan.preflight import preflight
+from gpt.train.loop import build_run
 
 pytestmark = pytest.mark.cuda
 
@@ -236,9 +236,9 @@ def test_a_training_step_never_waits_for_the_gpu() -> None:
 
 
 def test_a_meta_model_initialised_on_the_gpu_equals_the_cpu_build() -> None:
-    from gpt.dist import Runtime
-    from gpt.parallel import parallelize
-    from gpt.config import TrainConfig
+    from gpt.runtime.dist import Runtime
+    from gpt.engine.parallel import parallelize
+    from gpt.core.config import TrainConfig
 
     cfg = model_preset("mini", block_size=64)
     torch.manual_seed(7)

@@ -1,4 +1,4 @@
-"""Tests for gpt.data: shard format, validation, discovery and the loader."""
+"""Tests for gpt.data.loader: shard format, validation, discovery and the loader."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from gpt import shards
-from gpt.data import ShardLoader
-from gpt.shards import (
+from gpt.data import shards
+from gpt.data.loader import ShardLoader
+from gpt.data.shards import (
     HEADER_BYTES,
     SHARD_MAGIC,
     SHARD_VERSION,

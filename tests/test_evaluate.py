@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt import hellaswag
-from gpt.config import model_preset
-from gpt.data import ShardLoader
+from gpt.eval import hellaswag
+from gpt.core.config import model_preset
+from gpt.data.loader import ShardLoader
 from gpt.evaluate import main
-from gpt.validation import val_loss
-from gpt.model import GPT
-from gpt.model_load import load_checkpoint_model
+from gpt.eval.validation import val_loss
+from gpt.model.transformer import GPT
+from gpt.checkpoint.model_load import load_checkpoint_model
 
 from helpers import run_torchrun, write_checkpoint
 

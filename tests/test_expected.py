@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt import expected
-from gpt.cli import parse_args
+from gpt.plan import expected
+from gpt.core.cli import parse_args
 
 from helpers import REPO
 

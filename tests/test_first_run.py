@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from helpers import REPO, read_metrics
-from gpt.shards import read_shard
+from gpt.data.shards import read_shard
 
 
 def test_readme_first_run_offline(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""--fp8 (gpt/fp8.py): FP8 matmuls through torchao's float8 training, emulated on the CPU.
+"""--fp8 (gpt/model/fp8.py): FP8 matmuls through torchao's float8 training, emulated on the CPU.
 The flag and its rules, which layers convert, a tiny model training within a stated
 tolerance of the same run without FP8, the weights it starts from and saves (the keys
 and values of an unconverted model), exact resume, evaluation in high precision,
@@ -18,14 +18,16 @@ import torch.nn as nn
 
 from helpers import (QUIET, REPO, SHAKESPEARE, TINY, assert_resume_is_exact,
                      assert_two_ranks_match_one, read_metrics, run_cli)
-from gpt import fp8, memory, parallel
-from gpt.checkpoint import load
-from gpt.cli import parse_args
-from gpt.config import ConfigError
-from gpt.config_check import resolve
-from gpt.dist import Runtime
-from gpt.errors import UserError
-from gpt.model import GPT
+from gpt.engine import parallel
+from gpt.model import fp8
+from gpt.plan import memory
+from gpt.checkpoint.files import load
+from gpt.core.cli import parse_args
+from gpt.core.config import ConfigError
+from gpt.core.config_check import resolve
+from gpt.runtime.dist import Runtime
+from gpt.core.errors import UserError
+from gpt.model.transformer import GPT
 
 needs_torchao = pytest.mark.skipif(
     importlib.util.find_spec("torchao") is None,
@@ -38,8 +40,8 @@ def text_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny Shakespeare as shards: real text, so a few steps lower the loss."""
     import numpy as np
 
-    from gpt.shards import write_shard
-    from gpt.tokenizer import gpt2_tokenizer
+    from gpt.data.shards import write_shard
+    from gpt.data.tokenizer import gpt2_tokenizer
 
     folder = tmp_path_factory.mktemp("shakespeare")
     tokens = np.array(gpt2_tokenizer().encode_ordinary(SHAKESPEARE.read_text()))
@@ -251,8 +253,8 @@ def test_a_compiled_fp8_model_compiles_each_graph_once_across_evaluations() -> N
 def train_losses(recipe: str, steps: int, data: Path) -> list[float]:
     """A tiny model's loss over `steps` steps on real text, in-process, with FP8 or not
     (the same batches and initial weights either way)."""
-    from gpt.data import ShardLoader
-    from gpt.step import forward_backward, optimizer_step
+    from gpt.data.loader import ShardLoader
+    from gpt.engine.step import forward_backward, optimizer_step
 
     cfg = tiny(n_layer=2, n_embd=128, n_head=4, fp8=recipe, vocab_size=50304,
                batch_size=8)
@@ -317,9 +319,9 @@ def test_a_checkpoint_of_an_fp8_run_is_any_readers(text_data: Path, tmp_path: Pa
                                                    recipe: str) -> None:
     """Its keys are those of a run without FP8, a plain GPT loads it, and the validation
     the run reported (in high precision) is the loss a plain model of those weights has."""
-    from gpt.model_load import load_checkpoint_model
-    from gpt.validation import val_loss
-    from gpt.data import ShardLoader
+    from gpt.checkpoint.model_load import load_checkpoint_model
+    from gpt.eval.validation import val_loss
+    from gpt.data.loader import ShardLoader
 
     out, plain = tmp_path / "fp8", tmp_path / "plain"
     proc = run_cli(*run_args(text_data, recipe), "--max-steps", "2", "--out-dir", str(out))
@@ -335,7 +337,7 @@ def test_a_checkpoint_of_an_fp8_run_is_any_readers(text_data: Path, tmp_path: Pa
     assert type(model) is GPT and not fp8.converted(model)
     loader = ShardLoader(str(text_data), "val", batch_size=4, seq_len=32, rank=0, world_size=1,
                          seed=1337, device=torch.device("cpu"))
-    from gpt import bpb
+    from gpt.eval import bpb
     reported = [r["val_loss"] for r in read_metrics(out, "val") if r["step"] == 2]
     mean, _ = val_loss(model, loader, 2, "cpu", torch.float32,
                        bpb.token_bytes(model.config.vocab_size, torch.device("cpu"))).tolist()
@@ -378,7 +380,7 @@ def test_fp8_compiles(text_data: Path, tmp_path: Path, monkeypatch) -> None:
     """torchao's float8 is meant to be compiled: the compiled step (aot_eager: the same
     graphs, without inductor's code generation) gives the eager step's losses, and the
     evaluation in high precision between training steps runs its own graph."""
-    from gpt.train import main
+    from gpt.train.loop import main
 
     monkeypatch.setattr(parallel, "COMPILE_BACKEND", "aot_eager")
     for name, extra in (("eager", []), ("compiled", ["--compile"])):

@@ -1,4 +1,4 @@
-"""--loss-kernel fused: the whole logits' cross-entropy in Triton (gpt/fused_ce.py).
+"""--loss-kernel fused: the whole logits' cross-entropy in Triton (gpt/model/fused_ce.py).
 
 On CPU, where Triton is installed: the kernels under Triton's interpreter (fp32 only, in
 a worker process of its own: see the interpreted fixture) against F.cross_entropy of the
@@ -31,12 +31,12 @@ import torch
 import torch.nn.functional as F
 
 from helpers import QUIET, REPO, TINY, cuda_run_losses, run_cli, write_random_shards
-from gpt import loss_kernels
-from gpt.cli import parse_args
-from gpt.compat import version_tuple
-from gpt.config import ModelConfig, TrainConfig
-from gpt.errors import UserError
-from gpt.model import GPT
+from gpt.model import loss_kernels
+from gpt.core.cli import parse_args
+from gpt.core.compat import version_tuple
+from gpt.core.config import ModelConfig, TrainConfig
+from gpt.core.errors import UserError
+from gpt.model.transformer import GPT
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="Triton is not installed (pip install triton)")
@@ -78,8 +78,8 @@ def warm() -> None:
 
 
 def kernels() -> Any:
-    """gpt.fused_ce, in the interpreter's worker."""
-    from gpt import fused_ce
+    """gpt.model.fused_ce, in the interpreter's worker."""
+    from gpt.model import fused_ce
 
     assert fused_ce.interpreted(), "TRITON_INTERPRET=1 was not set before triton was imported"
     return fused_ce
@@ -314,7 +314,7 @@ def test_the_kernels_compile_for_an_h100(tmp_path: Path) -> None:
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from gpt import fused_ce
+from gpt.model import fused_ce
 assert not fused_ce.interpreted()
 common = {"V": "i32", "ignore_index": "i32", "softcap": "fp32", "SOFTCAP": "constexpr",
           "BLOCK": "constexpr"}
@@ -397,7 +397,7 @@ def test_on_cuda_in_bf16_it_equals_the_whole_logits(cap: float) -> None:
     """bf16 logits at GPT-2's vocabulary: the whole logits' path under autocast
     (F.cross_entropy in fp32, its gradient rounded to bf16) against the kernels (fp32
     inside, the gradient rounded to bf16): the same roundings, so within a few bf16 ulps."""
-    from gpt.fused_ce import cross_entropy
+    from gpt.model.fused_ce import cross_entropy
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(4096, 50304, device="cuda", generator=g) * 3).bfloat16()

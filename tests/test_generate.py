@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.config import model_preset
+from gpt.core.config import model_preset
 from gpt.generate import main
-from gpt.sampling import sample, until_eot
-from gpt.model import GPT
-from gpt.parallel import apply_activation_checkpointing
+from gpt.eval.sampling import sample, until_eot
+from gpt.model.transformer import GPT
+from gpt.engine.parallel import apply_activation_checkpointing
 
 from helpers import write_checkpoint
 

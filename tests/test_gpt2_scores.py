@@ -1,11 +1,11 @@
 """The lines printed beside a model's task scores: GPT-2's published figures and the summary
-number (gpt/gpt2_scores.py). Pure functions, no lm-eval needed."""
+number (gpt/eval/gpt2_scores.py). Pure functions, no lm-eval needed."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpt.gpt2_scores import centred_mean, comparison_lines
+from gpt.eval.gpt2_scores import centred_mean, comparison_lines
 
 
 def test_published_scores_stand_beside_ours():

@@ -147,7 +147,7 @@ def test_a_cell_loss_is_the_default_or_one_of_four() -> None:
     assert "--no-chunked-loss" in flags["unchunked"].cmd
     assert argv_of(flags["fused"]).endswith("--loss-kernel fused --warmup-steps 10")
     assert "--chunked-loss" not in flags["default"].cmd and "--loss-kernel" not in flags["default"].cmd
-    # ours is not offered on CUDA (gpt/loss_kernels.py): no cell asks for it
+    # ours is not offered on CUDA (gpt/model/loss_kernels.py): no cell asks for it
     assert not any("ours" in c.cmd for c in flags.values())
     with pytest.raises(ValueError, match="loss must be one of default, unchunked, liger, cce, fused"):
         gpu_plan.ours_cell(SMOKE, NOWHERE, 8, loss="chunked")

@@ -21,15 +21,15 @@ import pytest
 
 from gpt.bench import gpu, gpu_plan, gpu_results, nanogpt
 from gpt.bench.gpu_estimates import WARMUP
-from gpt.shards import write_shard
-from gpt.tokenizer import ASSETS
+from gpt.data.shards import write_shard
+from gpt.data.tokenizer import ASSETS
 
 SMOKE = gpu_plan.Sizes.make(smoke=True)
 ENV = {"device": "cpu", "torch": "t", "cuda": None, "commit": "x"}
 
 
 def fake_planner(calls: list) -> types.ModuleType:
-    module = types.ModuleType("gpt.memory")
+    module = types.ModuleType("gpt.plan.memory")
 
     def plan(cfg, world_size: int = 1, device_type: str = "cuda") -> types.SimpleNamespace:
         calls.append((cfg, world_size, device_type))
@@ -44,7 +44,7 @@ def fake_planner(calls: list) -> types.ModuleType:
 def test_a_trainer_cell_writes_no_checkpoint_and_records_predicted_memory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list = []
-    monkeypatch.setitem(sys.modules, "gpt.memory", fake_planner(calls))
+    monkeypatch.setitem(sys.modules, "gpt.plan.memory", fake_planner(calls))
     tokens = gpu.make_tokens(50_000, 5_000)
     data = tmp_path / "data"
     data.mkdir()
@@ -60,7 +60,7 @@ def test_a_trainer_cell_writes_no_checkpoint_and_records_predicted_memory(
     assert (cfg.model.n_layer, cfg.data.batch_size, world_size, device_type) == (2, 8, 1, "cpu")
     assert not cfg.checkpoint.save_checkpoints
     mem = record["memory"]
-    assert mem["planner"] == "gpt.memory.plan" and mem["predicted_peak_bytes"] == 2 * 2**30
+    assert mem["planner"] == "gpt.plan.memory.plan" and mem["predicted_peak_bytes"] == 2 * 2**30
     assert mem["components"] == {"params": 2**10, "activations": 2**19}
     assert mem["measured_peak_bytes"] == round(record["result"]["peak_mem_gb"] * 2**30)
     assert mem["measured_over_predicted"] == pytest.approx(mem["measured_peak_bytes"] / 2**31)
@@ -72,16 +72,16 @@ def test_a_trainer_cell_writes_no_checkpoint_and_records_predicted_memory(
 
 def test_without_the_planner_the_reason_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     cell = gpu_plan.ours_cell(SMOKE, gpu_plan.Where(Path("/d"), Path("/w"), Path("/t")), 8)
-    monkeypatch.setitem(sys.modules, "gpt.memory", None)  # import gpt.memory raises ImportError
+    monkeypatch.setitem(sys.modules, "gpt.plan.memory", None)  # import gpt.plan.memory raises ImportError
     mem = gpu_results.predicted_memory(cell)
     assert mem["predicted_peak_bytes"] is None and mem["planner"].startswith("planner unavailable: ")
     report = {"stage": "throughput", "smoke": True, "seconds": 1, "budget_s": 1, "command": "c",
               "cells": [{"name": "ours-b8-default", "kind": "trainer", "params": {}, "status": "failed",
                          "memory": mem, "reason": "exit 1"}], "env": ENV}
     assert f"No prediction: {mem['planner']}" in gpu_results.summary(report)
-    broken = types.ModuleType("gpt.memory")
+    broken = types.ModuleType("gpt.plan.memory")
     broken.plan = lambda cfg, world_size=1, device_type="cuda": 1 / 0
-    monkeypatch.setitem(sys.modules, "gpt.memory", broken)
+    monkeypatch.setitem(sys.modules, "gpt.plan.memory", broken)
     mem = gpu_results.predicted_memory(cell)
     assert mem["predicted_peak_bytes"] is None
     assert mem["planner"].startswith("planner failed: ZeroDivisionError")

@@ -1,4 +1,4 @@
-"""The lm-evaluation-harness model (gpt/harness.py) and task running (gpt/harness_tasks.py),
+"""The lm-evaluation-harness model (gpt/eval/harness.py) and task running (gpt/eval/harness_tasks.py),
 offline on tiny local tasks of each request type (tests/harness_fixtures.py)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.config import model_preset
-from gpt.model import GPT
-from gpt.weights import export_hf
+from gpt.core.config import model_preset
+from gpt.model.transformer import GPT
+from gpt.checkpoint.weights import export_hf
 
 from harness_fixtures import MC, write_tasks
 from helpers import QUIET, TINY, read_metrics, run_cli
@@ -40,7 +40,7 @@ def responses(lm, folder: Path) -> dict[str, list]:
     generated texts), in document order."""
     from lm_eval.evaluator import evaluate
 
-    from gpt import harness_tasks
+    from gpt.eval import harness_tasks
 
     tasks, failed = harness_tasks.load_tasks(TASKS, str(folder))
     assert not failed
@@ -68,7 +68,7 @@ def test_scores_equal_the_harness_hf_model_on_the_export(tmp_path: Path) -> None
     pytest.importorskip("accelerate", reason="the harness's hf model needs it (the hf extra)")
     from lm_eval.models.huggingface import HFLM
 
-    from gpt.harness import GPT2TrainerLM
+    from gpt.eval.harness import GPT2TrainerLM
 
     folder = write_tasks(tmp_path / "tasks")
     model = tiny_model()
@@ -164,7 +164,7 @@ def test_names_of_the_include_path_alone_index_that_folder_alone(tmp_path: Path)
     that folder alone (the harness's ~15,000 task files take seconds to index); a name of
     the harness's or a pattern indexes both. A task of the folder's named like one of the
     harness's is the folder's either way: the harness gives include_path precedence."""
-    from gpt import harness_tasks
+    from gpt.eval import harness_tasks
 
     folder = write_tasks(tmp_path / "tasks")
     mine = (folder / "tiny_mc.yaml").read_text().replace("task: tiny_mc", "task: arc_easy")
@@ -260,7 +260,7 @@ def test_trainer_without_lm_eval_stops_in_one_line(tmp_path: Path, random_data_d
                                                    capsys: pytest.CaptureFixture) -> None:
     """--eval-tasks without the eval extra stops before training, in one line that says
     how to install it."""
-    from gpt.train import main
+    from gpt.train.loop import main
 
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
     out = tmp_path / "run"
@@ -272,7 +272,7 @@ def test_trainer_without_lm_eval_stops_in_one_line(tmp_path: Path, random_data_d
 
 
 def test_eval_tasks_every_needs_tasks(capsys: pytest.CaptureFixture) -> None:
-    from gpt.cli import parse_args
+    from gpt.core.cli import parse_args
 
     with pytest.raises(SystemExit) as exc:
         parse_args(["--eval-tasks-every", "100"])
@@ -284,9 +284,9 @@ def test_our_hellaswag_and_the_harness_s_read_the_same_items_differently(tmp_pat
     """What the README says of the two HellaSwags, checked on the same items: the harness's
     own task prefixes the activity label, capitalises ctx_b and strips WikiHow's tags
     (ours scores ctx as given); both score every item."""
-    from gpt import harness_tasks, hellaswag
-    from gpt.harness import GPT2TrainerLM
-    from gpt.tokenizer import GPT2_VOCAB, gpt2_tokenizer
+    from gpt.eval import harness_tasks, hellaswag
+    from gpt.eval.harness import GPT2TrainerLM
+    from gpt.data.tokenizer import GPT2_VOCAB, gpt2_tokenizer
 
     from harness_fixtures import HELLASWAG, write_hellaswag_both_ways
 

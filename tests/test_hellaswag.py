@@ -12,10 +12,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt import hellaswag
-from gpt.config import model_preset
-from gpt.hellaswag import Example, HellaSwagError, build_batch, completion_losses, evaluate
-from gpt.model import GPT
+from gpt.eval import hellaswag
+from gpt.core.config import model_preset
+from gpt.eval.hellaswag import Example, HellaSwagError, build_batch, completion_losses, evaluate
+from gpt.model.transformer import GPT
 
 # ---------------------------------------------------------------------------- fixtures
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import QUIET, REPO, TINY, assert_trains_alike, run_cli, write_random_shards
-from gpt.checkpoint import load
+from gpt.checkpoint.files import load
 
 LAUNCH = REPO / "launch"
 # Global batch 512 tokens: one process accumulates 4 micro-batches of 4 x 32, two nodes 2 each.

@@ -1,4 +1,4 @@
-"""--loss-kernel: ours, or Liger Kernel's / Cut Cross-Entropy's on CUDA (gpt/loss_kernels.py).
+"""--loss-kernel: ours, or Liger Kernel's / Cut Cross-Entropy's on CUDA (gpt/model/loss_kernels.py).
 
 On CPU: the switch's rules (CUDA only, installed, only with the chunked loss), the planner,
 and what our wrappers hand a library (a stand-in module with the library's signature
@@ -22,10 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from helpers import QUIET, REPO, TINY, cuda_run_losses, run_cli, write_random_shards
-from gpt import loss_kernels, memory
-from gpt.cli import parse_args
-from gpt.config import TrainConfig, field_index
-from gpt.errors import UserError
+from gpt.model import loss_kernels
+from gpt.plan import memory
+from gpt.core.cli import parse_args
+from gpt.core.config import TrainConfig, field_index
+from gpt.core.errors import UserError
 
 
 def reference(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -156,10 +157,10 @@ def test_a_library_gets_what_autocast_linear_would(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.numerics
 def test_the_model_calls_the_kernel_the_trainer_chose(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpt import parallel
-    from gpt.config import model_preset
-    from gpt.dist import Runtime
-    from gpt.model import GPT
+    from gpt.engine import parallel
+    from gpt.core.config import model_preset
+    from gpt.runtime.dist import Runtime
+    from gpt.model.transformer import GPT
 
     calls = stand_in(monkeypatch, "cut_cross_entropy", "cut_cross_entropy", "linear_cross_entropy")
     torch.manual_seed(0)
@@ -178,8 +179,8 @@ def test_the_model_calls_the_kernel_the_trainer_chose(monkeypatch: pytest.Monkey
 def test_a_library_kernel_runs_eagerly_inside_a_compiled_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dynamo does not trace into the library (its Triton launches): the rest of the model
     compiles, the loss and gradients are the eager ones."""
-    from gpt.config import model_preset
-    from gpt.model import GPT
+    from gpt.core.config import model_preset
+    from gpt.model.transformer import GPT
 
     calls = stand_in(monkeypatch, "liger_kernel", "liger_kernel.transformers.functional",
                      "liger_fused_linear_cross_entropy")
@@ -207,8 +208,8 @@ def test_liger_under_tritons_interpreter_equals_ours() -> None:
     autocast (measured here: 1.4e-7 and 5.0e-3 relative on the head weight's gradient)."""
     code = """
 import torch
-from gpt import loss_kernels
-from gpt.chunked_ce import linear_cross_entropy
+from gpt.model import loss_kernels
+from gpt.model.chunked_ce import linear_cross_entropy
 g = torch.Generator().manual_seed(0)
 h = torch.randn(48, 32, generator=g); w = torch.randn(500, 32, generator=g) * 0.3
 t = torch.randint(0, 500, (48,), generator=g)

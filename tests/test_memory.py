@@ -1,4 +1,4 @@
-"""The memory planner (gpt.memory, python -m gpt.bench memory): its fake-tensor prediction
+"""The memory planner (gpt.plan.memory, python -m gpt.bench memory): its fake-tensor prediction
 against a real CPU step's peak, as the CPU allocator counts it, and its command line."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gpt import memory, parallel
+from gpt.engine import parallel
+from gpt.plan import memory
 from gpt.bench.cli import main as bench_main
-from gpt.cli import parse_args
-from gpt.dist import Runtime
-from gpt.model import GPT
-from gpt.step import forward_backward, optimizer_step
+from gpt.core.cli import parse_args
+from gpt.runtime.dist import Runtime
+from gpt.model.transformer import GPT
+from gpt.engine.step import forward_backward, optimizer_step
 
 SMALL = ["--model", "tiny", "--n-layer", "2", "--n-head", "2", "--n-embd", "64",
          "--vocab-size", "512", "--block-size", "64", "--batch-size", "4", "--seq-len", "64"]

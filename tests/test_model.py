@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt.config import PRESETS, model_preset
-from gpt.model import GPT
+from gpt.core.config import PRESETS, model_preset
+from gpt.model.transformer import GPT
 
 from helpers import meta_gpt
 

@@ -1,4 +1,4 @@
-"""--optimizer muon (gpt/muon.py): Muon for the blocks' matrices and AdamW for the rest,
+"""--optimizer muon (gpt/optim/muon.py): Muon for the blocks' matrices and AdamW for the rest,
 as one optimizer; its schedule options; and the trainer with it: resume, DDP and ZeRO-1
 against one process, FSDP refused."""
 
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.config import OptimConfig, model_preset
-from gpt.model import GPT
-from gpt.muon import MuonAdamW, hidden_matrices, momentum_at
-from gpt.optim import build_optimizer, lr_at, optimizer_groups
-from gpt.step import optimizer_step
+from gpt.core.config import OptimConfig, model_preset
+from gpt.model.transformer import GPT
+from gpt.optim.muon import MuonAdamW, hidden_matrices, momentum_at
+from gpt.optim.optimizer import build_optimizer, lr_at, optimizer_groups
+from gpt.engine.step import optimizer_step
 from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one, run_cli,
                      write_random_shards)
 
@@ -135,7 +135,7 @@ def test_fsdp_with_muon_is_refused_in_one_line(data_dir: Path, tmp_path: Path) -
 def test_two_ranks_match_one_process_under_muon(mode: str, data_dir: Path, tmp_path: Path) -> None:
     one, two = assert_two_ranks_match_one([*ARGS, "--max-steps", "3", "--data-dir",
                                            str(data_dir)], mode, tmp_path, weights=False)
-    from gpt.checkpoint import load
+    from gpt.checkpoint.files import load
 
     ref, got = load(one / "ckpt_000003.pt"), load(two / "ckpt_000003.pt")
     for name, value in ref["model"].items():

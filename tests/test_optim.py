@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from gpt.config import OptimConfig, model_preset
-from gpt.model import GPT
-from gpt.optim import build_optimizer, lr_at, param_groups
+from gpt.core.config import OptimConfig, model_preset
+from gpt.model.transformer import GPT
+from gpt.optim.optimizer import build_optimizer, lr_at, param_groups
 
 MAX_LR, RATIO, WARMUP, STEPS = 6e-4, 0.1, 715, 19073
 

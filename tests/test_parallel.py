@@ -1,4 +1,4 @@
-"""gpt/parallel.py and the step on CPU, for what a GPU run would otherwise find first:
+"""gpt/engine/parallel.py and the step on CPU, for what a GPU run would otherwise find first:
 FSDP2 at world size 8 on torch's fake process group (sharded meta-device init, a step,
 the checkpoint's full state dicts, bf16 gathering), the compiled graphs the trainer
 runs (graph breaks and recompiles, counted), and, on 2 real gloo ranks, DDP's gradient
@@ -16,12 +16,13 @@ import torch
 import torch.distributed as dist
 
 from helpers import QUIET, REPO, TINY, write_random_shards
-from gpt import hellaswag, parallel
-from gpt.cli import parse_args
-from gpt.config import ConfigError, OptimConfig, TrainConfig, model_preset
-from gpt.dist import Runtime
-from gpt.model import GPT
-from gpt.step import SkippedSteps, forward_backward, optimizer_step
+from gpt.engine import parallel
+from gpt.eval import hellaswag
+from gpt.core.cli import parse_args
+from gpt.core.config import ConfigError, OptimConfig, TrainConfig, model_preset
+from gpt.runtime.dist import Runtime
+from gpt.model.transformer import GPT
+from gpt.engine.step import SkippedSteps, forward_backward, optimizer_step
 
 TINY_MODEL = model_preset("tiny", block_size=32)
 
@@ -201,10 +202,10 @@ def test_trainer_graphs_training_never_breaks_and_eval_compiles_apart(
     """The trainer's own compiled step: one graph, no break. Validation and HellaSwag
     compile their own two graphs (no-grad at the validation shape; HellaSwag's padded
     shape) on evaluation's callable, and the training step after them compiles nothing."""
-    from gpt.dist import init_runtime
-    from gpt.validation import val_loss
-    from gpt.preflight import preflight
-    from gpt.train import build_run
+    from gpt.runtime.dist import init_runtime
+    from gpt.eval.validation import val_loss
+    from gpt.plan.preflight import preflight
+    from gpt.train.loop import build_run
 
     data = write_random_shards(tmp_path, seed=0, train=(20_000,), val=(5_000,))
     cfg = parse_args([*TINY, *QUIET, "--compile", "--val-every", "5", "--val-steps", "2",
@@ -287,7 +288,7 @@ def _gloo(rank: int, folder: str) -> Runtime:
 
 
 def _ddp_and_vote_worker(rank: int, folder: str) -> None:
-    from gpt.signals import StopSignal
+    from gpt.train.signals import StopSignal
 
     rt = _gloo(rank, folder)
     try:

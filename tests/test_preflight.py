@@ -1,4 +1,4 @@
-"""The one preflight (gpt/preflight.py): the trainer and the dry run ask it once and hold
+"""The one preflight (gpt/plan/preflight.py): the trainer and the dry run ask it once and hold
 no checks of their own; a saved config's size is judged by every checkpoint reader before
 it builds a model; an optional package is judged by importing it, as the run does."""
 
@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from helpers import QUIET, REPO, TINY, run_cli, write_random_shards
-from gpt import extras, sizing
-from gpt.checkpoint import save_atomic
-from gpt.cli import parse_args
-from gpt.config import model_preset
-from gpt.errors import UserError
-from gpt.preflight import preflight
-from gpt.train import main as train_main
+from gpt.core import extras
+from gpt.model import sizing
+from gpt.checkpoint.files import save_atomic
+from gpt.core.cli import parse_args
+from gpt.core.config import model_preset
+from gpt.core.errors import UserError
+from gpt.plan.preflight import preflight
+from gpt.train.loop import main as train_main
 
 
 
@@ -118,7 +119,8 @@ def test_the_trainer_and_the_dry_run_each_ask_the_preflight_once(data: Path, tmp
                                                                   no_launch_env, capsys) -> None:
     """Before the runtime starts, train() calls the preflight (and reads its verdict) and
     nothing else of the package: no check of its own. The dry run likewise."""
-    from gpt import dry_run, train
+    from gpt.plan import dry_run
+    from gpt.train import loop as train
 
     cfg = parse_args([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data),
                       "--out-dir", str(tmp_path / "run")])
@@ -200,7 +202,7 @@ def test_the_size_is_judged_before_the_names_and_shapes(trained: Path) -> None:
 
 
 def test_a_reader_refuses_a_model_larger_than_its_device(trained: Path, monkeypatch) -> None:
-    from gpt.model_load import PretrainedError, load_checkpoint_model
+    from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model
 
     monkeypatch.setattr(sizing, "device_memory", lambda device: 1 << 20)  # 1 MiB
     with pytest.raises(PretrainedError, match=r"needs 0\.0 GiB for its weights alone, and cpu "
@@ -261,6 +263,6 @@ def test_the_memory_planner_and_the_layout_do_not_call_back_into_the_preflight()
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
                      if isinstance(node, ast.ImportFrom) else [])
-            if any(n == "gpt.preflight" for n in names):
+            if any(n == "gpt.plan.preflight" for n in names):
                 importers.append(path.relative_to(REPO).as_posix())
-    assert sorted(set(importers)) == ["gpt/dry_run.py", "gpt/train.py"]
+    assert sorted(set(importers)) == ["gpt/plan/dry_run.py", "gpt/train/loop.py"]

@@ -1,4 +1,4 @@
-"""fineweb.py / gpt.prepare: exact round trips, determinism, shard sizes, resume, errors."""
+"""fineweb.py / gpt.data.prepare: exact round trips, determinism, shard sizes, resume, errors."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-import gpt.prepare as prep
-from gpt.prepare import cli as prep_cli
-from gpt.prepare import config as prep_config
-from gpt.prepare import encode as prep_encode
-from gpt.prepare import sources as prep_sources
-from gpt.fileio import LOCK_NAME
-from gpt.shards import DataError, find_shards, read_shard, write_shard
-from gpt.prepare import PrepareConfig, PrepareError, parse_count, prepare, split_paragraphs, split_pieces
+import gpt.data.prepare as prep
+from gpt.data.prepare import cli as prep_cli
+from gpt.data.prepare import config as prep_config
+from gpt.data.prepare import encode as prep_encode
+from gpt.data.prepare import sources as prep_sources
+from gpt.core.fileio import LOCK_NAME
+from gpt.data.shards import DataError, find_shards, read_shard, write_shard
+from gpt.data.prepare import PrepareConfig, PrepareError, parse_count, prepare, split_paragraphs, split_pieces
 
 from helpers import SHAKESPEARE
 
@@ -617,7 +617,7 @@ def test_hf_streaming_stops_at_max_tokens(tmp_path: Path, enc, monkeypatch: pyte
 
 @pytest.mark.slow
 def test_spawn_workers_give_the_same_shards(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, small_layout) -> None:
-    # macOS and Windows start workers with 'spawn': they import gpt.prepare afresh and get
+    # macOS and Windows start workers with 'spawn': they import gpt.data.prepare afresh and get
     # their tasks pickled, with nothing inherited from the parent.
     import multiprocessing
 
@@ -665,7 +665,7 @@ def test_memory_stays_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, e
 def test_progress_shows_rate_and_eta(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ETA times only what this run did: a resume that starts 20% in and reaches 60%
     in 20 s has 40% left, so 20 s more."""
-    from gpt.prepare import run as prep_run
+    from gpt.data.prepare import run as prep_run
 
     clock = iter([0.0, 0.0, 20.0, 25.0])
     monkeypatch.setattr(prep_run.time, "perf_counter", lambda: next(clock))

@@ -1,4 +1,4 @@
-"""Tests for gpt.profiling: no-ops without CUDA, the CUDA call sequences (with the CUDA
+"""Tests for gpt.report.profiling: no-ops without CUDA, the CUDA call sequences (with the CUDA
 functions stubbed), and torch.profiler Chrome traces on the CPU."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import gpt.profiling as prof
-from gpt.profiling import (
+import gpt.report.profiling as prof
+from gpt.report.profiling import (
     CudaProfilerWindow,
     MemorySnapshot,
     TorchProfile,

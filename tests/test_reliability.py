@@ -18,13 +18,13 @@ import torch
 
 from helpers import (QUIET, REPO, TINY, kill_tree, read_metrics, run_cli, wait_for,
                      write_random_shards)
-from gpt import checkpoint
-from gpt.checkpoint import CheckpointError, load
-from gpt.cli import parse_args
-from gpt.data import ShardLoader
-from gpt.fileio import LOCK_NAME, FolderLock, atomic_write, remove_dead_temp_files
-from gpt.shards import DataError, ShardError, find_shards
-from gpt.step import TrainingDiverged
+from gpt.checkpoint import files as checkpoint
+from gpt.checkpoint.files import CheckpointError, load
+from gpt.core.cli import parse_args
+from gpt.data.loader import ShardLoader
+from gpt.core.fileio import LOCK_NAME, FolderLock, atomic_write, remove_dead_temp_files
+from gpt.data.shards import DataError, ShardError, find_shards
+from gpt.engine.step import TrainingDiverged
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
@@ -87,7 +87,7 @@ def test_refusal_is_one_line_naming_the_flag() -> None:
 def poison_after(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     """From optimizer step `step` on, the update turns one weight into NaN, as an update
     from a finite gradient at an absurd learning rate would."""
-    import gpt.train as train_mod
+    import gpt.train.loop as train_mod
 
     real = train_mod.optimizer_step
     count = {"n": 0}
@@ -105,7 +105,7 @@ def poison_after(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
 
 def test_poisoned_weights_stop_the_run_at_the_next_check(monkeypatch, data_dir: Path,
                                                          tmp_path: Path) -> None:
-    import gpt.train as train_mod
+    import gpt.train.loop as train_mod
 
     out = tmp_path / "run"
     poison_after(monkeypatch, 3)
@@ -120,7 +120,7 @@ def test_poisoned_weights_stop_the_run_at_the_next_check(monkeypatch, data_dir: 
 
 def test_the_finiteness_check_runs_between_log_steps_too(monkeypatch, data_dir: Path,
                                                          tmp_path: Path) -> None:
-    import gpt.train as train_mod
+    import gpt.train.loop as train_mod
 
     out = tmp_path / "run"
     poison_after(monkeypatch, 3)
@@ -135,7 +135,7 @@ def test_a_checkpoint_is_never_written_from_poisoned_state(monkeypatch, data_dir
                                                             tmp_path: Path) -> None:
     """Log steps far apart: the save itself must refuse, and name a good checkpoint. The
     update just before the save is the poisoned one, so no loss has seen it yet."""
-    import gpt.train as train_mod
+    import gpt.train.loop as train_mod
 
     out = tmp_path / "run"
     poison_after(monkeypatch, 3)
@@ -295,8 +295,8 @@ def test_a_planted_symlink_at_the_temp_name_is_not_followed(tmp_path: Path) -> N
 
 
 def test_fineweb_killed_between_first_shard_and_metadata_resumes(tmp_path: Path, monkeypatch) -> None:
-    from gpt.prepare import PrepareConfig, prepare
-    from gpt.prepare import writer as prep_writer
+    from gpt.data.prepare import PrepareConfig, prepare
+    from gpt.data.prepare import writer as prep_writer
 
     src = tmp_path / "in.txt"
     src.write_text(" ".join(f"word{i}" for i in range(3000)))
@@ -395,8 +395,8 @@ def test_output_folder_that_cannot_be_created(tmp_path: Path, data_dir: Path) ->
 
 
 def test_metadata_write_failure(tmp_path: Path, monkeypatch) -> None:
-    from gpt.prepare import PrepareConfig, PrepareError, prepare
-    from gpt.prepare import writer as prep_writer
+    from gpt.data.prepare import PrepareConfig, PrepareError, prepare
+    from gpt.data.prepare import writer as prep_writer
 
     def full(path, obj):
         raise OSError(28, "No space left on device")
@@ -436,7 +436,7 @@ def test_metrics_log_that_cannot_be_opened(data_dir: Path, tmp_path: Path) -> No
 
 
 def test_out_of_memory_names_the_flag(monkeypatch, data_dir: Path, tmp_path: Path, capsys) -> None:
-    import gpt.train as train_mod
+    import gpt.train.loop as train_mod
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

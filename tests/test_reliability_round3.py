@@ -19,21 +19,21 @@ import pytest
 import torch
 
 from helpers import REPO, QUIET, TINY, run_cli, write_checkpoint, write_random_shards
-from gpt import checkpoint
-from gpt.checkpoint import CheckpointError
-from gpt.cli import parse_args
-from gpt.config import ConfigError, model_preset
-from gpt.data import ShardLoader
-from gpt.dist import (WORKER_VARS, RendezvousError, Runtime, init_runtime,
+from gpt.checkpoint import files as checkpoint
+from gpt.checkpoint.files import CheckpointError
+from gpt.core.cli import parse_args
+from gpt.core.config import ConfigError, model_preset
+from gpt.data.loader import ShardLoader
+from gpt.runtime.dist import (WORKER_VARS, RendezvousError, Runtime, init_runtime,
                       launch_environment)
-from gpt.fileio import FolderLock
-from gpt.metrics import MetricsLog
-from gpt.model import GPT
-from gpt.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
-from gpt.weights import export_hf, load_pretrained, read_safetensors, write_safetensors
-from gpt.shards import ShardError, check_not_being_written, read_shard, write_shard
-from gpt.preflight import preflight
-from gpt.train import build_loaders
+from gpt.core.fileio import FolderLock
+from gpt.report.metrics import MetricsLog
+from gpt.model.transformer import GPT
+from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
+from gpt.checkpoint.weights import export_hf, load_pretrained, read_safetensors, write_safetensors
+from gpt.data.shards import ShardError, check_not_being_written, read_shard, write_shard
+from gpt.plan.preflight import preflight
+from gpt.train.loop import build_loaders
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
@@ -300,7 +300,7 @@ def test_a_write_that_fails_part_way_leaves_no_torn_record(tmp_path: Path) -> No
     """A file-size limit, as a full disk: the record cut short is taken back at once."""
     path = tmp_path / "metrics.jsonl"
     script = (f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))\n"
-              f"from gpt.metrics import MetricsLog, MetricsError\n"
+              f"from gpt.report.metrics import MetricsLog, MetricsError\n"
               f"log = MetricsLog({str(path)!r})\n"
               f"try:\n"
               f"    for step in range(100):\n"

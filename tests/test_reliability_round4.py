@@ -12,18 +12,19 @@ import pytest
 import torch
 
 from helpers import QUIET, TINY, write_random_shards
-from gpt import checkpoint, sizing
+from gpt.checkpoint import files as checkpoint
+from gpt.model import sizing
 from gpt.bench import cli as bench_cli
 from gpt.bench import tokens_bench
-from gpt.checkpoint import CheckpointError
-from gpt.cli import parse_args
-from gpt.config import SCHEMA_VERSION, model_preset
-from gpt.errors import UserError
+from gpt.checkpoint.files import CheckpointError
+from gpt.core.cli import parse_args
+from gpt.core.config import SCHEMA_VERSION, model_preset
+from gpt.core.errors import UserError
 from gpt.generate import main as generate_main
-from gpt.model import GPT
-from gpt.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
-from gpt.train import main as train_main
-from gpt.weights import export_hf
+from gpt.model.transformer import GPT
+from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
+from gpt.train.loop import main as train_main
+from gpt.checkpoint.weights import export_hf
 
 WORKER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}  # what torchrun adds
 ABSURD = ["--n-layer", "100000", "--n-embd", "65536", "--n-head", "64"]
@@ -270,7 +271,7 @@ def test_a_checkpoint_from_before_the_schema_still_loads(beyond_gpt2_run: Path,
 
 
 def test_a_schema_1_config_reads_with_the_fields_added_since_at_their_defaults() -> None:
-    from gpt.config import Config, ConfigError, from_dict, to_dict
+    from gpt.core.config import Config, ConfigError, from_dict, to_dict
 
     saved = to_dict(Config())
     del saved["train"]["loss_kernel"]  # added in schema 2
@@ -294,14 +295,14 @@ FIELDS_OF_SCHEMA = {1: 85, 2: 86, 3: 88}
 
 
 def test_a_new_config_field_raises_the_schema_version() -> None:
-    from gpt.config import SCHEMA_VERSION, field_index
+    from gpt.core.config import SCHEMA_VERSION, field_index
 
     assert set(FIELDS_OF_SCHEMA) == set(range(1, SCHEMA_VERSION + 1))
     for version, count in FIELDS_OF_SCHEMA.items():
         names = [n for n, (_, f) in field_index().items() if f.metadata["since"] <= version]
         assert len(names) == count, (
             f"schema {version} holds {len(names)} fields, not {count}: a field added since "
-            f"needs since={SCHEMA_VERSION + 1} and SCHEMA_VERSION raised (gpt/config.py)")
+            f"needs since={SCHEMA_VERSION + 1} and SCHEMA_VERSION raised (gpt/core/config.py)")
 
 
 # ---- 6: every float a command takes is finite and in range where it is typed

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt import checkpoint
+from gpt.checkpoint import files as checkpoint
 from gpt.bench import cli as bench_cli
-from gpt.checkpoint import CheckpointError
-from gpt.config import SCHEMA_VERSION
+from gpt.checkpoint.files import CheckpointError
+from gpt.core.config import SCHEMA_VERSION
 from gpt.evaluate import main as evaluate_main
-from gpt.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
-from gpt.train import main as train_main
-from gpt.weights import export_hf
+from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
+from gpt.train.loop import main as train_main
+from gpt.checkpoint.weights import export_hf
 
 from harness_fixtures import write_tasks
 from helpers import QUIET, TINY, read_only_folder, write_random_shards
@@ -153,7 +153,7 @@ def readers(path: Path, tmp_path: Path) -> dict:
     """Every reader of a checkpoint: generate and evaluate, export, resume, the harness."""
     def harness() -> object:
         pytest.importorskip("lm_eval", reason="the eval extra")
-        from gpt.harness import GPT2TrainerLM
+        from gpt.eval.harness import GPT2TrainerLM
         return GPT2TrainerLM(checkpoint=str(path), device="cpu")
 
     return {"load": lambda: load_checkpoint_model(path), "read": lambda: read_checkpoint(path),

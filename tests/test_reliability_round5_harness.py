@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt import harness_cli, harness_tasks
-from gpt.config import model_preset
+from gpt import harness_cli
+from gpt.eval import harness_tasks
+from gpt.core.config import model_preset
 from gpt.evaluate import main as evaluate_main
-from gpt.model import GPT
-from gpt.train import main as train_main
+from gpt.model.transformer import GPT
+from gpt.train.loop import main as train_main
 
 from harness_fixtures import write_odd_tasks, write_tasks
 from helpers import QUIET, TINY, read_metrics, run_torchrun, write_checkpoint, write_random_shards
@@ -167,8 +168,8 @@ def test_a_continuation_as_long_as_the_block_scores_as_the_hf_model_scores_it(
     from lm_eval.evaluator import evaluate
     from lm_eval.models.huggingface import HFLM
 
-    from gpt.harness import GPT2TrainerLM
-    from gpt.weights import export_hf
+    from gpt.eval.harness import GPT2TrainerLM
+    from gpt.checkpoint.weights import export_hf
 
     torch.manual_seed(0)
     model = GPT(model_preset("tiny", block_size=64))
@@ -229,11 +230,11 @@ def _failing_rank_worker(rank: int, folder: str) -> None:
 
     import torch.distributed as dist
 
-    from gpt.config import model_preset
-    from gpt.harness import GPT2TrainerLM
-    from gpt.harness_tasks import HarnessError
-    from gpt.model import GPT
-    from gpt.train_tasks import agreed_failure
+    from gpt.core.config import model_preset
+    from gpt.eval.harness import GPT2TrainerLM
+    from gpt.eval.harness_tasks import HarnessError
+    from gpt.model.transformer import GPT
+    from gpt.train.train_tasks import agreed_failure
 
     dist.init_process_group("gloo", init_method=f"file://{folder}/pg", rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))

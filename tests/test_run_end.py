@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-import gpt.run_curves as run_curves
-from gpt import train as train_mod
-from gpt.checkpointer import LoopState
-from gpt.cli import parse_args
-from gpt.extras import have
-from gpt.run_summary import Ending, Tally, summarize
+import gpt.train.run_curves as run_curves
+from gpt.train import loop as train_mod
+from gpt.checkpoint.checkpointer import LoopState
+from gpt.core.cli import parse_args
+from gpt.core.extras import have
+from gpt.train.run_summary import Ending, Tally, summarize
 
 from helpers import TINY, read_metrics
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.checkpoint import save_atomic
-from gpt.fileio import LOCK_NAME, FolderInUse, FolderLock, atomic_files, atomic_write
-from gpt.shards import write_shard
-from gpt.weights import write_safetensors
+from gpt.checkpoint.files import save_atomic
+from gpt.core.fileio import LOCK_NAME, FolderInUse, FolderLock, atomic_files, atomic_write
+from gpt.data.shards import write_shard
+from gpt.checkpoint.weights import write_safetensors
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="file modes and flock are POSIX's")
 
@@ -98,7 +98,7 @@ def test_a_refused_process_leaves_the_holders_lock_file_as_it_was(tmp_path: Path
     lock = FolderLock(folder, "training run").acquire()
     try:
         before = (folder / LOCK_NAME).read_bytes(), (folder / LOCK_NAME).stat().st_ino
-        code = ("import sys; from pathlib import Path; from gpt.fileio import FolderLock\n"
+        code = ("import sys; from pathlib import Path; from gpt.core.fileio import FolderLock\n"
                 f"FolderLock(Path({str(folder)!r}), 'training run').acquire()")
         proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                               text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})

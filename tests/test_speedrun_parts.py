@@ -1,6 +1,6 @@
 """The speedrun's further model parts, each off by default: value embeddings, U-net skips,
-a growing sliding attention window and document masks (gpt/value_embeds.py, gpt/unet.py,
-gpt/attention_mask.py): what each does, KV-cache decoding, meta builds, compile, the
+a growing sliding attention window and document masks (gpt/model/value_embeds.py, gpt/model/unet.py,
+gpt/model/attention_mask.py): what each does, KV-cache decoding, meta builds, compile, the
 trainer's window and resume, export and --init-from refusals, Muon's groups."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.attention_mask import EOT, AttentionMask, window_at
-from gpt.config import ModelConfig, model_preset
-from gpt.model import GPT
-from gpt.weights import PretrainedError, export_hf
+from gpt.model.attention_mask import EOT, AttentionMask, window_at
+from gpt.core.config import ModelConfig, model_preset
+from gpt.model.transformer import GPT
+from gpt.checkpoint.weights import PretrainedError, export_hf
 from helpers import (QUIET, TINY, assert_resume_is_exact, meta_build_and_reference, run_cli,
                      write_random_shards)
 from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
@@ -124,7 +124,7 @@ def test_a_meta_build_initialises_like_a_cpu_build(name: str) -> None:
 
 
 def test_muon_leaves_the_value_tables_and_scalars_to_adamw() -> None:
-    from gpt.muon import hidden_matrices
+    from gpt.optim.muon import hidden_matrices
 
     model = GPT(cfg(value_embeds=True, unet_skips=True))
     hidden = {id(p) for p in hidden_matrices(model)}
@@ -186,8 +186,8 @@ def test_a_checkpoint_loads_with_the_window_it_was_last_trained_with(tmp_path: P
     the last step trained, not the first step's."""
     from dataclasses import replace
 
-    from gpt.config import Config, TrainConfig, to_dict
-    from gpt.model_load import load_checkpoint_model
+    from gpt.core.config import Config, TrainConfig, to_dict
+    from gpt.checkpoint.model_load import load_checkpoint_model
 
     model_cfg = cfg(attn_window=4, attn_window_final=20)
     config = replace(Config(), model=model_cfg, train=TrainConfig(max_steps=9))
@@ -198,8 +198,8 @@ def test_a_checkpoint_loads_with_the_window_it_was_last_trained_with(tmp_path: P
 
 
 def test_the_memory_planner_counts_the_value_tables() -> None:
-    from gpt import memory
-    from gpt.cli import parse_args
+    from gpt.plan import memory
+    from gpt.core.cli import parse_args
 
     gpt2 = memory.plan(parse_args(TINY), device_type="cpu")
     parts = memory.plan(parse_args([*TINY, *ALL_FLAGS]), device_type="cpu")
@@ -214,7 +214,7 @@ def test_the_memory_planner_counts_the_value_tables() -> None:
 def test_the_flex_attention_block_mask_is_the_sdpa_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     """The BlockMask used under torch.compile on CUDA allows exactly what the boolean mask
     does: forward only here (FlexAttention has no backward on CPU), eager."""
-    from gpt import attention_mask
+    from gpt.model import attention_mask
 
     torch.manual_seed(0)
     model = GPT(cfg(rotary=True, **ALL)).eval()
@@ -250,7 +250,7 @@ def test_flex_attention_trains_as_sdpa_on_cuda(graph_backend) -> None:
 def test_generation_with_the_cache_equals_generation_without() -> None:
     """All four parts, sampled past the block size (the context is cropped and the cache
     rebuilt), with end-of-text tokens in the prompt."""
-    from gpt.sampling import sample
+    from gpt.eval.sampling import sample
 
     torch.manual_seed(0)
     model = GPT(cfg(rotary=True, **ALL)).eval()

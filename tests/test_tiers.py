@@ -68,15 +68,15 @@ def test_the_rule_follows_helpers_fixtures_and_the_trainer_s_flags(tmp_path) -> 
 
 def test_a_module_only_an_absent_extra_stops_is_excused_from_the_import_check(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fast tier must import every module of gpt/, but gpt.harness imports lm-eval,
+    """The fast tier must import every module of gpt/, but gpt.eval.harness imports lm-eval,
     which `.[dev]` alone does not install (its tests skip): the check names the extra and
     passes; a module that imports here and was never reached still fails the run."""
     import sys
 
     from conftest import _extra_missing
 
-    monkeypatch.delitem(sys.modules, "gpt.harness", raising=False)
+    monkeypatch.delitem(sys.modules, "gpt.eval.harness", raising=False)
     for name in ["lm_eval", *(m for m in sys.modules if m.startswith("lm_eval."))]:
         monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
-    assert _extra_missing("gpt.harness") == "lm_eval"
-    assert _extra_missing("gpt.config") is None
+    assert _extra_missing("gpt.eval.harness") == "lm_eval"
+    assert _extra_missing("gpt.core.config") is None

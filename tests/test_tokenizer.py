@@ -14,10 +14,10 @@ import pytest
 import tiktoken
 
 from helpers import REPO, SHAKESPEARE
-from gpt import tokenizer
-from gpt.prepare import encode as prep_encode
-from gpt.prepare.cli import main as fineweb_main
-from gpt.shards import read_shard
+from gpt.data import tokenizer
+from gpt.data.prepare import encode as prep_encode
+from gpt.data.prepare.cli import main as fineweb_main
+from gpt.data.shards import read_shard
 
 
 @pytest.fixture()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpt.bench.tokens_cache import RunCache, data_fingerprint, origins, without_places
-from gpt.errors import UserError
+from gpt.core.errors import UserError
 from helpers import write_random_shards
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from gpt.bench import recipes, runs, tokens_runner, tokens_search, tokens_timing
 from gpt.bench.cli import main as bench_main
-from gpt.errors import UserError
+from gpt.core.errors import UserError
 from helpers import write_random_shards
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None  # the plot extra

@@ -52,7 +52,7 @@ def test_wandb_offline_writes_its_run_and_a_resume_continues_it(random_data_dir:
 def test_missing_package_is_one_line_naming_the_extra(flag: list[str], extra: str, monkeypatch,
                                                       random_data_dir: Path, tmp_path: Path,
                                                       capsys) -> None:
-    import gpt.train as train_mod
+    import gpt.train.loop as train_mod
 
     monkeypatch.setitem(sys.modules, extra, None)  # importing it now fails
     code = train_mod.main([*ARGS, *flag, "--data-dir", str(random_data_dir),

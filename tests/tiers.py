@@ -25,8 +25,8 @@ TESTS = Path(__file__).resolve().parent
 TORCH_API_MODULES = (
     "torch.distributed", "torch.multiprocessing", "torch._dynamo", "torch.testing._internal",
     "torch.optim._muon", "torchao", "torch.nn.attention.flex_attention", "torch.utils.checkpoint",
-    "gpt.parallel", "gpt.compat", "gpt.fp8", "gpt.muon", "gpt.recompute",
-    "gpt.attention_mask", "gpt.chunked_ce", "gpt.loss_kernels",
+    "gpt.engine.parallel", "gpt.core.compat", "gpt.model.fp8", "gpt.optim.muon", "gpt.engine.recompute",
+    "gpt.model.attention_mask", "gpt.model.chunked_ce", "gpt.model.loss_kernels",
 )
 # The tests' own helpers and shared fixtures that drive those parts.
 TORCH_API_NAMES = (

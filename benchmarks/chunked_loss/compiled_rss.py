@@ -10,7 +10,7 @@ N, C, V = 32768, 64, 50304
 
 def child(mode: str) -> None:
     import torch
-    from gpt.chunked_ce import linear_cross_entropy
+    from gpt.model.chunked_ce import linear_cross_entropy
     torch.manual_seed(0)
     h = torch.randn(N, C, requires_grad=True)
     w = (torch.randn(V, C) * 0.02).requires_grad_()

@@ -1,4 +1,4 @@
-"""The chunked loss's soft cap on CPU: one chunk's loss and gradient (gpt.chunked_ce._chunk_loss)
+"""The chunked loss's soft cap on CPU: one chunk's loss and gradient (gpt.model.chunked_ce._chunk_loss)
 with the cap written as tanh (its form before commit 'soft cap through sigmoid') and as
 sigmoid (today's), alternating in one process, glibc's reuse on as in the trainer.
 
@@ -9,8 +9,8 @@ import json, platform, statistics, subprocess, sys, time
 
 import torch
 
-from gpt import chunked_ce
-from gpt.dist import reuse_freed_memory
+from gpt.model import chunked_ce
+from gpt.runtime.dist import reuse_freed_memory
 
 
 def tanh_chunk_loss(z, targets, softcap, grads):

@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpt.cli import finite_float
+from gpt.core.cli import finite_float
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from gpt.bench.common import Context, compile_skip_reason
 from gpt.bench.naive import causal_mask, naive_attention
 from gpt.bench.tables import PEAK_MEM, STATUS, col, fmt_mem, fmt_ms, fmt_x
 from gpt.bench.timing import allocated_memory, compile_seconds, compiled_warmup, reset_dynamo
-from gpt.config import ConfigError
-from gpt.dist import DTYPES, synchronize
+from gpt.core.config import ConfigError
+from gpt.runtime.dist import DTYPES, synchronize
 
 SDPA_BACKENDS = {
     "sdpa-flash": "FLASH_ATTENTION",

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from gpt.bench.record import check_out
-from gpt.cli import OneLineParser
-from gpt.errors import UserError
+from gpt.core.cli import OneLineParser
+from gpt.core.errors import UserError
 
 # Each subcommand: the module that defines its flags and runs it (imported only once the
 # subcommand is named, so --help answers before torch loads), and its line in --help.

@@ -32,13 +32,13 @@ from gpt.bench.args import standalone_parser
 from gpt.bench.record import header, write_json
 from gpt.bench.report import machine
 from gpt.bench.tables import col, fmt, text_table
-from gpt.cli import finite_float
-from gpt.config import PRESETS, model_preset
-from gpt.dist import Runtime, autocast, init_runtime, shutdown, synchronize
-from gpt.errors import UserError
-from gpt.model import GPT, unwrap
-from gpt.parallel import set_grad_sync
-from gpt.tokenizer import GPT2_VOCAB
+from gpt.core.cli import finite_float
+from gpt.core.config import PRESETS, model_preset
+from gpt.runtime.dist import Runtime, autocast, init_runtime, shutdown, synchronize
+from gpt.core.errors import UserError
+from gpt.model.transformer import GPT, unwrap
+from gpt.engine.parallel import set_grad_sync
+from gpt.data.tokenizer import GPT2_VOCAB
 
 SIZES_MB = (1, 10, 100, 1000)
 

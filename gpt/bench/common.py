@@ -22,13 +22,13 @@ from gpt.bench.args import DeviceDefault, shown
 from gpt.bench.naive import use_naive_attention
 from gpt.bench.record import write_outputs
 from gpt.bench.timing import Timing, bind_setup, reset_dynamo, run_guarded, time_fn
-from gpt.config import PRESETS, ConfigError, ModelConfig, model_preset
-from gpt.dist import bf16_supported, pick_device
-from gpt.dist import autocast as _autocast
-from gpt.metrics import flops_per_token, mfu, peak_tflops
-from gpt.model import GPT
-from gpt.profiling import MemorySnapshot, TorchProfile, nvtx_range
-from gpt.tokenizer import GPT2_VOCAB
+from gpt.core.config import PRESETS, ConfigError, ModelConfig, model_preset
+from gpt.runtime.dist import bf16_supported, pick_device
+from gpt.runtime.dist import autocast as _autocast
+from gpt.report.metrics import flops_per_token, mfu, peak_tflops
+from gpt.model.transformer import GPT
+from gpt.report.profiling import MemorySnapshot, TorchProfile, nvtx_range
+from gpt.data.tokenizer import GPT2_VOCAB
 
 # --------------------------------------------------------------------------------------
 # Precision
@@ -78,7 +78,7 @@ def tf32_mode(enabled: bool, device: torch.device) -> Iterator[None]:
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[Any]:
-    """gpt.dist.autocast, with None meaning no autocast (as fp32 does)."""
+    """gpt.runtime.dist.autocast, with None meaning no autocast (as fp32 does)."""
     if dtype is None or dtype == torch.float32:
         return contextlib.nullcontext()
     return _autocast(device.type, dtype)
@@ -171,7 +171,7 @@ MODES = ("fwd", "fwdbwd", "step")
 
 
 def mode_flops_per_token(cfg: ModelConfig, seq_len: int, mode: str) -> float:
-    """Model FLOPs per token for a timed mode: the training count (gpt.metrics.
+    """Model FLOPs per token for a timed mode: the training count (gpt.report.metrics.
     flops_per_token: 6N + 12 L d T) for forward+backward and a full step, a third of it
     (2N + 4 L d T) for the forward alone."""
     full = flops_per_token(cfg, seq_len)
@@ -277,7 +277,7 @@ class Context:
             ctx.peak, ctx.peak_source = float(args.peak_tflops), "--peak-tflops"
         elif device.type == "cuda":
             ctx.peak = peak_tflops(torch.cuda.get_device_name(device))
-            ctx.peak_source = "gpt.metrics.PEAK_BF16_TFLOPS" if ctx.peak else None
+            ctx.peak_source = "gpt.report.metrics.PEAK_BF16_TFLOPS" if ctx.peak else None
         ctx.info = report.run_info(command, device, argv, ctx.peak, ctx.peak_source)
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         ctx.name = args.name or f"{command}_{device.type}_{stamp}"

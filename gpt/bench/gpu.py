@@ -57,11 +57,11 @@ from gpt.bench.gpu_results import RESULTS, comparisons_of, predicted_memory, sum
 from gpt.bench.record import command_line, git_commit, now, write_json, write_text
 from gpt.bench.report import machine
 from gpt.bench.runs import run_group
-from gpt.cli import finite_float
-from gpt.dist import device_name
-from gpt.errors import UserError
-from gpt.metrics import peak_tflops
-from gpt.shards import write_shard
+from gpt.core.cli import finite_float
+from gpt.runtime.dist import device_name
+from gpt.core.errors import UserError
+from gpt.report.metrics import peak_tflops
+from gpt.data.shards import write_shard
 
 # 4: stages by name ("stage" is a name), budget_s per invocation (null: none), params fp8
 # and recipe, fp8_comparison, recipe_comparison, packages, mean loss differences

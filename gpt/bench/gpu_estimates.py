@@ -9,15 +9,15 @@ Where a constant comes from a measurement, the comment names it: the H200 run of
 (most 40-47 s), XL 72 s and the CUDA tests 181-182 s. The stages none of those runs had
 (max-autotune, ladder, tokens, fp8, fp8-loss, speedrun) are rougher: `Stage.measured` says
 which, and --plan marks them. Within the measured loss-kernels stage, the cell of
---loss-kernel fused (gpt/fused_ce.py) has not run on a GPU yet: its estimate is a guess,
+--loss-kernel fused (gpt/model/fused_ce.py) has not run on a GPU yet: its estimate is a guess,
 the same 124M trainer cell's as its neighbours' (which took 40-47 s); and so are the two
 CUDA tests it adds (counted below).
 """
 
 from __future__ import annotations
 
-from gpt.config import model_preset
-from gpt.metrics import flops_per_token, peak_tflops
+from gpt.core.config import model_preset
+from gpt.report.metrics import flops_per_token, peak_tflops
 
 WARMUP = 3  # steps left out of every median (compilation, autotuning, allocator warm-up)
 MEASURED_STEPS = 10  # steps in every median: enough for a stable median at these step times
@@ -53,7 +53,7 @@ CUDA_TESTS_IN_PROCESS_S = 50
 # the ladder (gpt/bench/ladder.py): 5 of its 8 rungs compile GPT-2 124M in one process; the 3
 # eager ones run 3 + 10 steps at B=16, T=1024, up to ~1 s each in fp32 with naive attention
 LADDER_COMPILED_RUNGS, LADDER_EAGER_RUNGS, LADDER_EAGER_RUNG_S = 5, 3, 20.0
-# gpt.memory's plan of a trainer cell, made before the cell runs (gpu_results.predicted_memory):
+# gpt.plan.memory's plan of a trainer cell, made before the cell runs (gpu_results.predicted_memory):
 # measured on a 2-core CPU (torch 2.13), 124M at micro-batch 64 and XL (FSDP + checkpointing, B=8)
 PLANNER_S = {"gpt2": 3.0, "gpt2-xl": 13.0}
 PROFILE_S = 15.0  # writing and summarising a trace of two steps (the profiled 124M cell took 25 s in all)

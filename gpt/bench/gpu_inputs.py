@@ -18,8 +18,8 @@ from typing import Any
 
 from gpt.bench import nanogpt
 from gpt.bench.gpu_plan import STAGES, Cell
-from gpt.errors import UserError
-from gpt.shards import DataError, find_shards
+from gpt.core.errors import UserError
+from gpt.data.shards import DataError, find_shards
 
 # import name -> the name pip knows it by (a wheel's file name starts with the import name)
 PACKAGES = {"liger_kernel": "liger-kernel", "cut_cross_entropy": "cut-cross-entropy",

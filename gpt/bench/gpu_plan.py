@@ -140,8 +140,8 @@ STAGES: dict[str, Stage] = {
 # A 124M cell's head + loss: the trainer's default (on CUDA, the whole logits), or, side by
 # side in loss-kernels, the whole logits named (--no-chunked-loss), the chunked loss
 # through Liger Kernel's or Cut Cross-Entropy's kernel (--loss-kernel; ours is not offered
-# on CUDA, gpt/loss_kernels.py), and the whole logits' loss in our Triton kernels
-# (--loss-kernel fused, gpt/fused_ce.py): its name's suffix and its flags.
+# on CUDA, gpt/model/loss_kernels.py), and the whole logits' loss in our Triton kernels
+# (--loss-kernel fused, gpt/model/fused_ce.py): its name's suffix and its flags.
 LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "default": ("", ()), "unchunked": ("-unchunked", ("--no-chunked-loss",)),
     "liger": ("-liger", ("--loss-kernel", "liger")), "cce": ("-cce", ("--loss-kernel", "cce")),
@@ -155,7 +155,7 @@ LOSS_PACKAGES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
 FP8_RECIPES = ("tensorwise", "rowwise")  # --fp8: torchao's float8 scaling, per tensor or per row
 RECIPES = {"gpt2": "configs/gpt2-124m.toml", "speedrun": "configs/gpt2-124m-speedrun.toml"}
 # The xl stage's auto-layout cell: 2^16 tokens a step, so several micro-batches whatever
-# micro-batch the trainer picks; the trainer's planning before it starts (gpt/layout.py: a
+# micro-batch the trainer picks; the trainer's planning before it starts (gpt/plan/layout.py: a
 # plan for the layout, then a search over micro-batches) is part of the cell's time.
 XL_AUTO_SEQUENCES, AUTO_LAYOUT_PLANS = 64, 5
 PROFILED_STEPS = 2  # the profile stage traces each cell's last steps (after compiling and warming up)
@@ -253,7 +253,7 @@ def recipe_cell(s: Sizes, w: Where, recipe: str) -> Cell:
 
 def recipe_step_tokens(recipe: str) -> int:
     """The tokens a step of the recipe's TOML (its --total-batch-tokens)."""
-    from gpt.cli import parse_args  # the trainer's own reading of the file
+    from gpt.core.cli import parse_args  # the trainer's own reading of the file
 
     return parse_args(["--config", str(REPO / RECIPES[recipe])]).data.total_batch_tokens
 
@@ -290,7 +290,7 @@ def xl_cell(s: Sizes, w: Where) -> Cell:
 
 
 def xl_auto_cell(s: Sizes, w: Where) -> Cell:
-    """GPT-2 XL with the layout left to the trainer (gpt/layout.py: on one GPU no FSDP, the
+    """GPT-2 XL with the layout left to the trainer (gpt/plan/layout.py: on one GPU no FSDP, the
     least recomputation and the largest micro-batch that fit), XL_AUTO_SEQUENCES sequences a
     step: several micro-batches, so that AdamW's update is spread over them as in training
     (the FSDP cell updates after every micro-batch of 8)."""

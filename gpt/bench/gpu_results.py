@@ -21,10 +21,10 @@ from gpt.bench.gpu_plan import Cell, Sizes
 from gpt.bench.runs import read_metrics
 from gpt.bench.tables import Column, fmt_pct, md_table
 from gpt.bench.timing import summarize
-from gpt.cli import parse_args
-from gpt.config import model_preset
-from gpt.dist import device_name
-from gpt.metrics import flops_per_token, mfu, peak_tflops
+from gpt.core.cli import parse_args
+from gpt.core.config import model_preset
+from gpt.runtime.dist import device_name
+from gpt.report.metrics import flops_per_token, mfu, peak_tflops
 
 BASELINE_MODEL = "gpt2"  # build-nanogpt trains GPT-2 124M (vocab 50304, T=1024), as our gpt2 preset
 
@@ -106,21 +106,21 @@ RESULTS = {"trainer": trainer_result, "nanogpt": nanogpt_result, "pytest": pytes
 
 
 def predicted_memory(cell: Cell) -> dict[str, Any]:
-    """gpt.memory's prediction of a trainer cell's peak, made before the cell runs (so an
+    """gpt.plan.memory's prediction of a trainer cell's peak, made before the cell runs (so an
     out-of-memory cell still has it beside it). The planner is imported here, lazily: a
     checkout without it still runs every cell, and says why there is no prediction."""
     try:
-        memory = importlib.import_module("gpt.memory")
+        memory = importlib.import_module("gpt.plan.memory")
     except ImportError as e:
         return {"predicted_peak_bytes": None, "planner": f"planner unavailable: {e}"}
     if "auto" in cell.params["trainer_argv"]:  # the trainer plans its own choice; its header has it
         return {"predicted_peak_bytes": None,
-                "planner": "gpt.layout (the trainer's own plan of the layout it chose)"}
+                "planner": "gpt.plan.layout (the trainer's own plan of the layout it chose)"}
     try:
         cfg = parse_args(cell.params["trainer_argv"])
         plan = memory.plan(cfg, world_size=cell.params["world_size"],
                            device_type=cell.params["device_type"])
-        return {"predicted_peak_bytes": int(plan.peak_bytes), "planner": "gpt.memory.plan",
+        return {"predicted_peak_bytes": int(plan.peak_bytes), "planner": "gpt.plan.memory.plan",
                 "components": {k: int(v) for k, v in plan.components.items()}}
     except SystemExit as e:  # the trainer's parser refused the cell's flags (it printed why)
         return {"predicted_peak_bytes": None,
@@ -302,7 +302,7 @@ def summary(report: dict[str, Any]) -> str:
              f"{report['seconds']} s{budget}", "",
              f"`{report['command']}`", "", md_table(rows, SUMMARY_COLUMNS), "",
              "s (est.): seconds the cell took (the plan's estimate); peak GiB: measured "
-             "(gpt.memory.plan's prediction, measured / predicted)"]
+             "(gpt.plan.memory.plan's prediction, measured / predicted)"]
     lines += [f"No prediction: {note}" for note in notes]
     if report.get("packages"):
         lines += ["", "Packages: " + "; ".join(f"{m} {how}" for m, how in report["packages"].items())]

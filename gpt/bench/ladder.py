@@ -12,7 +12,7 @@ clip, AdamW) are timed for:
     6. + vocab 50304    GPT-2's 50257 padded to a multiple of 128
     7. + fused AdamW
     8. trainer default  what train_gpt2.py does with no flags on this device, through
-                        gpt.step's forward_backward and optimizer_step
+                        gpt.engine.step's forward_backward and optimizer_step
 
 A rung the device cannot do is shown as skipped with the reason, and the rungs after it
 build on the last rung that ran (e.g. on CPU: no tf32; bf16 autocast runs). Speed-ups are
@@ -42,11 +42,11 @@ from gpt.bench.common import (
 )
 from gpt.bench.tables import MFU, PEAK_MEM, Column, col, fmt_int, fmt_ms, fmt_x, status_text
 from gpt.bench.timing import compiled_warmup, run_guarded
-from gpt.config import ConfigError, ModelConfig, OptimConfig, TrainConfig
-from gpt.dist import DTYPE_NAMES, DTYPES, bf16_supported, resolve_dtype
-from gpt.optim import build_optimizer
-from gpt.tokenizer import GPT2_VOCAB
-from gpt.step import forward_backward, optimizer_step
+from gpt.core.config import ConfigError, ModelConfig, OptimConfig, TrainConfig
+from gpt.runtime.dist import DTYPE_NAMES, DTYPES, bf16_supported, resolve_dtype
+from gpt.optim.optimizer import build_optimizer
+from gpt.data.tokenizer import GPT2_VOCAB
+from gpt.engine.step import forward_backward, optimizer_step
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from gpt.bench.args import standalone_parser
 from gpt.bench.record import REPO, header, write_json, write_text
 from gpt.bench.runs import read_metrics, rotated, run_fineweb, run_trainer
 from gpt.bench.tables import col, fmt, fmt_x, md_table
-from gpt.config import ConfigError
-from gpt.dist import cpu_name
+from gpt.core.config import ConfigError
+from gpt.runtime.dist import cpu_name
 
 WARMUP = 5
 VARIANTS = {

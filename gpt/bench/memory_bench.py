@@ -1,4 +1,4 @@
-"""`memory`: the memory planner (gpt.memory) from the command line. It takes the
+"""`memory`: the memory planner (gpt.plan.memory) from the command line. It takes the
 trainer's own flags, or a recipe, and predicts the peak device memory of a training step
 per component, without allocating anything:
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt.bench.record import header, write_json
-from gpt.cli import finite_float
+from gpt.core.cli import finite_float
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -47,8 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from gpt import layout, memory
-    from gpt.cli import parse_args
+    from gpt.plan import layout, memory
+    from gpt.core.cli import parse_args
 
     # The trainer's own parser: the same flags and the same errors, under this command's name
     cfg = parse_args(args.trainer_argv, prog="python -m gpt.bench memory")

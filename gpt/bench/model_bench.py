@@ -33,8 +33,8 @@ from gpt.bench.common import (
 from gpt.bench.args import DeviceDefault, add_common_args
 from gpt.bench.tables import MFU, PEAK_MEM, STATUS, Column, col, fmt, fmt_int, fmt_ms, fmt_pct
 from gpt.bench.timing import compiled_warmup, run_guarded
-from gpt.config import ConfigError, OptimConfig
-from gpt.optim import build_optimizer
+from gpt.core.config import ConfigError, OptimConfig
+from gpt.optim.optimizer import build_optimizer
 
 # --------------------------------------------------------------------------------------
 # CLI
@@ -42,7 +42,7 @@ from gpt.optim import build_optimizer
 
 def add_model_args(p: argparse.ArgumentParser, with_modes: bool = True) -> None:
     p.add_argument("--sizes", nargs="+", default=DeviceDefault(["gpt2"], ["tiny"]), metavar="SIZE",
-                   help="presets from gpt.config.PRESETS, or 'all' (gpt2, gpt2-medium, "
+                   help="presets from gpt.core.config.PRESETS, or 'all' (gpt2, gpt2-medium, "
                         "gpt2-large, gpt2-xl, 2.7B); default %(default)s")
     p.add_argument("--seq-len", nargs="+", type=int, default=DeviceDefault([1024], [128]),
                    metavar="T", help="context lengths (default %(default)s)")
@@ -163,9 +163,9 @@ MODEL_NOTES = [
     "warm-up; tokens/s uses the median. fwd is the training forward (autograd on, loss "
     "included); step adds backward, clipping and the optimizer. MFU = tokens/s x FLOPs per token / bf16 dense "
     "peak, with FLOPs per token = 6N + 12 L d T for fwdbwd and step and a third of it for "
-    "fwd (gpt.metrics.flops_per_token). fp32/tf32 rows are measured against the bf16 peak "
+    "fwd (gpt.report.metrics.flops_per_token). fp32/tf32 rows are measured against the bf16 peak "
     "too. Peak memory over the measured steps: torch.cuda.max_memory_allocated on CUDA, the "
-    "process's peak resident memory on CPU and MPS (gpt.metrics.peak_memory).",
+    "process's peak resident memory on CPU and MPS (gpt.report.metrics.peak_memory).",
 ]
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.profiling import nvtx_range
+from gpt.report.profiling import nvtx_range
 
 
 def causal_mask(T: int, device: torch.device | str | None = None) -> torch.Tensor:
@@ -39,7 +39,7 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
 
 
 class NaiveCausalSelfAttention(nn.Module):
-    """Drop-in for gpt.model.CausalSelfAttention that shares its weights.
+    """Drop-in for gpt.model.transformer.CausalSelfAttention that shares its weights.
 
     The projections are the original module's own submodules under the same names, so
     the parameters (and state_dict keys) do not change; the causal mask is a
@@ -74,7 +74,7 @@ class NaiveCausalSelfAttention(nn.Module):
 
 
 def use_naive_attention(model: nn.Module, nvtx: bool = False) -> nn.Module:
-    """Replace every block's ``attn`` of a gpt.model.GPT with the naive version, in place.
+    """Replace every block's ``attn`` of a gpt.model.transformer.GPT with the naive version, in place.
 
     Call it before torch.compile. Returns the model.
     """

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 # tiktoken's cache rules and file names, as the trainer's tokenizer reads them
-from gpt.tokenizer import _BPE_FILES, _URL, ASSETS, _in_tiktoken_cache
+from gpt.data.tokenizer import _BPE_FILES, _URL, ASSETS, _in_tiktoken_cache
 
 # (what to find, what to put instead, why). Each must occur exactly once in the script.
 SUBSTITUTIONS: list[tuple[str, str, str]] = [

@@ -8,7 +8,7 @@ a CPU without bf16 matmul units may do them faster in fp32. This times the itera
 blocks' matrices, d = --n-embd), each --repeats times after a warm-up, and reports the
 median per shape and the sum over one optimizer step's matrices: whether a CPU should
 leave torch's bf16 iterations rests on a measurement (benchmarks/tokens/
-newton_schulz_1threads.json found bf16 faster on this CI's CPU, so gpt/muon.py keeps torch's).
+newton_schulz_1threads.json found bf16 faster on this CI's CPU, so gpt/optim/muon.py keeps torch's).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpt.bench.record import write_outputs
     from gpt.bench.report import run_info
-    from gpt.dist import pick_device
+    from gpt.runtime.dist import pick_device
 
     device = pick_device(args.device)
     if args.threads:

@@ -1,4 +1,4 @@
-"""`prepare`: shard-preparation throughput, gpt.prepare against the obvious
+"""`prepare`: shard-preparation throughput, gpt.data.prepare against the obvious
 multiprocessing baseline.
 
     python -m gpt.bench prepare                       # writes runs/bench/prepare_cpu<N>.json
@@ -10,7 +10,7 @@ processes, and must produce the same token stream (checked by hash):
 
 * baseline: ``multiprocessing.Pool.imap(encode_ordinary, documents, chunksize=16)``, one
   document per item, each result appended (with its EOT) to one growing numpy buffer.
-* ours: ``gpt.prepare.prepare`` end to end, shard files written and fsynced included, with
+* ours: ``gpt.data.prepare.prepare`` end to end, shard files written and fsynced included, with
   ``--shard-tokens`` 1M so its bounded memory shows (100M shards hold 200 MB each).
 
 The inputs are tiny shakespeare cut into documents and repeated to ``--mb`` megabytes:
@@ -26,7 +26,7 @@ method could reach on these cores at that time.
 
 Memory is the peak over repeats of the process tree's summed RSS and PSS (PSS sampled 1
 time in 5), every 20 ms. Every child runs this module (``python -m
-gpt.bench.prepare_bench --child ...``), which imports gpt.prepare and no torch, so all
+gpt.bench.prepare_bench --child ...``), which imports gpt.data.prepare and no torch, so all
 start from the same floor; PSS counts the pages forked
 workers share only once. ``--scale`` reruns each method on a 3x larger input: a flat
 line there is what bounded memory means.
@@ -57,11 +57,11 @@ from gpt.bench.args import standalone_parser
 from gpt.bench.record import REPO, header, write_json
 from gpt.bench.runs import rotated
 from gpt.bench.tables import Column, col, fmt, fmt_x, md_table
-from gpt.cli import finite_float
-from gpt.errors import UserError
-from gpt.prepare import PrepareConfig, available_cpus, prepare
-from gpt.shards import read_shard
-from gpt.tokenizer import SHAKESPEARE, gpt2_tokenizer
+from gpt.core.cli import finite_float
+from gpt.core.errors import UserError
+from gpt.data.prepare import PrepareConfig, available_cpus, prepare
+from gpt.data.shards import read_shard
+from gpt.data.tokenizer import SHAKESPEARE, gpt2_tokenizer
 INPUTS = ("paragraphs", "4k-docs")
 
 
@@ -234,9 +234,9 @@ def measure(method: str, path: Path, workers: int, work: Path) -> dict:
 
 
 def environment() -> dict:
-    """The machine and versions. gpt.dist's cpu_name imports torch, so only the parent calls
+    """The machine and versions. gpt.runtime.dist's cpu_name imports torch, so only the parent calls
     this: the measured children stay torch-free."""
-    from gpt.dist import cpu_name
+    from gpt.runtime.dist import cpu_name
 
     return {
         "machine": {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "usable_cpus": available_cpus(),

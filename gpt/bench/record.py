@@ -1,8 +1,8 @@
 """A result file of any subcommand: what it records about the run that made it (the
 command typed, the checkout's commit, the time) and how it is written (atomically, through
-gpt.fileio, so a run killed while writing leaves the earlier file and never a truncated one).
+gpt.core.fileio, so a run killed while writing leaves the earlier file and never a truncated one).
 
-Torch-free, like gpt.fileio: the standalone subcommands (tokens, memory, prepare's measured
+Torch-free, like gpt.core.fileio: the standalone subcommands (tokens, memory, prepare's measured
 children) import it before torch, or without it.
 """
 
@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-from gpt.errors import UserError
-from gpt.fileio import atomic_path
+from gpt.core.errors import UserError
+from gpt.core.fileio import atomic_path
 
 REPO = Path(__file__).resolve().parents[2]
 PROG = "python -m gpt.bench"

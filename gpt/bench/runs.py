@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gpt.bench.record import REPO
-from gpt.errors import UserError
+from gpt.core.errors import UserError
 
 TRAINER = REPO / "train_gpt2.py"
 FINEWEB = REPO / "fineweb.py"

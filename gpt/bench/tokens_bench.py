@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt.bench.runs import run_fineweb
-from gpt.cli import finite_float, takes_flags
-from gpt.errors import UserError
+from gpt.core.cli import finite_float, takes_flags
+from gpt.core.errors import UserError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -116,10 +116,10 @@ def spread(values: list[float | None]) -> dict[str, Any]:
 
 def parameters(args: argparse.Namespace, parts: tuple[str, ...] | list[str]) -> int:
     """The parameter count of the bench's model with `parts` (tied weights once), by the
-    gpt/sizing.py's formula: no model is built."""
+    gpt/model/sizing.py's formula: no model is built."""
     from gpt.bench import recipes
-    from gpt.config import model_preset, section_names
-    from gpt.sizing import param_count
+    from gpt.core.config import model_preset, section_names
+    from gpt.model.sizing import param_count
 
     model = section_names("model")
     fields = {k: v for k, v in recipes.fields(parts, args.steps).items() if k in model}

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpt.bench.record import git_commit, now
-from gpt.errors import UserError
-from gpt.fileio import fsync_dir
-from gpt.shards import is_shard_name
+from gpt.core.errors import UserError
+from gpt.core.fileio import fsync_dir
+from gpt.data.shards import is_shard_name
 
 CACHE_NAME = "tokens-runs.jsonl"
 FORMAT = 1

@@ -22,7 +22,7 @@ from gpt.bench import recipes
 from gpt.bench.runs import read_metrics, run_trainer, signal_group
 from gpt.bench.tokens_bench import trainer_flags
 from gpt.bench.tokens_cache import ORIGIN, RunCache
-from gpt.errors import UserError
+from gpt.core.errors import UserError
 
 T = TypeVar("T")
 

@@ -70,7 +70,7 @@ from gpt.bench.tokens_bench import (either_side, parameters, part_effect, spread
 from gpt.bench.tokens_cache import CACHE_NAME, RunCache, data_fingerprint, origins
 from gpt.bench.tokens_report import summary
 from gpt.bench.tokens_runner import Bench, NotCached
-from gpt.errors import UserError
+from gpt.core.errors import UserError
 from gpt.plot import MATPLOTLIB_HINT
 
 TIED = tuple(p for p in recipes.NEW_PARTS if p != "untied_head")
@@ -236,8 +236,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     from gpt.bench.report import run_info
-    from gpt.dist import pick_device
-    from gpt.shards import find_shards, shard_num_tokens
+    from gpt.runtime.dist import pick_device
+    from gpt.data.shards import find_shards, shard_num_tokens
 
     if args.seeds < 1:
         raise UserError(f"--seeds {args.seeds}: must be >= 1")

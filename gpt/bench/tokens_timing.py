@@ -28,7 +28,7 @@ from typing import Any
 from gpt.bench import recipes
 from gpt.bench.runs import read_metrics, rotated, run_trainer
 from gpt.bench.tokens_bench import spread, trainer_flags
-from gpt.errors import UserError
+from gpt.core.errors import UserError
 
 WARMUP_STEPS = 5  # steps 0-4 (allocation, first-call costs) are not timed
 Recipe = tuple[tuple[str, ...], float]  # parts, learning rate

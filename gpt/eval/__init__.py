@@ -1,0 +1,1 @@
+"""Evaluation: validation loss, bits per byte, sampling, HellaSwag, the lm-evaluation-harness model and its tasks."""

@@ -1,0 +1,309 @@
+"""HellaSwag, completion style: which of 4 endings does the model find likeliest?
+
+Data: the official jsonl (one example a line with "ctx", "endings" (4 strings) and
+"label" (0-3); other fields are ignored), from a local path or downloaded once from its
+public URL into a cache folder.
+
+Scoring: each candidate is the context tokens followed by the ending's tokens (the ending
+tokenized with a leading space, as it follows the context). The model's cross-entropy is
+taken over the ending tokens only. `acc` picks the ending with the lowest summed loss;
+`acc_norm` the lowest mean loss over the completion tokens (which removes the bias to
+short endings). Ties go to the lower index. Reference: OpenAI's GPT-2 124M scores
+acc_norm 0.2955 on the 10,042 validation examples this way.
+
+Batching: the 4 candidates of `batch_examples` examples go through one forward, padded to
+a fixed shape (batch_examples * 4 rows, seq_len tokens). seq_len is computed once from
+the whole set (its longest candidate, rounded up to a multiple of 64, at most the block
+size) and the last batch is filled with masked dummy rows, so a torch.compile'd model
+sees one input shape for the whole run and never recompiles per example. A candidate
+longer than the block size loses context tokens from the left.
+
+Distributed: example i is scored by rank i % world_size; the correct/total counts are
+summed over ranks with an all-reduce, so every rank returns the same result. Every rank
+runs the same number of forwards (the ranks with fewer examples add dummy batches), so
+the model may be the one the trainer calls: plain, compiled, DDP- or FSDP-wrapped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gpt.runtime.dist import autocast
+from gpt.core.errors import UserError
+from gpt.core.fileio import atomic_write
+from gpt.model.transformer import unwrap
+from gpt.data.tokenizer import GPT2_EOT, gpt2_tokenizer
+
+VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+VAL_EXAMPLES = 10042
+REFERENCE_ACC_NORM = {"gpt2": 0.2955}  # OpenAI GPT-2 124M, completion style, validation set
+NUM_ENDINGS = 4
+PAD_MULTIPLE = 64
+
+
+class HellaSwagError(UserError, ValueError):
+    """An unusable HellaSwag file or source; the message names it (and the line)."""
+
+
+class Tokenizer(Protocol):
+    def encode_ordinary(self, text: str) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class Example:
+    context: tuple[int, ...]
+    endings: tuple[tuple[int, ...], ...]  # NUM_ENDINGS token sequences
+    label: int
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def default_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/gpt2-trainer/hellaswag (~/.cache/... when unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "gpt2-trainer" / "hellaswag"
+
+
+def _download(url: str, dest: Path, timeout_s: float = 60.0) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            atomic_write(dest, lambda fh: shutil.copyfileobj(response, fh))
+    except (urllib.error.URLError, OSError, TimeoutError) as e:
+        reason = getattr(e, "reason", None) or e
+        raise HellaSwagError(f"could not download {url} ({reason}); offline, copy the file "
+                             f"to {dest} (where it is kept once downloaded), or pass a local "
+                             f"copy: --hellaswag FILE to python -m gpt.evaluate, "
+                             f"--hellaswag-file FILE to the trainer") from None
+
+
+def fetch(url: str, cache_dir: str | os.PathLike | None = None, rank: int = 0) -> Path:
+    """The cached copy of `url`, downloaded once: by rank 0 while the other ranks wait.
+
+    Under torch.distributed, rank 0's outcome is broadcast so all ranks fail together.
+    A rank that still lacks the file afterwards (another node, no shared disk) fetches
+    its own copy; writes are atomic, so racing copies are harmless.
+    """
+    name = Path(urllib.parse.urlparse(url).path).name or "hellaswag.jsonl"
+    dest = Path(cache_dir or default_cache_dir()) / name
+    error: str | None = None
+    if rank == 0 and not dest.is_file():
+        try:
+            _download(url, dest)
+        except HellaSwagError as e:
+            error = str(e)
+    if dist.is_available() and dist.is_initialized():
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error:
+        raise HellaSwagError(error)
+    if not dest.is_file():
+        _download(url, dest)
+    return dest
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The validated records of a HellaSwag jsonl file (ctx, endings, label)."""
+    path = Path(path)
+    if not path.is_file():
+        raise HellaSwagError(f"{path}: no such HellaSwag file (the validation set is at {VAL_URL})")
+    records = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise HellaSwagError(f"{where}: not valid JSON ({e.msg})") from None
+            records.append(_check_record(rec, where))
+    if not records:
+        raise HellaSwagError(f"{path}: no examples in the file")
+    return records
+
+
+def _check_record(rec: Any, where: str) -> dict[str, Any]:
+    if not isinstance(rec, dict):
+        raise HellaSwagError(f"{where}: expected a JSON object with ctx, endings and label")
+    if not isinstance(rec.get("ctx"), str):
+        raise HellaSwagError(f"{where}: missing or non-string 'ctx'")
+    endings = rec.get("endings")
+    if not (isinstance(endings, list) and len(endings) == NUM_ENDINGS
+            and all(isinstance(e, str) for e in endings)):
+        raise HellaSwagError(f"{where}: 'endings' must be a list of {NUM_ENDINGS} strings")
+    label = rec.get("label")
+    if isinstance(label, str) and label.isdigit():
+        label = int(label)
+    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < NUM_ENDINGS:
+        raise HellaSwagError(f"{where}: 'label' must be an integer 0-{NUM_ENDINGS - 1}, got "
+                             f"{rec.get('label')!r} (the test split has no labels)")
+    return {"ctx": rec["ctx"], "endings": endings, "label": label}
+
+
+def tokenize(record: dict[str, Any], tokenizer: Tokenizer) -> Example:
+    """Context tokens, and each ending tokenized with the leading space it follows on."""
+    context = list(tokenizer.encode_ordinary(record["ctx"]))
+    if not context:  # the first ending token needs a position to be predicted from
+        context = [getattr(tokenizer, "eot_token", GPT2_EOT)]
+    endings = tuple(tuple(tokenizer.encode_ordinary(" " + e)) for e in record["endings"])
+    return Example(tuple(context), endings, int(record["label"]))
+
+
+def load_examples(
+    source: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    rank: int = 0,
+    tokenizer: Tokenizer | None = None,
+    max_examples: int | None = None,
+) -> list[Example]:
+    """Read and tokenize HellaSwag: a local jsonl path, an http(s) URL, or None (or "val")
+    for the official validation set, downloaded once into cache_dir (see `fetch`).
+    Every rank gets every example (evaluate() picks its share)."""
+    if source is None or (str(source) == "val" and not Path("val").exists()):
+        source = VAL_URL
+    text = str(source)
+    path = fetch(text, cache_dir, rank) if text.startswith(("http://", "https://")) else Path(source)
+    records = read_jsonl(path)
+    if max_examples is not None:
+        records = records[:max_examples]
+    if tokenizer is None:
+        tokenizer = gpt2_tokenizer()
+    return [tokenize(r, tokenizer) for r in records]
+
+
+# ---------------------------------------------------------------------------- scoring
+
+
+def pad_length(examples: Sequence[Example], block_size: int, multiple: int = PAD_MULTIPLE) -> int:
+    """One padded input length for the whole set: the longest candidate's inputs (context +
+    ending - 1 tokens), rounded up to `multiple`, at most block_size."""
+    longest = max(len(ex.context) + max(len(e) for e in ex.endings) - 1 for ex in examples)
+    return min(block_size, -(-longest // multiple) * multiple)
+
+
+def build_batch(examples: Sequence[Example | None], seq_len: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(inputs, targets, mask) of shape (len(examples) * 4, seq_len), and labels.
+
+    Row 4 * i + j is ending j of example i: inputs are the candidate's tokens but the last,
+    targets the tokens but the first, and mask is 1 where the target is an ending token.
+    None stands for a dummy example: all-zero rows, mask 0, label -1.
+    """
+    rows = len(examples) * NUM_ENDINGS
+    inputs = torch.zeros(rows, seq_len, dtype=torch.long)
+    targets = torch.zeros(rows, seq_len, dtype=torch.long)
+    mask = torch.zeros(rows, seq_len)
+    labels = torch.full((len(examples),), -1, dtype=torch.long)
+    for i, ex in enumerate(examples):
+        if ex is None:
+            continue
+        labels[i] = ex.label
+        for j, ending in enumerate(ex.endings):
+            tokens = (list(ex.context) + list(ending))[-(seq_len + 1):]  # crop the context's left
+            first = max(1, len(tokens) - len(ending))  # index of the first scored token
+            n = len(tokens) - 1
+            row = i * NUM_ENDINGS + j
+            inputs[row, :n] = torch.tensor(tokens[:-1])
+            targets[row, :n] = torch.tensor(tokens[1:])
+            mask[row, first - 1 : n] = 1.0
+    return inputs, targets, mask, labels
+
+
+@torch.no_grad()
+def completion_losses(
+    model: nn.Module,
+    examples: Sequence[Example | None],
+    seq_len: int,
+    device: str | torch.device,
+    autocast_dtype: torch.dtype = torch.float32,
+    valid_vocab: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One forward over the candidates of `examples`: (summed loss, mean loss) over each
+    ending's tokens, both (len(examples), 4) fp32, and the labels, on `device`."""
+    device = torch.device(device)
+    inputs, targets, mask, labels = (t.to(device, non_blocking=True)
+                                     for t in build_batch(examples, seq_len))
+    with autocast(device.type, autocast_dtype):
+        logits, _ = model(inputs)
+    logits = logits.float()
+    if valid_vocab is not None and valid_vocab < logits.size(-1):
+        logits[..., valid_vocab:] = float("-inf")  # a padded vocabulary's never-used ids
+    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    loss = loss.view_as(mask) * mask
+    sums = loss.sum(dim=1).view(-1, NUM_ENDINGS)
+    counts = mask.sum(dim=1).view(-1, NUM_ENDINGS).clamp_min(1.0)
+    return sums, sums / counts, labels
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    examples: Sequence[Example],
+    device: str | torch.device,
+    autocast_dtype: torch.dtype = torch.float32,
+    rank: int = 0,
+    world_size: int = 1,
+    batch_examples: int = 8,
+    seq_len: int | None = None,
+    valid_vocab: int | None = None,
+) -> dict[str, float | int]:
+    """HellaSwag accuracy over `examples`, this rank scoring examples[rank::world_size].
+
+    Returns, identical on every rank: acc (lowest summed loss), acc_norm (lowest mean loss
+    over the completion tokens), correct, correct_norm and total (all ranks summed).
+    Every forward has the shape (batch_examples * 4, seq_len); seq_len defaults to
+    pad_length(examples, the model's block size). All ranks run the same number of
+    forwards, so a DDP- or FSDP-wrapped model works.
+    """
+    if not examples:
+        raise ValueError("no HellaSwag examples to evaluate")
+    if batch_examples < 1:
+        raise ValueError(f"batch_examples must be >= 1, got {batch_examples}")
+    device = torch.device(device)
+    seq_len = seq_len or pad_length(examples, int(unwrap(model).config.block_size))
+    mine: list[Example] = list(examples[rank::world_size])
+    # Every rank runs the same number of forwards (rank 0's share is the largest), padding
+    # with dummy batches, so a model whose forward is a collective (FSDP) cannot hang.
+    num_batches = -(-len(examples[0::world_size]) // batch_examples)
+    was_training = model.training
+    model.eval()
+    counts = torch.zeros(3, dtype=torch.long, device=device)  # correct, correct_norm, total
+    try:
+        for b in range(num_batches):
+            batch: list[Example | None] = list(mine[b * batch_examples : (b + 1) * batch_examples])
+            batch += [None] * (batch_examples - len(batch))  # same shape for the last batch
+            sums, means, labels = completion_losses(model, batch, seq_len, device,
+                                                    autocast_dtype, valid_vocab)
+            real = labels >= 0
+            counts[0] += ((sums.argmin(dim=1) == labels) & real).sum()
+            counts[1] += ((means.argmin(dim=1) == labels) & real).sum()
+            counts[2] += real.sum()
+    finally:
+        model.train(was_training)
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM)
+    correct, correct_norm, total = (int(c) for c in counts.tolist())
+    return {
+        "acc": correct / max(total, 1),
+        "acc_norm": correct_norm / max(total, 1),
+        "correct": correct,
+        "correct_norm": correct_norm,
+        "total": total,
+    }

@@ -1,0 +1,124 @@
+"""A model's size by arithmetic on its config, and the judgement of it that comes before
+any model is built: the parameter count, the least memory a training run needs per
+device, a device's memory, and the checks that refuse a size that cannot be.
+
+Building even a meta-device GPT costs time and host memory in proportion to its layers,
+so a config from any source (flags, a TOML file, a checkpoint's saved config) is judged
+here first: the trainer's preflight (gpt/plan/preflight.py), the layout and the memory planner
+compare least_bytes with a device's memory, and every reader of a checkpoint compares
+the weights the file holds with the parameters its config describes (check_weights_size)
+before it builds the model those weights are checked against, and the model with the
+device's memory before it allocates it (check_weights_fit_memory). An absurd size is
+refused in milliseconds, whichever way it arrives.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import torch
+
+from gpt.model import value_embeds
+from gpt.core.config import Config, ConfigError, ModelConfig
+
+GiB = 2**30
+HEAD = "lm_head.weight"  # a tied head shares the embedding's storage and counts once
+
+
+def param_count(m: ModelConfig) -> int:
+    """GPT(m).num_params(), by formula: no module is built (a test holds the two equal)."""
+    C, V = m.n_embd, m.vocab_size
+    norm = C if m.rmsnorm else 2 * C  # RMSNorm: a gain; LayerNorm: a gain and a bias
+    # attention: qkv (C x 3C + 3C) and its projection (C x C + C); MLP: C x 4C + 4C and
+    # 4C x C + C; two norms. Q/K-norm and rotary hold no parameters.
+    block = 12 * C * C + 9 * C + 2 * norm
+    # value embeddings: k tables shared by the first and the last k blocks, each of those
+    # blocks with two mixing scalars; U-net skips: a weight for each mirrored pair
+    k = value_embeds.tables(m)
+    return (V * C + (0 if m.rotary else m.block_size * C) + m.n_layer * block + norm
+            + (V * C if m.untied_head else 0) + k * (V * C + 2 * 2)
+            + (m.n_layer // 2 if m.unet_skips else 0))
+
+
+def least_bytes(cfg: Config, world_size: int) -> int:
+    """Bytes one device holds during training at the very least: the fp32 weights and
+    gradients and the optimizer's state (AdamW: two fp32 moments a weight; Muon keeps
+    one for its matrices, counted as one throughout), each divided over the world where
+    --parallel shards it, plus the micro-batch's int64 token ids. Activations, logits
+    and workspaces come on top: the real peak is larger (gpt.plan.memory plans it)."""
+    n = param_count(cfg.model)
+    mode = cfg.train.parallel
+    shard = world_size if mode == "fsdp" else 1
+    state_shard = world_size if mode in ("fsdp", "zero1") else 1
+    state = 4 if cfg.optim.optimizer == "muon" else 8
+    tokens = cfg.data.batch_size * cfg.data.seq_len + 1
+    return 8 * n // shard + state * n // state_shard + 8 * tokens
+
+
+def device_memory(device: torch.device) -> int | None:
+    """The device's memory: the GPU's, or (CPU, and MPS's unified memory) the host's;
+    None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().total)
+
+
+def most_memory(device_type: str, gpus: Iterable[int]) -> tuple[int | None, str]:
+    """The most memory one device of this type can have, as far as a plan for it knows,
+    and what that is: the largest of `gpus` (and of this machine's GPUs) for CUDA, else
+    this host's memory."""
+    if device_type != "cuda":
+        return device_memory(torch.device("cpu")), "this host"
+    visible = [torch.cuda.get_device_properties(i).total_memory
+               for i in range(torch.cuda.device_count())]
+    return max([*gpus, *visible]), "the largest GPU planned for"
+
+
+def _model_words(m: ModelConfig) -> str:
+    return (f"--n-layer {m.n_layer} --n-embd {m.n_embd} --vocab-size {m.vocab_size}: "
+            f"{param_count(m):,} parameters")
+
+
+def check_fits(cfg: Config, world_size: int, capacity: int | None, where: str) -> None:
+    """A ConfigError if what training's parameters alone need (least_bytes) exceeds
+    capacity: the judgement of a config to train."""
+    need = least_bytes(cfg, world_size)
+    if capacity is None or need <= capacity:
+        return
+    raise ConfigError(
+        f"the model ({_model_words(cfg.model)}) needs at least {need / GiB:,.1f} GiB per "
+        f"device for its weights, gradients and optimizer state before any activation, and "
+        f"{where} has {capacity / GiB:,.1f} GiB: choose a smaller model, or --parallel fsdp "
+        f"over more devices")
+
+
+def check_weights_fit_memory(m: ModelConfig, capacity: int | None, where: str,
+                             source: str) -> None:
+    """A ConfigError naming `source` if the model's fp32 weights alone exceed capacity:
+    the judgement of a config to read (generate, evaluate, export), before the model is
+    allocated on the device."""
+    need = 4 * param_count(m)
+    if capacity is None or need <= capacity:
+        return
+    raise ConfigError(f"{source}: the model ({_model_words(m)}) needs {need / GiB:,.1f} GiB "
+                      f"for its weights alone, and {where} has {capacity / GiB:,.1f} GiB: "
+                      f"read it on a device with more memory")
+
+
+def check_weights_size(m: ModelConfig, weights: Mapping[str, torch.Tensor]) -> None:
+    """A ValueError if the config describes a model of more than twice the parameters the
+    weights hold (a tied head, listed or not, counts once): an edited config, refused by
+    arithmetic. Within that bound a reader may build the config's model (on the meta
+    device) to compare names and shapes, which then says exactly what differs: building
+    it costs at most twice what building the weights' own model does."""
+    held = sum(v.numel() for k, v in weights.items() if m.untied_head or k != HEAD)
+    expected = param_count(m)
+    if expected > 2 * held:
+        raise ValueError(f"its weights hold {held:,} values, but its config describes a "
+                         f"model of {expected:,} (--n-layer {m.n_layer} --n-embd {m.n_embd} "
+                         f"--vocab-size {m.vocab_size}): the config or the weights were "
+                         f"changed")

@@ -1,0 +1,1 @@
+"""The optimizers: AdamW's decay groups, Muon, the learning-rate schedule."""

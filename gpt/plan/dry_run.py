@@ -1,0 +1,103 @@
+"""`train_gpt2.py --dry-run`: what a command would do, checked without doing it.
+
+The answer is the preflight's (gpt/plan/preflight.py), the very checks the run makes before
+it builds anything, asked for a little more: the checkpoint to resume from read whole, as
+the resume reads it, and the memory planner's peak per device (gpt.plan.memory) against the
+device's memory. This module only prints that plan: the resolved config, the parameter
+count, the device and precision, tokens per step and the accumulation, the data (shards,
+tokens, how many steps one pass covers), fresh start or resume (and from which
+checkpoint), the memory plan, then every problem, one line each. So "the run would
+start" is a promise the run keeps; a planned peak beyond the device's memory is a
+problem too (the run would stop in its first step).
+
+It builds no model on the device, starts no process group and writes nothing (the run
+folder's lock is not taken). Under torchrun, rank 0 answers for the world (WORLD_SIZE
+processes); the others exit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from gpt.model import fp8, loss_kernels, sizing
+from gpt.plan import expected, memory
+from gpt.core.config import Config, describe
+from gpt.runtime.dist import DTYPE_NAMES, device_name, launch_environment
+from gpt.core.errors import UserError
+from gpt.plan.preflight import Plan, WillNotFit, preflight
+from gpt.core.units import human_count
+
+GiB = 2**30
+
+
+def main(cfg: Config) -> int:
+    """Print the dry run's report; exit status 0 if the command would start, else the
+    first problem's (every problem is printed, one line each)."""
+    try:
+        launch = launch_environment(os.environ)
+    except UserError:
+        launch = None  # the preflight names it, as the run would
+    if launch is not None and launch.rank != 0:
+        return 0  # under torchrun rank 0 answers for everyone
+    print("dry run: nothing is built on the device, started or written", flush=True)
+    plan = preflight(cfg, verify_resume=True, plan_memory=True)
+    report(plan)
+    sys.stdout.flush()  # in order with what follows on stderr, when both go to one file
+    for warning in plan.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for problem in plan.problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if plan.problems:
+        print(f"dry run: {len(plan.problems)} problem(s) above; the run would not start"
+              + (" (or would run out of memory in its first step)"
+                 if any(isinstance(p, WillNotFit) for p in plan.problems) else ""),
+              file=sys.stderr)
+        return plan.problems[0].exit_code
+    print("dry run: the run would start")
+    return 0
+
+
+def report(plan: Plan) -> None:
+    """The plan, as far as the preflight got, one section a line."""
+    cfg, rt = plan.cfg, plan.runtime
+    if plan.layout is not None:
+        print(plan.layout.line())
+    print(describe(cfg))
+    print(f"params:     {sizing.param_count(cfg.model):,} ({memory.model_name(cfg)} model)")
+    if rt is not None:
+        device = rt.device
+        loss = loss_kernels.describe(cfg.train.chunked_loss_on(device.type),
+                                     loss_kernels.resolve(cfg.train.loss_kernel, device.type))
+        print(f"device:     {device} ({device_name(device)}) x {rt.world_size} process(es) | "
+              f"parallel {cfg.train.parallel} | precision {DTYPE_NAMES.get(plan.dtype, '?')} | "
+              f"compile {cfg.train.compile_on(device.type)} | loss {loss}"
+              + (f" | fp8 {cfg.train.fp8}{' (emulated)' if fp8.emulated(device.type) else ''}"
+                 if cfg.train.fp8 != "none" else ""))
+    d = cfg.data
+    if plan.accum is not None:
+        print(f"batch:      {d.batch_size} x {d.seq_len} tokens per micro-batch x "
+              f"{rt.world_size} process(es) x {plan.accum} accumulation step(s) = "
+              f"{d.total_batch_tokens:,} tokens per step; {cfg.train.max_steps:,} steps = "
+              f"{human_count(cfg.train.max_steps * d.total_batch_tokens)} tokens")
+    if plan.accum is not None:  # tokens, time where measured, disk (gpt/plan/expected.py)
+        print("\n".join(expected.lines(cfg, rt.device, device_name(rt.device), rt.world_size)))
+    if plan.data is not None:
+        facts = plan.data
+        passes = cfg.train.max_steps * d.total_batch_tokens / max(facts.train_tokens, 1)
+        print(f"data:       {d.data_dir}: {facts.train_shards} train shard(s), "
+              f"{facts.train_tokens:,} tokens; one pass is "
+              f"{facts.train_tokens // d.total_batch_tokens:,} steps, the run {passes:.2f} "
+              f"pass(es)")
+        if facts.val_tokens is not None:
+            print(f"            {facts.val_shards} val shard(s), {facts.val_tokens:,} tokens")
+        elif cfg.eval.val_every:
+            print(f"note:       {d.data_dir} has no val_* shards; validation would be off")
+    if plan.start is not None:
+        start = plan.start
+        print(f"start:      fresh, in {cfg.train.out_dir}" if start.path is None else
+              f"start:      would resume from {start.path} at step {start.step:,}")
+    if plan.memory is not None:
+        print("\n".join("            " + line for line in plan.memory.table().splitlines()))
+        if plan.capacity is not None and plan.memory.fits(plan.capacity):
+            print(f"memory:     fits {rt.device} ({plan.capacity / GiB:.1f} GiB)")

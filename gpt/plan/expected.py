@@ -1,0 +1,152 @@
+"""What a run should take, said before it starts (the dry run's "expect:" lines): the
+tokens it trains on, its time where the GPU bench measured this recipe on a GPU like the
+one it would run on, and its disk (the data folder, the checkpoints it keeps at once).
+
+A time is only given from a measurement: MEASURED holds the throughput of the GPT-2 124M
+recipe as `python -m gpt.bench gpu` measured it (the file of each figure named), matched
+by GPU name, micro-batch and one process. Anything else (another GPU, several GPUs,
+another model or a recipe that changes the step's cost) is said to be unmeasured rather
+than guessed. Evaluation (validation, HellaSwag, samples) and checkpoints come on top.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpt.core.config import Config, model_preset
+from gpt.core.units import format_duration, human_bytes, human_count
+
+WEIGHT_BYTES = 4  # fp32 master weights, whatever the autocast precision
+ADAMW_STATE_BYTES = 8  # exp_avg and exp_avg_sq in fp32
+MUON_STATE_BYTES = 4  # one fp32 momentum buffer for each hidden matrix
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measured throughput of the GPT-2 124M recipe (bf16 autocast, TF32, compiled,
+    the whole logits, fused AdamW, T=1024) on one GPU."""
+
+    gpu: str  # as torch.cuda.get_device_name() names it
+    batch_size: int
+    tokens_per_s: float
+    source: str  # the result file, under benchmarks/gpu/
+    conditions: str
+
+
+# Medians over 10 steps after 3 of warm-up, at 2^17 tokens a step (the recipe's 2^19 runs
+# its optimizer a quarter as often per token, so a time from these is, if anything, long).
+MEASURED = (
+    Measured("NVIDIA H100 80GB HBM3", 64, 493_276,
+             "benchmarks/gpu/2026-11-27-h100/call1-gpu_stage1.json", "torch 2.11, commit dcbf0fc"),
+    Measured("NVIDIA H100 80GB HBM3", 32, 488_566,
+             "benchmarks/gpu/2026-11-27-h100/call3-gpu_stage3.json", "torch 2.11, commit dcbf0fc"),
+    Measured("NVIDIA H100 80GB HBM3", 16, 462_802,
+             "benchmarks/gpu/2026-11-27-h100/call3-gpu_stage3.json", "torch 2.11, commit dcbf0fc"),
+    Measured("NVIDIA H200", 64, 526_471,  # its --no-chunked-loss cell: today's CUDA default
+             "benchmarks/gpu/2026-11-26-h200/stage7/gpu_stage7.json", "torch 2.11, commit f77e599"),
+)
+
+
+def as_measured(cfg: Config, device_type: str) -> bool:
+    """Whether the run's step costs what the measured cells' did: GPT-2 124M as the preset
+    has it, T=1024, bf16 autocast with TF32, compiled in the default mode, the whole
+    logits, AdamW, no FP8, no activation checkpointing."""
+    t, o = cfg.train, cfg.optim
+    return (device_type == "cuda" and cfg.model == model_preset("gpt2")
+            and cfg.data.seq_len == 1024 and t.dtype in ("auto", "bf16") and t.tf32
+            and t.compile_on(device_type) and t.compile_mode == "default"
+            and not t.chunked_loss_on(device_type) and t.fp8 == "none"
+            and t.activation_checkpointing == "none" and o.optimizer == "adamw")
+
+
+def measured_for(cfg: Config, gpu: str, device_type: str, world: int) -> Measured | None:
+    if world != 1 or not as_measured(cfg, device_type):
+        return None
+    return next((m for m in MEASURED if m.gpu == gpu and m.batch_size == cfg.data.batch_size),
+                None)
+
+
+def checkpoint_bytes(cfg: Config) -> int:
+    """A checkpoint's size, about: the fp32 weights and the optimizer's state (AdamW's two
+    moments; Muon's one momentum for the hidden matrices), counted on a model built on
+    the meta device (no memory); the rest (loader positions, RNG states, config) is
+    kilobytes."""
+    from gpt.model.transformer import GPT
+    from gpt.optim.muon import hidden_matrices
+
+    with torch.device("meta"):
+        model = GPT(dataclasses.replace(cfg.model, dropout=0.0))
+    params = list(model.parameters())  # each tied tensor once, as a checkpoint holds it
+    total = sum(p.numel() for p in params) * (WEIGHT_BYTES + ADAMW_STATE_BYTES)
+    if cfg.optim.optimizer == "muon":
+        total -= sum(p.numel() for p in hidden_matrices(model)) * (ADAMW_STATE_BYTES - MUON_STATE_BYTES)
+    return total
+
+
+def checkpoints_at_once(cfg: Config) -> int:
+    """The most checkpoint files the run folder holds at one time: the newest
+    --keep-checkpoints, the best by validation loss, and the one being written."""
+    c, steps = cfg.checkpoint, cfg.train.max_steps
+    if not c.save_checkpoints:
+        return 0
+    saves = (steps // c.checkpoint_every + (steps % c.checkpoint_every != 0)
+             if c.checkpoint_every else 1)
+    return min(saves, c.keep_checkpoints + 2)
+
+
+def folder_bytes(folder: Path) -> int | None:
+    """The bytes of the regular files in `folder` (the data's shards), or None without one."""
+    if not folder.is_dir():
+        return None
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def free_bytes(folder: Path) -> int | None:
+    """Free space where `folder` is or would be made (its nearest existing parent)."""
+    for p in (folder, *folder.parents):
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free
+            except OSError:
+                return None
+    return None
+
+
+def lines(cfg: Config, device: torch.device, gpu: str, world: int) -> list[str]:
+    """The dry run's lines: tokens, time, disk."""
+    steps, per_step = cfg.train.max_steps, cfg.data.total_batch_tokens
+    tokens = steps * per_step
+    out = [f"expect:     {human_count(tokens)} tokens ({steps:,} steps x {per_step:,})"]
+    m = measured_for(cfg, gpu, device.type, world)
+    if m is not None:
+        out.append(f"            time: about {format_duration(tokens / m.tokens_per_s)} of "
+                   f"training at the {m.tokens_per_s:,.0f} tokens/s the GPU bench measured on "
+                   f"one {m.gpu} at micro-batch {m.batch_size} ({m.source}; {m.conditions}); "
+                   f"evaluation and checkpoints come on top")
+    else:
+        where = f"{gpu} x {world}" if device.type == "cuda" else f"{device.type} ({gpu})"
+        out.append(f"            time: not measured for this recipe on {where}; the GPU bench "
+                   f"measured GPT-2 124M's recipe on one "
+                   f"{' and one '.join(dict.fromkeys(x.gpu for x in MEASURED))} (README "
+                   f"section 5); the log's ETA says once the run is going")
+    data = folder_bytes(Path(cfg.data.data_dir))
+    out_dir = Path(cfg.train.out_dir)
+    n = checkpoints_at_once(cfg)
+    disk = [f"{cfg.data.data_dir} holds {human_bytes(data)}" if data is not None else
+            f"{cfg.data.data_dir} does not exist yet"]
+    if n:
+        each = checkpoint_bytes(cfg)
+        disk.append(f"{out_dir} needs about {human_bytes(n * each)} for up to {n} checkpoint(s) "
+                    f"of {human_bytes(each)} at once (--keep-checkpoints "
+                    f"{cfg.checkpoint.keep_checkpoints}, the best, the one being written)")
+    else:
+        disk.append(f"{out_dir}: no checkpoints (--no-save-checkpoints)")
+    free = free_bytes(out_dir)
+    out.append("            disk: " + "; ".join(disk)
+               + (f"; {human_bytes(free)} free there" if free is not None else ""))
+    return out

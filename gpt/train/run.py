@@ -1,0 +1,65 @@
+"""One training run's parts, built once by gpt/train/loop.py's build_run() and passed to every
+piece of periodic work (gpt/train/run_record.py, the loop's helpers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt.engine import parallel
+from gpt.checkpoint.checkpointer import Checkpointer, LoopState, Parts
+from gpt.core.config import Config
+from gpt.data.loader import ShardLoader
+from gpt.runtime.dist import Runtime
+from gpt.report.metrics import MetricsLog, Progress
+from gpt.model.transformer import GPT
+from gpt.train.run_curves import RunCurves
+from gpt.train.run_summary import Tally
+from gpt.engine.step import SkippedSteps
+from gpt.train.train_tasks import TrainingTasks
+
+
+@dataclass
+class Run:
+    """Everything one training run is made of, built once by build_run()."""
+
+    cfg: Config
+    runtime: Runtime
+    out_dir: Path
+    model: GPT  # the bare model (sharded in place under FSDP)
+    par: parallel.Parallelized  # the module the loop calls, and its optimizer
+    autocast_dtype: torch.dtype
+    accum: int
+    train_loader: ShardLoader
+    val_loader: ShardLoader | None
+    checkpointer: Checkpointer
+    tokenizer: Any
+    hellaswag_examples: list[Any] = field(default_factory=list)
+    tasks: TrainingTasks | None = None  # --eval-tasks
+    layout_choice: dict[str, Any] | None = None  # what the auto layout chose (gpt/plan/layout.py)
+    trackers: list[Any] = field(default_factory=list)  # TensorBoard / W&B, rank 0 only
+    state: LoopState = field(default_factory=LoopState)
+    skips: SkippedSteps = field(default_factory=SkippedSteps)  # counted on the device
+    log: MetricsLog | None = None  # opened by the loop
+    progress: Progress | None = None  # started by the loop
+    tally: Tally = field(default_factory=Tally)  # for the summary at the end (restarted by the loop)
+    curves: RunCurves | None = None  # OUT_DIR/curves.png, started by the loop
+
+    def say(self, *args: Any) -> None:
+        """Print on rank 0 only."""
+        if self.runtime.is_master:
+            print(*args, flush=True)
+
+    @property
+    def end_step(self) -> int:
+        """The step this run stops at: --max-steps, or --stop-at-step if sooner."""
+        c = self.cfg
+        return min(c.train.max_steps, c.checkpoint.stop_at_step or c.train.max_steps)
+
+    def parts(self) -> Parts:
+        """What a checkpoint of this run is made of."""
+        return Parts(self.model, self.par.optimizer, self.par.scaler, self.train_loader, self.state,
+                     self.cfg)

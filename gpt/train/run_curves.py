@@ -1,0 +1,82 @@
+"""The run folder's picture: `curves.png`, gpt/plot.py's figure of the run's metrics.jsonl
+(loss, learning rate, tokens/s, HellaSwag when scored), titled with the run's folder and
+recipe, redrawn as the run goes where matplotlib is installed. Where it is not, the run
+says so once, as it starts, with the command that installs it.
+
+Drawing takes a second or two of CPU (matplotlib's import, then each figure), so the
+redraws after a validation are paced: once MIN_INTERVAL_S have passed since the run
+started or last drew. The end of a run that trained always draws, with its last points,
+so every run folder holds its picture (`python -m gpt.plot RUN_FOLDER` draws it from the
+log at any time too). A figure that fails to draw is a warning, never the end of a run.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpt.core.extras import have, install
+
+CURVES_NAME = "curves.png"
+# About 1-2% of a run's time at most, with a figure costing ~0.3 s on an idle core and
+# ~1.5 s on a busy one; GPT-2's recipe validates every 250 steps (~4.5 min on one H100),
+# so there every validation redraws it.
+MIN_INTERVAL_S = 60.0
+
+
+@dataclass
+class RunCurves:
+    """Rank 0's drawing of OUT_DIR/curves.png; on other ranks, and without matplotlib,
+    every call does nothing."""
+
+    out_dir: Path
+    enabled: bool
+    started: float = field(default_factory=time.monotonic)
+    last: float | None = None  # when it last drew (time.monotonic)
+    failed: bool = False
+
+    @classmethod
+    def start(cls, out_dir: Path, is_master: bool) -> "RunCurves":
+        """The run's curves; prints the one line that says how to get them when
+        matplotlib is missing (on rank 0)."""
+        if is_master and not have("matplotlib"):
+            print(f"note: no {out_dir / CURVES_NAME} without matplotlib: {install('plot')} "
+                  f"(python -m gpt.plot {out_dir} draws it from the log at any time)", flush=True)
+            return cls(out_dir, enabled=False)
+        return cls(out_dir, enabled=is_master)
+
+    @property
+    def path(self) -> Path:
+        return self.out_dir / CURVES_NAME
+
+    def after_validation(self) -> Path | None:
+        """Redraw, if a minute has passed since the start or the last drawing."""
+        since = self.last if self.last is not None else self.started
+        if time.monotonic() - since < MIN_INTERVAL_S:
+            return None
+        return self._draw()
+
+    def at_end(self) -> Path | None:
+        """The last drawing, with the final points; the picture's path, or None if none
+        was drawn."""
+        return self._draw()
+
+    def _draw(self) -> Path | None:
+        if not self.enabled or self.failed:
+            return None
+        try:
+            from gpt.plot import load_metrics, plot_runs, run_title
+
+            run = load_metrics(self.out_dir / "metrics.jsonl")
+            plot_runs([run], self.path, title=run_title(run))
+        except Exception as e:  # noqa: BLE001 - a picture is never worth a run
+            self.failed = True
+            reason = " ".join(str(e).split())[:200]
+            print(f"warning: {self.path}: not drawn ({type(e).__name__}: {reason}); training "
+                  f"goes on without it (python -m gpt.plot {self.out_dir} draws it later)",
+                  file=sys.stderr, flush=True)
+            return None
+        self.last = time.monotonic()
+        return self.path
