@@ -11,6 +11,6 @@ def train_main(argv: list[str] | None = None) -> int:
     if dry_run:
         from gpt.plan.dry_run import main as dry_main  # torch, but not the trainer
         return dry_main(cfg)
-    from gpt.train.loop import main_with  # torch and the whole trainer: only now
+    from gpt.train.trainer import main_with  # torch and the whole trainer: only now
 
     return main_with(cfg)

@@ -80,13 +80,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Evaluate as the arguments say (one process or one torchrun rank); results dict."""
     import torch  # only once the flags are good: --help answers at once
 
-    from gpt.eval import bpb, harness_tasks, hellaswag
+    from gpt.checkpoint.weights import load_model
     from gpt.core.config import ConfigError
     from gpt.data.loader import ShardLoader
-    from gpt.runtime.dist import all_reduce_mean, init_runtime, resolve_dtype, shutdown
     from gpt.data.tokenizer import GPT2_VOCAB
+    from gpt.eval import bpb, harness_tasks, hellaswag
     from gpt.eval.validation import val_loss
-    from gpt.checkpoint.weights import load_model
+    from gpt.runtime.device import resolve_dtype
+    from gpt.runtime.world import all_reduce_mean, init_runtime, shutdown
 
     runtime = init_runtime(args.device)
     try:

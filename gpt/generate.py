@@ -15,6 +15,7 @@ import sys
 from gpt.core.cli import OneLineParser, check_at_least_one, finite_float
 from gpt.core.errors import UserError
 
+
 # The logits are divided by the temperature in fp32 (at most 3.4e38): a logit of 1e4 over
 # 1e-35 is inf, and the probabilities NaN. Above 100 a sample is as good as uniform noise.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 100.0
@@ -71,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch  # only once the flags are good: --help answers at once
 
-    from gpt.runtime.dist import pick_device, resolve_dtype
-    from gpt.eval.sampling import sample, until_eot
-    from gpt.data.tokenizer import gpt2_tokenizer
     from gpt.checkpoint.weights import load_model
+    from gpt.data.tokenizer import gpt2_tokenizer
+    from gpt.eval.sampling import sample, until_eot
+    from gpt.runtime.device import pick_device, resolve_dtype
 
     try:
         device = pick_device(args.device)

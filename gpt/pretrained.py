@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--vocab-size", type=int, default=None,
                      help="rows of the exported vocabulary (default: 50257, GPT-2's)")
     args = parser.parse_args(argv)
-    from gpt.checkpoint.weights import CONFIG_FILE, TOKENIZER_FILES, export_hf  # torch: only now
+    from gpt.checkpoint.export import TOKENIZER_FILES, export_hf  # torch: only now
+    from gpt.checkpoint.weights import CONFIG_FILE
 
     try:
         out = export_hf(args.checkpoint, args.out, args.vocab_size)

@@ -134,7 +134,8 @@ def write_checkpoint(path: Path, model=None, step: int = 1, block_size: int = 64
     padded vocabulary and the given block size."""
     import torch
 
-    from gpt.core.config import Config, model_preset, to_dict
+    from gpt.core.config import Config, model_preset
+    from gpt.core.config_io import to_dict
     from gpt.model.transformer import GPT
 
     if model is None:

@@ -13,7 +13,8 @@ import torch
 from gpt.checkpoint.files import load
 from gpt.core.config import ModelConfig, model_preset
 from gpt.model.transformer import GPT, Rotary
-from gpt.checkpoint.weights import PretrainedError, export_hf
+from gpt.checkpoint.export import export_hf
+from gpt.checkpoint.weights import PretrainedError
 from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one,
                      meta_build_and_reference, run_cli, write_random_shards)
 from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
@@ -194,10 +195,10 @@ def test_the_compiled_step_of_a_modern_model_has_no_graph_break(graph_backend, t
     (rotary positions over padded examples) compile on their own callable."""
     from gpt.eval import hellaswag
     from gpt.core.cli import parse_args
-    from gpt.runtime.dist import init_runtime
+    from gpt.runtime.world import init_runtime
     from gpt.engine.step import forward_backward, optimizer_step
     from gpt.plan.preflight import preflight
-    from gpt.train.loop import build_run
+    from gpt.train.build import build_run
     from gpt.eval.validation import val_loss
 
     data = write_random_shards(tmp_path, seed=0, train=(20_000,), val=(5_000,))

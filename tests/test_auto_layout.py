@@ -19,7 +19,8 @@ from gpt.engine import parallel
 from gpt.plan import layout, memory
 from gpt.checkpoint.files import load, resume_point
 from gpt.core.cli import parse_args
-from gpt.core.config import Config, ConfigError, from_dict, to_dict
+from gpt.core.config import Config, ConfigError
+from gpt.core.config_io import from_dict, to_dict
 from gpt.plan.memory import MemoryPlan
 from gpt.model.transformer import GPT
 
@@ -307,7 +308,7 @@ def test_the_dry_run_prints_the_choice(data_dir: Path, tmp_path: Path) -> None:
 
 def test_a_run_records_the_values_it_chose_and_a_resume_keeps_them(
         data_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
-    from gpt.train.loop import main
+    from gpt.entry import train_main as main
 
     out = tmp_path / "run"
     args = [*TINY, *QUIET, *AUTO, "--data-dir", str(data_dir), "--out-dir", str(out),
@@ -335,7 +336,7 @@ def test_a_run_records_the_values_it_chose_and_a_resume_keeps_them(
 def test_a_run_with_nothing_that_fits_stops_in_one_line(data_dir: Path, tmp_path: Path,
                                                         monkeypatch, capsys) -> None:
     from gpt.model import sizing
-    from gpt.train.loop import main
+    from gpt.entry import train_main as main
 
     monkeypatch.setattr(sizing, "device_memory", lambda device: 64 * 2**20)
     code = main([*TINY, *QUIET, *AUTO, "--data-dir", str(data_dir),

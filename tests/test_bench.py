@@ -3,6 +3,7 @@ and a CPU run of every subcommand at a tiny size, checking the JSON and markdown
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import runpy
@@ -14,14 +15,15 @@ from typing import Any
 import pytest
 import torch
 
-from gpt.bench import cli, model_bench
-from gpt.bench import attention as attention_bench
-from gpt.bench.common import mode_flops_per_token, precision_skip_reason
-from gpt.bench.naive import NaiveCausalSelfAttention, use_naive_attention
+from gpt.bench import cli
+from gpt.bench.step import attention as attention_bench
+from gpt.bench.step import model as model_bench
+from gpt.bench.step.common import mode_flops_per_token, precision_skip_reason
+from gpt.bench.step.naive import NaiveCausalSelfAttention, use_naive_attention
 from gpt.bench.timing import run_guarded, summarize, time_fn
-from gpt.runtime.dist import is_oom
+from gpt.runtime.device import is_oom
 from gpt.core.config import model_preset
-from gpt.report.metrics import flops_per_token
+from gpt.report.flops import flops_per_token
 from gpt.model.transformer import GPT
 
 CPU = torch.device("cpu")
@@ -430,7 +432,7 @@ def test_compile_rows_set_the_speed_up_and_break_even_or_say_what_failed() -> No
     """The compile subcommand's arithmetic, without compiling (test_compile_subcommand, in the
     slow tier, runs inductor): speed-up eager / compiled, and the steps a compilation's
     seconds take to win back at the time saved per step."""
-    from gpt.bench.compile_bench import _compare
+    from gpt.bench.step.compile import _compare
 
     ok = _compare("model", "fwd", {"status": "ok", "ms": {"median": 30.0}},
                   {"status": "ok", "ms": {"median": 20.0}, "compile_s": 5.0,
@@ -460,7 +462,7 @@ def test_module_entry_point(monkeypatch: pytest.MonkeyPatch,
 def test_prepare_bench_writes_to_the_scratch_folder_unless_told() -> None:
     """The recorded results in benchmarks/ are tracked in git: a plain run must not
     overwrite them."""
-    from gpt.bench.prepare_bench import default_out
+    from gpt.bench.prepare.throughput import default_out
 
     assert default_out(None, 2) == Path("runs") / "bench" / "prepare_cpu2.json"
     assert default_out("benchmarks/prepare_cpu2.json", 2) == Path("benchmarks/prepare_cpu2.json")
@@ -494,3 +496,49 @@ def test_comm_outside_torchrun_is_one_line(monkeypatch: pytest.MonkeyPatch,
     assert cli.main(["comm", "allreduce"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: run under torchrun, e.g. torchrun ") and len(err.splitlines()) == 1
+
+
+def test_every_subcommand_names_a_module_that_defines_and_runs_it() -> None:
+    """The command line names each subcommand's module by its path below gpt.bench (a part's
+    folder, then the module): each must import and define the parser, and a timing
+    subcommand's its runner."""
+    for name in cli.SUBCOMMANDS:
+        assert hasattr(cli._module(name), "add_parser"), name
+    for name, (module, runner) in cli.RUNNERS.items():
+        assert callable(getattr(cli._module(name), runner)), (name, module, runner)
+
+
+def bench_imports(path: Path, bench: Path) -> set[str]:
+    """The suite's modules `path` imports, wherever the import stands (in a function too),
+    each as its path below gpt/bench without .py ("step/common", "record")."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:  # `from pkg import sub` too
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        for name in names:
+            rel = name.split(".")[2:] if name.startswith("gpt.bench.") else []
+            if rel and bench.joinpath(*rel).with_suffix(".py").is_file():
+                out.add("/".join(rel))
+            elif rel and bench.joinpath(*rel).is_dir():  # a part itself
+                out.add("/".join([*rel, "__init__"]))
+    return out
+
+
+def test_the_shared_modules_import_no_part_and_no_part_imports_another() -> None:
+    """gpt/bench/'s top holds what its parts (step/, tokens/, prepare/, gpu/) share: those
+    modules import no part, and no part imports another, so a part reads with the shared
+    modules alone. The command line is the one module that knows every part."""
+    bench = Path(cli.__file__).parent
+    wrong = []
+    for path in sorted(bench.rglob("*.py")):
+        here = path.relative_to(bench)
+        if here.name in ("cli.py", "__main__.py") and len(here.parts) == 1:
+            continue
+        for target in bench_imports(path, bench):
+            there = target.split("/")
+            if len(there) > 1 and (len(here.parts) == 1 or there[0] != here.parts[0]):
+                wrong.append(f"{here} -> {target}")
+    assert not wrong, f"imports across the suite's parts: {wrong}"

@@ -25,7 +25,7 @@ def refuse_to_measure(monkeypatch: pytest.MonkeyPatch) -> None:
     def measured(*args: object, **kwargs: object) -> None:
         raise AssertionError("the subcommand ran before its --out was checked")
 
-    for name in ("gpu", "memory_bench", "model_bench", "newton_schulz", "malloc_bench"):
+    for name in ("gpu.accept", "step.memory", "step.model", "tokens.newton_schulz", "step.malloc"):
         module = bench_cli._module(next(k for k, (m, _) in bench_cli.SUBCOMMANDS.items() if m == name))
         for attr in ("run", "run_model", "main"):
             if hasattr(module, attr):

@@ -16,7 +16,8 @@ import torch
 from helpers import QUIET, TINY, run_cli
 from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.files import CheckpointError
-from gpt.core.config import Config, to_dict
+from gpt.core.config import Config
+from gpt.core.config_io import to_dict
 from gpt.checkpoint.model_load import PretrainedError, read_checkpoint
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]

@@ -19,7 +19,7 @@ from gpt.plan import memory
 from gpt.model.chunked_ce import chunk_rows, linear_cross_entropy
 from gpt.core.cli import parse_args
 from gpt.core.config import TrainConfig, model_preset
-from gpt.runtime.dist import Runtime
+from gpt.runtime.world import Runtime
 from gpt.model.transformer import GPT
 
 FP32_REL = 1e-6  # |chunked - unfused| / |unfused| over each whole tensor, in fp32

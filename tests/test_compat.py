@@ -14,7 +14,7 @@ from helpers import QUIET, REPO, TINY, write_random_shards
 from gpt.core import compat
 from gpt.engine import parallel
 from gpt.core.config import ConfigError
-from gpt.runtime.dist import Runtime
+from gpt.runtime.world import Runtime
 
 
 def test_the_minimum_checked_is_the_one_declared_and_tested() -> None:
@@ -78,7 +78,7 @@ def test_a_feature_newer_than_the_minimum_names_both_versions(
 
 def test_the_trainer_prints_the_note_at_start_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from gpt.train.loop import main
+    from gpt.entry import train_main as main
 
     data = write_random_shards(tmp_path, seed=3, train=(3_000,))
     monkeypatch.setattr(torch, "__version__", "2.8.0+cu128")

@@ -43,10 +43,10 @@ def test_recipes_write_to_their_own_folders() -> None:
 @pytest.mark.parametrize("name", ["cpu-speedrun", "gpt2-124m-speedrun"])
 def test_the_speedrun_files_are_the_tokens_benchs_new_recipe(name: str) -> None:
     """The recipe a user runs is the one the bench measured: every field of
-    gpt/bench/recipes.py's new recipe (the CPU file's length and learning rates too)."""
+    gpt/bench/tokens/recipes.py's new recipe (the CPU file's length and learning rates too)."""
     from dataclasses import asdict
 
-    from gpt.bench import recipes
+    from gpt.bench.tokens import recipes
 
     cfg = parse_args(["--config", str(REPO / "configs" / f"{name}.toml")])
     got = {**asdict(cfg.model), **asdict(cfg.optim)}

@@ -26,16 +26,16 @@ from gpt.eval import hellaswag
 from gpt.core.cli import parse_args
 from gpt.core.config import OptimConfig, model_preset
 from gpt.data.loader import ShardLoader
-from gpt.runtime.dist import init_runtime
+from gpt.runtime.world import init_runtime
 from gpt.eval.sampling import sample
-from gpt.report.metrics import peak_tflops
+from gpt.report.flops import peak_tflops
 from gpt.model.transformer import GPT
 from gpt.optim.optimizer import build_optimizer
 from gpt.engine.parallel import apply_activation_checkpointing
 from gpt.data.shards import write_shard
 from gpt.engine.step import forward_backward, optimizer_step
 from gpt.plan.preflight import preflight
-from gpt.train.loop import build_run
+from gpt.train.build import build_run
 
 pytestmark = pytest.mark.cuda
 
@@ -236,7 +236,7 @@ def test_a_training_step_never_waits_for_the_gpu() -> None:
 
 
 def test_a_meta_model_initialised_on_the_gpu_equals_the_cpu_build() -> None:
-    from gpt.runtime.dist import Runtime
+    from gpt.runtime.world import Runtime
     from gpt.engine.parallel import parallelize
     from gpt.core.config import TrainConfig
 

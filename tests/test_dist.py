@@ -178,7 +178,7 @@ AGENT_ENV = {"TORCHELASTIC_USE_AGENT_STORE": "True", "GROUP_WORLD_SIZE": "1",
 
 
 def test_each_restart_on_one_node_rendezvous_under_its_own_prefix() -> None:
-    from gpt.runtime.dist import restart_store_prefix
+    from gpt.runtime.launch import restart_store_prefix
 
     first = restart_store_prefix({**AGENT_ENV, "TORCHELASTIC_RESTART_COUNT": "0"})
     second = restart_store_prefix({**AGENT_ENV, "TORCHELASTIC_RESTART_COUNT": "1"})
@@ -191,7 +191,7 @@ def test_each_restart_on_one_node_rendezvous_under_its_own_prefix() -> None:
 
 
 def test_multi_node_restarts_on_a_shared_store_are_warned_about() -> None:
-    from gpt.runtime.dist import restart_store_warning
+    from gpt.runtime.launch import restart_store_warning
 
     warning = restart_store_warning({**AGENT_ENV, "GROUP_WORLD_SIZE": "2"})
     assert warning and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in warning

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpt.model import sizing
-from gpt.train.loop import main as train_main
+from gpt.entry import train_main
 
 from helpers import QUIET, TINY, run_cli, write_random_shards
 

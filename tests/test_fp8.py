@@ -25,7 +25,7 @@ from gpt.checkpoint.files import load
 from gpt.core.cli import parse_args
 from gpt.core.config import ConfigError
 from gpt.core.config_check import resolve
-from gpt.runtime.dist import Runtime
+from gpt.runtime.world import Runtime
 from gpt.core.errors import UserError
 from gpt.model.transformer import GPT
 
@@ -380,7 +380,7 @@ def test_fp8_compiles(text_data: Path, tmp_path: Path, monkeypatch) -> None:
     """torchao's float8 is meant to be compiled: the compiled step (aot_eager: the same
     graphs, without inductor's code generation) gives the eager step's losses, and the
     evaluation in high precision between training steps runs its own graph."""
-    from gpt.train.loop import main
+    from gpt.entry import train_main as main
 
     monkeypatch.setattr(parallel, "COMPILE_BACKEND", "aot_eager")
     for name, extra in (("eager", []), ("compiled", ["--compile"])):

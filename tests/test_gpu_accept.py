@@ -18,17 +18,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.bench import gpu, gpu_inputs, gpu_plan, runs
+from gpt.bench import runs
 from gpt.bench.cli import main as bench_main
-from gpt.bench.gpu_estimates import WARMUP
-from gpt.bench.gpu_inputs import Packages
+from gpt.bench.gpu import accept as gpu
+from gpt.bench.gpu import inputs as gpu_inputs
+from gpt.bench.gpu import plan as gpu_plan
+from gpt.bench.gpu import stages as gpu_stages
+from gpt.bench.gpu.estimates import WARMUP, pytest_estimate
+from gpt.bench.gpu.inputs import Packages
+from gpt.bench.record import REPO
 
 CELL_KEYS = {"name", "kind", "params", "status", "estimate_s"}
 FIGURES = {"step_ms", "tokens_per_s_median", "mfu_median", "compile_s_estimate", "final_loss",
            "losses", "tokens_per_step", "warmup_steps_excluded"}
-SMOKE = gpu_plan.Sizes.make(smoke=True)
-NOWHERE = gpu_plan.Where(Path("/d"), Path("/w"), Path("/t"), Path("/corpus"), 4)
-DOC = gpu_plan.REPO / "benchmarks" / "gpu" / "README.md"
+SMOKE = gpu_stages.Sizes.make(smoke=True)
+NOWHERE = gpu_stages.Where(Path("/d"), Path("/w"), Path("/t"), Path("/corpus"), 4)
+DOC = REPO / "benchmarks" / "gpu" / "README.md"
 
 
 def refuse_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,10 +53,10 @@ def test_plan_lists_every_stage_its_cells_and_estimates(capsys, monkeypatch) -> 
     assert bench_main(["gpu", "--plan", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     stages = plan["stages"]
-    assert [s["stage"] for s in stages] == list(gpu_plan.STAGES) and plan["budget_s"] is None
+    assert [s["stage"] for s in stages] == list(gpu_stages.STAGES) and plan["budget_s"] is None
     assert "not measured" in plan["estimates"]
     for s in stages:
-        cells = gpu_plan.stage_cells(s["stage"], gpu_plan.FULL, NOWHERE)
+        cells = gpu_stages.stage_cells(s["stage"], gpu_stages.FULL, NOWHERE)
         assert [c["name"] for c in s["cells"]] == [c.name for c in cells]
         # a cell whose command an earlier stage runs is measured once, there
         assert all((c["estimate_s"] > 0 or c.get("same_as")) and c["fits"] for c in s["cells"])
@@ -129,7 +134,7 @@ def test_the_users_guide_says_what_the_plan_says() -> None:
     estimate, marked rough where the plan marks it."""
     doc = DOC.read_text()
     rows = {line.split(" | ")[0][3:-1]: line for line in doc.splitlines() if line.startswith("| `")}
-    for s in (gpu_plan.plan([name], None)["stages"][0] for name in gpu_plan.STAGES):
+    for s in (gpu_plan.plan([name], None)["stages"][0] for name in gpu_stages.STAGES):
         assert rows[s["stage"]].endswith(f"| ~{s['estimate_s']} s{'' if s['measured'] else ' *'} |")
     assert "--nanogpt" in doc and "--wheels" in doc and "--corpus" in doc and "--budget" in doc
 
@@ -139,7 +144,7 @@ def test_the_users_guide_says_what_the_plan_says() -> None:
 
 
 def test_a_cell_loss_is_the_default_or_one_of_four() -> None:
-    flags = {loss: gpu_plan.ours_cell(SMOKE, NOWHERE, 8, loss=loss) for loss in gpu_plan.LOSSES}
+    flags = {loss: gpu_stages.ours_cell(SMOKE, NOWHERE, 8, loss=loss) for loss in gpu_stages.LOSSES}
     assert [c.name for c in flags.values()] == [
         "ours-b8-default", "ours-b8-default-unchunked", "ours-b8-default-liger", "ours-b8-default-cce",
         "ours-b8-default-fused"]
@@ -150,30 +155,30 @@ def test_a_cell_loss_is_the_default_or_one_of_four() -> None:
     # ours is not offered on CUDA (gpt/model/loss_kernels.py): no cell asks for it
     assert not any("ours" in c.cmd for c in flags.values())
     with pytest.raises(ValueError, match="loss must be one of default, unchunked, liger, cce, fused"):
-        gpu_plan.ours_cell(SMOKE, NOWHERE, 8, loss="chunked")
+        gpu_stages.ours_cell(SMOKE, NOWHERE, 8, loss="chunked")
 
 
-def argv_of(cell: gpu_plan.Cell) -> str:
+def argv_of(cell: gpu_stages.Cell) -> str:
     return " ".join(cell.params["trainer_argv"])
 
 
 def test_fp8_speedrun_and_loss_check_cells_are_these_command_lines() -> None:
-    full = gpu_plan.FULL
-    bf16, tensorwise, rowwise = gpu_plan.stage_cells("fp8", full, NOWHERE)
+    full = gpu_stages.FULL
+    bf16, tensorwise, rowwise = gpu_stages.stage_cells("fp8", full, NOWHERE)
     assert [c.name for c in (bf16, tensorwise, rowwise)] == [
         "ours-b64-default", "ours-b64-default-fp8-tensorwise", "ours-b64-default-fp8-rowwise"]
     assert "--fp8" not in bf16.cmd and tensorwise.cmd[-2:] == ["--compile-mode", "default"]
     assert "--batch-size 64 --total-batch-tokens 131072" in argv_of(tensorwise)
     assert "--fp8 tensorwise" in argv_of(tensorwise) and "--fp8 rowwise" in argv_of(rowwise)
     assert tensorwise.estimate_s > bf16.estimate_s  # FP8 compiles more (an estimate)
-    base, fp8 = gpu_plan.stage_cells("fp8-loss", full, NOWHERE)
+    base, fp8 = gpu_stages.stage_cells("fp8-loss", full, NOWHERE)
     for cell in (base, fp8):  # 200 steps on the user's corpus, the same schedule
         assert "--max-steps 200 " in argv_of(cell) and "--data-dir /corpus " in argv_of(cell)
         assert "--warmup-steps 10" in argv_of(cell)
     assert "--fp8" not in argv_of(base) and "--fp8 tensorwise" in argv_of(fp8)
-    gpt2, speedrun = gpu_plan.stage_cells("speedrun", full, NOWHERE)
-    assert argv_of(speedrun).startswith(f"--config {gpu_plan.REPO / 'configs/gpt2-124m-speedrun.toml'} ")
-    assert argv_of(gpt2).startswith(f"--config {gpu_plan.REPO / 'configs/gpt2-124m.toml'} ")
+    gpt2, speedrun = gpu_stages.stage_cells("speedrun", full, NOWHERE)
+    assert argv_of(speedrun).startswith(f"--config {REPO / 'configs/gpt2-124m-speedrun.toml'} ")
+    assert argv_of(gpt2).startswith(f"--config {REPO / 'configs/gpt2-124m.toml'} ")
     assert "--warmup-steps" not in argv_of(speedrun)  # the recipe keeps its own schedule
     # and its own tokens a step: Muon's cost is weighed against the tokens the recipe steps by
     for cell in (gpt2, speedrun):
@@ -183,11 +188,11 @@ def test_fp8_speedrun_and_loss_check_cells_are_these_command_lines() -> None:
 
 
 def test_pytest_estimate_counts_workers() -> None:
-    serial, parallel = gpu_plan.pytest_estimate(1), gpu_plan.pytest_estimate(4)
+    serial, parallel = pytest_estimate(1), pytest_estimate(4)
     assert parallel < serial
-    cell = gpu_plan.pytest_cell(Path("/t"), 4)
-    assert cell.cmd[-3:] == ["-n", "4", str(gpu_plan.REPO / "tests")] and cell.estimate_s == parallel
-    assert "-n" not in gpu_plan.pytest_cell(Path("/t"), 0).cmd
+    cell = gpu_stages.pytest_cell(Path("/t"), 4)
+    assert cell.cmd[-3:] == ["-n", "4", str(REPO / "tests")] and cell.estimate_s == parallel
+    assert "-n" not in gpu_stages.pytest_cell(Path("/t"), 0).cmd
 
 
 # ---------------------------------------------------------------------------------------
@@ -288,8 +293,8 @@ def test_wheels_are_installed_for_the_cells_only_where_not_importable(tmp_path, 
     assert not missing.env and set(missing.missing) == {"liger_kernel", "cut_cross_entropy"}
     assert "no --wheels DIR was given" in missing.missing["liger_kernel"]
     # a cell whose package is missing is skipped with the reason, on the GPU as well
-    liger = gpu_plan.ours_cell(gpu_plan.FULL, NOWHERE, 64, loss="liger")
-    record = gpu.run_cell(liger, 60, gpu_plan.FULL, gpu.make_tokens(10, 10), None, tmp_path, None, missing)
+    liger = gpu_stages.ours_cell(gpu_stages.FULL, NOWHERE, 64, loss="liger")
+    record = gpu.run_cell(liger, 60, gpu_stages.FULL, gpu.make_tokens(10, 10), None, tmp_path, None, missing)
     assert record["status"] == "skipped" and record["reason"] == missing.missing["liger_kernel"]
     assert gpu_inputs.prepare(["xl", "throughput"], None, tmp_path / "site3") == Packages()
 
@@ -329,7 +334,7 @@ def test_the_budget_skips_the_cells_that_no_longer_fit(tmp_path, capsys, monkeyp
     report = json.loads((out / "gpu_throughput.json").read_text())
     cells = report["cells"]
     assert [c["status"] for c in cells] == ["failed", "failed", "skipped", "skipped", "skipped", "skipped"]
-    est = [c.estimate_s for c in gpu_plan.stage_cells("throughput", SMOKE, NOWHERE)]
+    est = [c.estimate_s for c in gpu_stages.stage_cells("throughput", SMOKE, NOWHERE)]
     assert limits == pytest.approx([150, 150 - est[0]]) and report["budget_s"] == 150
     left = 150 - est[0] - est[1]
     assert cells[2]["reason"] == (f"budget: {left:.0f} s left of 150, the cell needs about {est[2]:.0f}; "
@@ -412,7 +417,7 @@ def test_xl_and_profile_smoke(tmp_path: Path) -> None:
     for cell in cells.values():
         assert "--torch-profile" in cell["command"] and FIGURES <= cell["result"].keys()
         profile = cell["result"]["profile"]
-        assert profile["steps"] == gpu_plan.PROFILED_STEPS and profile["device"] == "cpu"
+        assert profile["steps"] == gpu_stages.PROFILED_STEPS and profile["device"] == "cpu"
 
 
 @pytest.mark.slow
@@ -485,7 +490,7 @@ def test_a_cell_leaves_no_process_behind(leader_s: float, status: str, tmp_path:
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runs, "KILL_GRACE_S", 1.0)
     pid_file = tmp_path / "pid"
-    cell = gpu_plan.Cell("group", "pytest", 1, [sys.executable, "-c", LEADER, str(pid_file), str(leader_s)])
+    cell = gpu_stages.Cell("group", "pytest", 1, [sys.executable, "-c", LEADER, str(pid_file), str(leader_s)])
     (tmp_path / "group").mkdir()
     with open(tmp_path / "log", "w") as log:
         record = gpu.run_cell(cell, 5, SMOKE, gpu.make_tokens(10, 10), None, tmp_path, log)
@@ -500,6 +505,6 @@ def test_a_cell_leaves_no_process_behind(leader_s: float, status: str, tmp_path:
 
 
 def test_without_a_budget_a_cell_is_stopped_only_when_hung() -> None:
-    cell = gpu_plan.ours_cell(gpu_plan.FULL, NOWHERE, 64)
+    cell = gpu_stages.ours_cell(gpu_stages.FULL, NOWHERE, 64)
     assert gpu.cell_limit(cell, None, smoke=False) == max(600, 5 * cell.estimate_s)
     assert gpu.cell_limit(cell, 30.0, smoke=False) == 60.0 and gpu.cell_limit(cell, 400.0, False) == 400.0

@@ -1,5 +1,5 @@
-"""The GPU acceptance run's figures (gpt/bench/gpu_results.py) and its build-nanogpt
-harness (gpt/bench/nanogpt.py), on the CPU: trainer cells write no checkpoint and record
+"""The GPU acceptance run's figures (gpt/bench/gpu/results.py) and its build-nanogpt
+harness (gpt/bench/gpu/nanogpt.py), on the CPU: trainer cells write no checkpoint and record
 the memory planner's prediction beside the measured peak; build-nanogpt's script (a
 stand-in written here in the shape of the real one) is patched, run with GPT-2's BPE files
 from this package where tiktoken's cache lacks them, and parsed, and its figures make the
@@ -19,12 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt.bench import gpu, gpu_plan, gpu_results, nanogpt
-from gpt.bench.gpu_estimates import WARMUP
+from gpt.bench.gpu import accept as gpu
+from gpt.bench.gpu import nanogpt
+from gpt.bench.gpu import results as gpu_results
+from gpt.bench.gpu import stages as gpu_stages
+from gpt.bench.gpu.estimates import WARMUP
 from gpt.data.shards import write_shard
 from gpt.data.tokenizer import ASSETS
 
-SMOKE = gpu_plan.Sizes.make(smoke=True)
+SMOKE = gpu_stages.Sizes.make(smoke=True)
 ENV = {"device": "cpu", "torch": "t", "cuda": None, "commit": "x"}
 
 
@@ -50,7 +53,7 @@ def test_a_trainer_cell_writes_no_checkpoint_and_records_predicted_memory(
     data.mkdir()
     write_shard(data / "train_000000.bin", tokens[0])
     write_shard(data / "val_000000.bin", tokens[1])
-    cell = gpu_plan.ours_cell(SMOKE, gpu_plan.Where(data, tmp_path / "runs", tmp_path), 8)
+    cell = gpu_stages.ours_cell(SMOKE, gpu_stages.Where(data, tmp_path / "runs", tmp_path), 8)
     with open(tmp_path / "log", "w") as log:
         record = gpu.run_cell(cell, 300, SMOKE, tokens, None, tmp_path, log)
     assert record["status"] == "ok", record
@@ -71,7 +74,7 @@ def test_a_trainer_cell_writes_no_checkpoint_and_records_predicted_memory(
 
 
 def test_without_the_planner_the_reason_is_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
-    cell = gpu_plan.ours_cell(SMOKE, gpu_plan.Where(Path("/d"), Path("/w"), Path("/t")), 8)
+    cell = gpu_stages.ours_cell(SMOKE, gpu_stages.Where(Path("/d"), Path("/w"), Path("/t")), 8)
     monkeypatch.setitem(sys.modules, "gpt.plan.memory", None)  # import gpt.plan.memory raises ImportError
     mem = gpu_results.predicted_memory(cell)
     assert mem["predicted_peak_bytes"] is None and mem["planner"].startswith("planner unavailable: ")
@@ -116,7 +119,7 @@ STAND_IN = textwrap.dedent('''
         loss = 10.0 - step / 10 + tokens[step] / 1e9
         print(f"step {step:5d} | loss: {loss:.6f} | lr 6.0000e-04 | norm: 1.0000 | dt: {100.0 + step:.2f}ms | tok/sec: {total_batch_size / 0.1:.2f}")
 ''')
-SIZES = gpu_plan.Sizes(smoke=False, model="gpt2", seq_len=1024, batches=(4,), steps=WARMUP + 5,
+SIZES = gpu_stages.Sizes(smoke=False, model="gpt2", seq_len=1024, batches=(4,), steps=WARMUP + 5,
                        tokens_per_step=1024, xl_model="gpt2-xl", xl_batch=1, loss_steps=8)
 
 
@@ -128,7 +131,7 @@ def test_build_nanogpt_harness_runs_offline_parses_and_makes_the_ratio(tmp_path:
     script = tmp_path / "bng" / "train_gpt2.py"
     script.parent.mkdir()
     script.write_text(STAND_IN)
-    cell = gpu_plan.nanogpt_cell(SIZES, 4)
+    cell = gpu_stages.nanogpt_cell(SIZES, 4)
     tokens = gpu.make_tokens(10_000, 1_000)
     with open(tmp_path / "log", "w") as log:
         record = gpu.run_cell(cell, 120, SIZES, tokens, script, tmp_path, log)
@@ -158,7 +161,7 @@ def test_build_nanogpt_harness_runs_offline_parses_and_makes_the_ratio(tmp_path:
 
 
 def test_build_nanogpt_missing_or_changed_fails_the_cell(tmp_path: Path) -> None:
-    cell = gpu_plan.nanogpt_cell(SIZES, 4)
+    cell = gpu_stages.nanogpt_cell(SIZES, 4)
     tokens = gpu.make_tokens(1_000, 100)
     record = gpu.run_cell(cell, 60, SIZES, tokens, tmp_path / "absent.py", tmp_path, None)
     assert record["status"] == "failed" and "github.com/karpathy/build-nanogpt" in record["reason"]

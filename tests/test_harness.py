@@ -14,7 +14,7 @@ import torch
 
 from gpt.core.config import model_preset
 from gpt.model.transformer import GPT
-from gpt.checkpoint.weights import export_hf
+from gpt.checkpoint.export import export_hf
 
 from harness_fixtures import MC, write_tasks
 from helpers import QUIET, TINY, read_metrics, run_cli
@@ -260,7 +260,7 @@ def test_trainer_without_lm_eval_stops_in_one_line(tmp_path: Path, random_data_d
                                                    capsys: pytest.CaptureFixture) -> None:
     """--eval-tasks without the eval extra stops before training, in one line that says
     how to install it."""
-    from gpt.train.loop import main
+    from gpt.entry import train_main as main
 
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
     out = tmp_path / "run"

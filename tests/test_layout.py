@@ -1,7 +1,10 @@
-"""The code's layout stays a place a newcomer can find their way in: no import circle of
-any kind between the package's modules (imports inside functions and under TYPE_CHECKING
-count too: a reader has to hold every circle in their head), no source file over 500
-lines, and every module of gpt/ on the "where is X" map (docs/MAP.md)."""
+"""The code's layout stays a place a newcomer can find their way in: folders in layers (a
+module imports only its own folder or the folders beneath it, as docs/MAP.md lists them),
+no import circle of any kind between the package's modules (imports inside functions and
+under TYPE_CHECKING count too: a reader has to hold every circle in their head), a short
+list of commands at gpt/'s top and of files at gpt/bench/'s, no source file over 400
+lines, the benchmarks never imported by the trainer, and every module of gpt/ on the
+"where is X" map (docs/MAP.md)."""
 
 from __future__ import annotations
 
@@ -12,9 +15,10 @@ from pathlib import Path
 from helpers import REPO
 
 PACKAGE = REPO / "gpt"
-MAX_LINES = 500
+MAX_LINES = 400
+MAX_TOP_MODULES = 10  # gpt/*.py: the commands a user runs (and the package's __init__)
+MAX_BENCH_TOP = 12  # gpt/bench/*.py: its command line and the parts its subfolders share
 MAP = REPO / "docs" / "MAP.md"
-NOT_ON_THE_MAP = {"gpt/__init__.py"}  # empty: it only makes gpt a package
 
 
 def module_name(path: Path) -> str:
@@ -90,7 +94,7 @@ def test_the_circle_finder_sees_type_only_and_function_level_imports(tmp_path: P
     assert find_cycle(graph) == ["gpt.a", "gpt.b", "gpt.a"]
 
 
-def test_no_source_file_is_over_500_lines() -> None:
+def test_no_source_file_is_over_400_lines() -> None:
     files = [*PACKAGE.rglob("*.py"), REPO / "train_gpt2.py", REPO / "fineweb.py"]
     long = {str(p.relative_to(REPO)): n for p in files
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
@@ -102,6 +106,72 @@ def test_the_map_names_every_module_and_only_files_that_exist() -> None:
     named = set(re.findall(r"`((?:gpt|tests|benchmarks|configs|launch)/[^`\s]*)`", text))
     missing = sorted(n for n in named if not (REPO / n).exists())
     assert not missing, f"docs/MAP.md names files that do not exist: {missing}"
-    modules_ = {str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py")} - NOT_ON_THE_MAP
+    modules_ = {str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py")}
     off = sorted(modules_ - named)
     assert not off, f"modules of gpt/ missing from docs/MAP.md (add a row for each): {off}"
+
+
+# ---------------------------------------------------------------------------------------
+# layers
+
+
+def layers() -> list[str]:
+    """The folders of gpt/ in docs/MAP.md's "Layers" list, lowest first."""
+    text = MAP.read_text(encoding="utf-8").split("## Layers", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\d+\. `gpt/(\w+)/`", text, re.M)
+
+
+def folder_of(module: str) -> str | None:
+    """The layer folder a module belongs to; None for the commands at gpt/'s top and
+    the benchmark suite, which stand above every layer."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in layers()) else None
+
+
+def upward_imports(graph: dict[str, set[str]], order: list[str]) -> list[str]:
+    """Every import from a layer's module into a module of a higher layer, or into a
+    command or the benchmark suite (which stand above them all)."""
+    rank = {name: i for i, name in enumerate(order)}
+    out = []
+    for module, targets in graph.items():
+        here = folder_of(module)
+        if here is None or here == "bench":
+            continue
+        for target in targets:
+            there = folder_of(target)
+            if there is None or there == "bench" or rank[there] > rank[here]:
+                out.append(f"{module} -> {target}")
+    return sorted(out)
+
+
+def test_the_layers_are_the_folders_of_gpt() -> None:
+    order = layers()
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} - {"bench"}
+    assert len(order) >= 6 and len(set(order)) == len(order)
+    assert set(order) == folders, f"docs/MAP.md's layers {order} are not gpt/'s folders {folders}"
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    up = upward_imports(import_graph(), layers())
+    assert not up, "imports from a lower folder to a higher one (docs/MAP.md, Layers): " + "; ".join(up)
+
+
+def test_the_layer_check_sees_an_import_upward() -> None:
+    # the check above must be able to fail: a model module importing the training loop
+    graph = {"gpt.model.transformer": {"gpt.train.loop"}, "gpt.train.loop": {"gpt.model.transformer"},
+             "gpt.model.sizing": {"gpt.plot"}}
+    assert upward_imports(graph, layers()) == ["gpt.model.sizing -> gpt.plot",
+                                               "gpt.model.transformer -> gpt.train.loop"]
+
+
+def test_nothing_outside_the_benchmarks_imports_them() -> None:
+    users = sorted(f"{m} -> {t}" for m, targets in import_graph().items()
+                   if not m.startswith("gpt.bench") for t in targets if t.startswith("gpt.bench"))
+    assert not users, f"the package imports its benchmarks: {users}"
+
+
+def test_gpt_and_its_benchmarks_keep_a_short_top() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules at gpt/'s top: {top}"
+    bench = sorted(p.name for p in (PACKAGE / "bench").glob("*.py"))
+    assert len(bench) <= MAX_BENCH_TOP, f"{len(bench)} modules at gpt/bench/'s top: {bench}"

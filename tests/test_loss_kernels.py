@@ -25,7 +25,8 @@ from helpers import QUIET, REPO, TINY, cuda_run_losses, run_cli, write_random_sh
 from gpt.model import loss_kernels
 from gpt.plan import memory
 from gpt.core.cli import parse_args
-from gpt.core.config import TrainConfig, field_index
+from gpt.core.config import TrainConfig
+from gpt.core.config_io import field_index
 from gpt.core.errors import UserError
 
 
@@ -159,7 +160,7 @@ def test_a_library_gets_what_autocast_linear_would(monkeypatch: pytest.MonkeyPat
 def test_the_model_calls_the_kernel_the_trainer_chose(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpt.engine import parallel
     from gpt.core.config import model_preset
-    from gpt.runtime.dist import Runtime
+    from gpt.runtime.world import Runtime
     from gpt.model.transformer import GPT
 
     calls = stand_in(monkeypatch, "cut_cross_entropy", "cut_cross_entropy", "linear_cross_entropy")

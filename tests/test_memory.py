@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 
 from gpt.engine import parallel
-from gpt.plan import memory
+from gpt.plan import memory, memory_trace
 from gpt.bench.cli import main as bench_main
 from gpt.core.cli import parse_args
-from gpt.runtime.dist import Runtime
+from gpt.runtime.world import Runtime
 from gpt.model.transformer import GPT
 from gpt.engine.step import forward_backward, optimizer_step
 
@@ -188,7 +188,7 @@ def test_a_bad_trainer_flag_is_named(capsys) -> None:
 def test_gpt2_xl_with_fsdp_and_checkpointing_fits_80gb_at_the_acceptance_batch() -> None:
     from pathlib import Path
 
-    from gpt.bench.gpu_plan import Sizes, Where, xl_cell  # the acceptance run's own XL cell
+    from gpt.bench.gpu.stages import Sizes, Where, xl_cell  # the acceptance run's own XL cell
 
     cell = xl_cell(Sizes.make(smoke=False), Where(Path("data"), Path("work"), Path("tmp")))
     cfg = parse_args(cell.params["trainer_argv"])
@@ -199,7 +199,7 @@ def test_gpt2_xl_with_fsdp_and_checkpointing_fits_80gb_at_the_acceptance_batch()
 
 
 def test_the_planners_tracker_keeps_torchs_step_peak_without_its_module_peaks() -> None:
-    """The planner's tracker (memory._StepPeak before torch's MemTracker) skips the
+    """The planner's tracker (memory_trace._StepPeak before torch's MemTracker) skips the
     per-module peaks, which cost most of a large model's planning time: the step's peak
     snapshot is torch's own, category by category."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -207,7 +207,7 @@ def test_the_planners_tracker_keeps_torchs_step_peak_without_its_module_peaks() 
 
     cfg = parse_args(SMALL)
     peaks = []
-    for tracker_class in (MemTracker, type("Tracker", (memory._StepPeak, MemTracker), {})):
+    for tracker_class in (MemTracker, type("Tracker", (memory_trace._StepPeak, MemTracker), {})):
         with torch.device("meta"):
             model = GPT(cfg.model)
         with FakeTensorMode(allow_non_fake_inputs=True):
@@ -230,6 +230,6 @@ def test_the_planners_tracker_defers_to_torch_where_its_state_is_named_otherwise
         def _update_peak_stats(self, peak_state: object) -> None:
             calls.append(peak_state)
 
-    tracker = type("Planned", (memory._StepPeak, Tracker), {})()
+    tracker = type("Planned", (memory_trace._StepPeak, Tracker), {})()
     tracker._update_peak_stats("PEAK_FW")
     assert calls == ["PEAK_FW"]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpt.core.config import model_preset
-from gpt.report.metrics import MetricsLog, flops_per_token, mfu, peak_tflops
+from gpt.report.flops import flops_per_token, mfu, peak_tflops
+from gpt.report.metrics import MetricsLog
 
 from helpers import meta_gpt
 
@@ -136,7 +137,7 @@ def test_peak_tflops(name: str, expected: float | None) -> None:
 
 def test_peak_table_specific_names_first() -> None:
     """Every key must be reachable: no earlier key may match a later key's own name."""
-    from gpt.report.metrics import PEAK_BF16_TFLOPS
+    from gpt.report.flops import PEAK_BF16_TFLOPS
 
     for key, tflops in PEAK_BF16_TFLOPS:
         assert peak_tflops(f"NVIDIA {key}") == tflops, key
@@ -200,7 +201,7 @@ def test_peak_memory_on_cpu_is_the_process_peak_rss() -> None:
 
     import torch
 
-    from gpt.report.metrics import peak_memory, reset_peak_memory
+    from gpt.report.flops import peak_memory, reset_peak_memory
 
     cpu = torch.device("cpu")
     reset_peak_memory(cpu)
@@ -217,6 +218,6 @@ def test_peak_memory_on_cpu_is_the_process_peak_rss() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux")
 def test_cpu_malloc_reuse_takes_effect_on_glibc() -> None:
-    from gpt.runtime.dist import reuse_freed_memory
+    from gpt.runtime.device import reuse_freed_memory
 
     assert reuse_freed_memory() is True

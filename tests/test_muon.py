@@ -13,7 +13,8 @@ import torch
 from gpt.core.config import OptimConfig, model_preset
 from gpt.model.transformer import GPT
 from gpt.optim.muon import MuonAdamW, hidden_matrices, momentum_at
-from gpt.optim.optimizer import build_optimizer, lr_at, optimizer_groups
+from gpt.optim.optimizer import build_optimizer, optimizer_groups
+from gpt.optim.schedule import lr_at
 from gpt.engine.step import optimizer_step
 from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one, run_cli,
                      write_random_shards)
@@ -158,7 +159,7 @@ def test_the_newton_schulz_bench_times_torchs_iteration() -> None:
     in bf16 it must be torch.optim.Muon's, bit for bit, or the comparison means nothing."""
     from torch.optim import _muon
 
-    from gpt.bench.newton_schulz import newton_schulz
+    from gpt.bench.tokens.newton_schulz import newton_schulz
 
     torch.manual_seed(0)
     for shape in ((48, 16), (16, 64), (32, 32)):

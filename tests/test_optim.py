@@ -9,7 +9,8 @@ import torch
 
 from gpt.core.config import OptimConfig, model_preset
 from gpt.model.transformer import GPT
-from gpt.optim.optimizer import build_optimizer, lr_at, param_groups
+from gpt.optim.optimizer import build_optimizer, param_groups
+from gpt.optim.schedule import lr_at
 
 MAX_LR, RATIO, WARMUP, STEPS = 6e-4, 0.1, 715, 19073
 
@@ -66,3 +67,16 @@ def test_fused_adamw_on_cpu_and_explicit_off() -> None:
     assert opt.defaults["betas"] == (0.9, 0.95) and opt.defaults["eps"] == 1e-8
     opt, fused = build_optimizer(model, OptimConfig(fused=False), torch.device("cpu"))
     assert not fused and not opt.defaults["fused"]
+
+
+def test_a_runs_schedule_is_its_optimizer_sections() -> None:
+    from gpt.core.config import OptimConfig
+    from gpt.optim.schedule import Schedule
+
+    adamw = Schedule(OptimConfig(max_lr=1.0, min_lr_ratio=0.0, warmup_steps=2), max_steps=10)
+    assert [adamw.lr(s) for s in (0, 1, 10)] == [lr_at(s, 1.0, 0.0, 2, 10) for s in (0, 1, 10)]
+    assert adamw.muon_momentum(0) is None
+    muon = Schedule(OptimConfig(optimizer="muon", muon_momentum=0.95, muon_momentum_warmup=4,
+                                lr_schedule="trapezoid"), max_steps=10)
+    assert muon.muon_momentum(0) == pytest.approx(0.85) and muon.muon_momentum(4) == 0.95
+    assert muon.lr(9) == lr_at(9, 6e-4, 0.1, 715, 10, "trapezoid", 0.4)

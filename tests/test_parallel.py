@@ -20,7 +20,7 @@ from gpt.engine import parallel
 from gpt.eval import hellaswag
 from gpt.core.cli import parse_args
 from gpt.core.config import ConfigError, OptimConfig, TrainConfig, model_preset
-from gpt.runtime.dist import Runtime
+from gpt.runtime.world import Runtime
 from gpt.model.transformer import GPT
 from gpt.engine.step import SkippedSteps, forward_backward, optimizer_step
 
@@ -202,10 +202,10 @@ def test_trainer_graphs_training_never_breaks_and_eval_compiles_apart(
     """The trainer's own compiled step: one graph, no break. Validation and HellaSwag
     compile their own two graphs (no-grad at the validation shape; HellaSwag's padded
     shape) on evaluation's callable, and the training step after them compiles nothing."""
-    from gpt.runtime.dist import init_runtime
+    from gpt.runtime.world import init_runtime
     from gpt.eval.validation import val_loss
     from gpt.plan.preflight import preflight
-    from gpt.train.loop import build_run
+    from gpt.train.build import build_run
 
     data = write_random_shards(tmp_path, seed=0, train=(20_000,), val=(5_000,))
     cfg = parse_args([*TINY, *QUIET, "--compile", "--val-every", "5", "--val-steps", "2",

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpt.plot import MATPLOTLIB_HINT, load_metrics, main
+from gpt.plot import main
+from gpt.report.curves import MATPLOTLIB_HINT
+from gpt.report.metrics_reader import load_metrics
 
 
 def write_jsonl(path: Path, records: list[dict], tail: str = "") -> Path:
@@ -119,7 +121,8 @@ def test_a_run_without_hellaswag_has_no_empty_panel_and_the_title_names_the_run(
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
-    from gpt.plot import draw, run_title
+    from gpt.report.curves import draw
+    from gpt.report.metrics_reader import run_title
 
     head = {"type": "run", "params": 3_327_744, "device_name": "AMD EPYC", "world_size": 1,
             "config": {"preset": "tiny", "train": {"max_steps": 150},

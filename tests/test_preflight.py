@@ -21,7 +21,7 @@ from gpt.core.cli import parse_args
 from gpt.core.config import model_preset
 from gpt.core.errors import UserError
 from gpt.plan.preflight import preflight
-from gpt.train.loop import main as train_main
+from gpt.entry import train_main
 
 
 
@@ -120,18 +120,18 @@ def test_the_trainer_and_the_dry_run_each_ask_the_preflight_once(data: Path, tmp
     """Before the runtime starts, train() calls the preflight (and reads its verdict) and
     nothing else of the package: no check of its own. The dry run likewise."""
     from gpt.plan import dry_run
-    from gpt.train import loop as train
+    from gpt.train import trainer as train
 
     cfg = parse_args([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data),
                       "--out-dir", str(tmp_path / "run")])
     calls, run = direct_calls(train.train, stop_at="init_runtime")
     run(cfg)
-    # (dist:is_master: the plan's runtime read, to print its lines on rank 0 only)
-    assert [c for c in calls if c != "dist:is_master"] == ["preflight:preflight",
+    # (world:is_master: the plan's runtime read, to print its lines on rank 0 only)
+    assert [c for c in calls if c != "world:is_master"] == ["preflight:preflight",
                                                            "preflight:settled"]
     calls, run = direct_calls(dry_run.main)
     run(cfg)
-    assert [c for c in calls if not c.startswith(("dry_run:", "dist:launch"))] == [
+    assert [c for c in calls if not c.startswith(("dry_run:", "launch:launch"))] == [
         "preflight:preflight"]
     assert "the run would start" in capsys.readouterr().out
 
@@ -265,4 +265,5 @@ def test_the_memory_planner_and_the_layout_do_not_call_back_into_the_preflight()
                      if isinstance(node, ast.ImportFrom) else [])
             if any(n == "gpt.plan.preflight" for n in names):
                 importers.append(path.relative_to(REPO).as_posix())
-    assert sorted(set(importers)) == ["gpt/plan/dry_run.py", "gpt/train/loop.py"]
+    assert sorted(set(importers)) == ["gpt/plan/dry_run.py", "gpt/train/build.py",
+                                     "gpt/train/trainer.py"]

@@ -15,7 +15,8 @@ from gpt import pretrained
 from gpt.checkpoint import weights
 from gpt.core.config import model_preset
 from gpt.model.transformer import GPT
-from gpt.checkpoint.weights import PretrainedError, export_hf, load_pretrained, read_safetensors
+from gpt.checkpoint.export import export_hf
+from gpt.checkpoint.weights import PretrainedError, load_pretrained, read_safetensors
 
 from helpers import write_checkpoint
 

@@ -25,6 +25,7 @@ from gpt.data.loader import ShardLoader
 from gpt.core.fileio import LOCK_NAME, FolderLock, atomic_write, remove_dead_temp_files
 from gpt.data.shards import DataError, ShardError, find_shards
 from gpt.engine.step import TrainingDiverged
+from gpt.train.trainer import train
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
@@ -105,14 +106,12 @@ def poison_after(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
 
 def test_poisoned_weights_stop_the_run_at_the_next_check(monkeypatch, data_dir: Path,
                                                          tmp_path: Path) -> None:
-    import gpt.train.loop as train_mod
-
     out = tmp_path / "run"
     poison_after(monkeypatch, 3)
     cfg = parse_args([*ARGS, "--max-steps", "8", "--checkpoint-every", "2",
                       "--finite-check-every", "1", "--data-dir", str(data_dir), "--out-dir", str(out)])
     with pytest.raises(TrainingDiverged, match=r"after step 3.*last good checkpoint is .*ckpt_000002\.pt"):
-        train_mod.train(cfg)
+        train(cfg)
     saved = [s for s, _ in checkpoint.list_checkpoints(out)]
     assert saved == [2]  # nothing written from the poisoned state
     assert all_finite(out / "ckpt_000002.pt")
@@ -120,14 +119,12 @@ def test_poisoned_weights_stop_the_run_at_the_next_check(monkeypatch, data_dir: 
 
 def test_the_finiteness_check_runs_between_log_steps_too(monkeypatch, data_dir: Path,
                                                          tmp_path: Path) -> None:
-    import gpt.train.loop as train_mod
-
     out = tmp_path / "run"
     poison_after(monkeypatch, 3)
     cfg = parse_args([*ARGS, "--max-steps", "8", "--checkpoint-every", "2", "--log-every", "100",
                       "--finite-check-every", "1", "--data-dir", str(data_dir), "--out-dir", str(out)])
     with pytest.raises(TrainingDiverged, match=r"after step 3.*ckpt_000002\.pt"):
-        train_mod.train(cfg)
+        train(cfg)
     assert [s for s, _ in checkpoint.list_checkpoints(out)] == [2]
 
 
@@ -135,15 +132,13 @@ def test_a_checkpoint_is_never_written_from_poisoned_state(monkeypatch, data_dir
                                                             tmp_path: Path) -> None:
     """Log steps far apart: the save itself must refuse, and name a good checkpoint. The
     update just before the save is the poisoned one, so no loss has seen it yet."""
-    import gpt.train.loop as train_mod
-
     out = tmp_path / "run"
     poison_after(monkeypatch, 3)
     cfg = parse_args([*ARGS, "--max-steps", "8", "--checkpoint-every", "2", "--log-every", "100",
                       "--data-dir", str(data_dir), "--out-dir", str(out)])
     with pytest.raises(TrainingDiverged, match=r"at step 4: no checkpoint of them is written.*"
                                                r"ckpt_000002\.pt"):
-        train_mod.train(cfg)
+        train(cfg)
     assert [s for s, _ in checkpoint.list_checkpoints(out)] == [2]
     assert all_finite(out / "ckpt_000002.pt")
 
@@ -437,12 +432,13 @@ def test_metrics_log_that_cannot_be_opened(data_dir: Path, tmp_path: Path) -> No
 
 def test_out_of_memory_names_the_flag(monkeypatch, data_dir: Path, tmp_path: Path, capsys) -> None:
     import gpt.train.loop as train_mod
+    from gpt.entry import train_main
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(train_mod, "forward_backward", oom)
-    code = train_mod.main([*ARGS, "--max-steps", "2", "--data-dir", str(data_dir),
+    code = train_main([*ARGS, "--max-steps", "2", "--data-dir", str(data_dir),
                            "--out-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == 1 and "out of memory" in err and "lower --batch-size" in err

@@ -24,16 +24,17 @@ from gpt.checkpoint.files import CheckpointError
 from gpt.core.cli import parse_args
 from gpt.core.config import ConfigError, model_preset
 from gpt.data.loader import ShardLoader
-from gpt.runtime.dist import (WORKER_VARS, RendezvousError, Runtime, init_runtime,
-                      launch_environment)
+from gpt.runtime.world import Runtime, init_runtime
+from gpt.runtime.launch import WORKER_VARS, RendezvousError, launch_environment
 from gpt.core.fileio import FolderLock
 from gpt.report.metrics import MetricsLog
 from gpt.model.transformer import GPT
 from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
-from gpt.checkpoint.weights import export_hf, load_pretrained, read_safetensors, write_safetensors
+from gpt.checkpoint.export import export_hf
+from gpt.checkpoint.weights import load_pretrained, read_safetensors, write_safetensors
 from gpt.data.shards import ShardError, check_not_being_written, read_shard, write_shard
 from gpt.plan.preflight import preflight
-from gpt.train.loop import build_loaders
+from gpt.train.build import build_loaders
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
@@ -354,7 +355,9 @@ def test_allow_incomplete_data_trains_with_a_warning(tmp_path: Path) -> None:
     lock = FolderLock(data, "fineweb.py run").acquire()
     try:
         plan = preflight(cfg).settled()  # the trainer's checks, with the warning it prints
-        train_loader, _ = build_loaders(cfg, Runtime(device=torch.device("cpu")))
+        train_loader, _ = build_loaders(cfg.data, Runtime(device=torch.device("cpu")),
+                                        seed=cfg.train.seed, vocab_size=cfg.model.vocab_size,
+                                        validation=False)
     finally:
         lock.release()
     assert train_loader.num_tokens == 9_000

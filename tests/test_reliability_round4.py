@@ -15,7 +15,7 @@ from helpers import QUIET, TINY, write_random_shards
 from gpt.checkpoint import files as checkpoint
 from gpt.model import sizing
 from gpt.bench import cli as bench_cli
-from gpt.bench import tokens_bench
+from gpt.bench.tokens import bench as tokens_bench
 from gpt.checkpoint.files import CheckpointError
 from gpt.core.cli import parse_args
 from gpt.core.config import SCHEMA_VERSION, model_preset
@@ -23,8 +23,8 @@ from gpt.core.errors import UserError
 from gpt.generate import main as generate_main
 from gpt.model.transformer import GPT
 from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
-from gpt.train.loop import main as train_main
-from gpt.checkpoint.weights import export_hf
+from gpt.entry import train_main
+from gpt.checkpoint.export import export_hf
 
 WORKER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}  # what torchrun adds
 ABSURD = ["--n-layer", "100000", "--n-embd", "65536", "--n-head", "64"]
@@ -271,7 +271,8 @@ def test_a_checkpoint_from_before_the_schema_still_loads(beyond_gpt2_run: Path,
 
 
 def test_a_schema_1_config_reads_with_the_fields_added_since_at_their_defaults() -> None:
-    from gpt.core.config import Config, ConfigError, from_dict, to_dict
+    from gpt.core.config import Config, ConfigError
+    from gpt.core.config_io import from_dict, to_dict
 
     saved = to_dict(Config())
     del saved["train"]["loss_kernel"]  # added in schema 2
@@ -295,7 +296,8 @@ FIELDS_OF_SCHEMA = {1: 85, 2: 86, 3: 88}
 
 
 def test_a_new_config_field_raises_the_schema_version() -> None:
-    from gpt.core.config import SCHEMA_VERSION, field_index
+    from gpt.core.config import SCHEMA_VERSION
+    from gpt.core.config_io import field_index
 
     assert set(FIELDS_OF_SCHEMA) == set(range(1, SCHEMA_VERSION + 1))
     for version, count in FIELDS_OF_SCHEMA.items():

@@ -18,8 +18,8 @@ from gpt.checkpoint.files import CheckpointError
 from gpt.core.config import SCHEMA_VERSION
 from gpt.evaluate import main as evaluate_main
 from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
-from gpt.train.loop import main as train_main
-from gpt.checkpoint.weights import export_hf
+from gpt.entry import train_main
+from gpt.checkpoint.export import export_hf
 
 from harness_fixtures import write_tasks
 from helpers import QUIET, TINY, read_only_folder, write_random_shards

@@ -21,7 +21,7 @@ from gpt.eval import harness_tasks
 from gpt.core.config import model_preset
 from gpt.evaluate import main as evaluate_main
 from gpt.model.transformer import GPT
-from gpt.train.loop import main as train_main
+from gpt.entry import train_main
 
 from harness_fixtures import write_odd_tasks, write_tasks
 from helpers import QUIET, TINY, read_metrics, run_torchrun, write_checkpoint, write_random_shards
@@ -169,7 +169,7 @@ def test_a_continuation_as_long_as_the_block_scores_as_the_hf_model_scores_it(
     from lm_eval.models.huggingface import HFLM
 
     from gpt.eval.harness import GPT2TrainerLM
-    from gpt.checkpoint.weights import export_hf
+    from gpt.checkpoint.export import export_hf
 
     torch.manual_seed(0)
     model = GPT(model_preset("tiny", block_size=64))
@@ -233,6 +233,7 @@ def _failing_rank_worker(rank: int, folder: str) -> None:
     from gpt.core.config import model_preset
     from gpt.eval.harness import GPT2TrainerLM
     from gpt.eval.harness_tasks import HarnessError
+    from gpt.eval.rank_agreement import agreed
     from gpt.model.transformer import GPT
     from gpt.train.train_tasks import agreed_failure
 
@@ -248,7 +249,7 @@ def _failing_rank_worker(rank: int, folder: str) -> None:
             return [(0.0, True)]
 
         try:
-            outcome = f"returned {lm._agreed(share)}"
+            outcome = f"returned {agreed(share, lm._world_size)}"
         except HarnessError as e:
             outcome = str(e)
         # the metrics, which the harness computes on rank 0 alone, fail there

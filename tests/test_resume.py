@@ -23,6 +23,7 @@ from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.files import CheckpointError, load
 from gpt.core.cli import parse_args
 from gpt.data.shards import write_shard
+from gpt.engine.step import TrainingDiverged
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "6"]
 
@@ -143,7 +144,7 @@ def test_elastic_restart_after_a_rank_is_killed(data_dir: Path, tmp_path: Path) 
     """torchrun --max-restarts with --resume auto: SIGKILL one worker mid-run; the job
     restarts once from the last checkpoint and finishes. (One restart is all it gets: the
     restarted workers must not trip over the dead ones' rendezvous keys, which torchrun
-    leaves in the store it reuses; see gpt.runtime.dist.restart_store_prefix.)"""
+    leaves in the store it reuses; see gpt.runtime.launch.restart_store_prefix.)"""
     out = tmp_path / "run"
     args = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "12",
             "--checkpoint-every", "2", "--data-dir", str(data_dir), "--out-dir", str(out),
@@ -174,11 +175,11 @@ def test_elastic_restart_after_a_rank_is_killed(data_dir: Path, tmp_path: Path) 
 
 def train_in_process(monkeypatch: pytest.MonkeyPatch, data_dir: Path, out: Path,
                      *flags: str) -> dict:
-    import gpt.train.loop as train_mod
+    from gpt.train.trainer import train
 
     monkeypatch.delenv("RANK", raising=False)
     cfg = parse_args([*ARGS, "--data-dir", str(data_dir), "--out-dir", str(out), *flags])
-    return train_mod.train(cfg)
+    return train(cfg)
 
 
 def run_with_bad_steps(monkeypatch: pytest.MonkeyPatch, data_dir: Path, out: Path,
@@ -242,9 +243,7 @@ def test_a_streak_between_log_steps_still_stops_the_run(monkeypatch, data_dir: P
                                                         tmp_path: Path) -> None:
     """Three bad steps in a row, then good ones, all between two log lines: the longest
     streak since the last read is what counts."""
-    import gpt.train.loop as train_mod
-
-    with pytest.raises(train_mod.TrainingDiverged, match=r"3 steps in a row.*by step 4"):
+    with pytest.raises(TrainingDiverged, match=r"3 steps in a row.*by step 4"):
         run_with_bad_steps(monkeypatch, data_dir, tmp_path / "run", {1, 2, 3}, "--log-every", "4",
                            "--max-bad-steps", "3", "--checkpoint-every", "0")
 
@@ -262,10 +261,8 @@ def test_no_checkpoint_is_saved_during_a_streak_of_skipped_steps(monkeypatch, da
                                                                   tmp_path: Path) -> None:
     """Finite weights whose loss is not finite are no checkpoint to go back to: saves wait
     for a good step, and the error names the last checkpoint from before the streak."""
-    import gpt.train.loop as train_mod
-
     out = tmp_path / "run"
-    with pytest.raises(train_mod.TrainingDiverged, match=r"4 steps in a row.*ckpt_000003\.pt"):
+    with pytest.raises(TrainingDiverged, match=r"4 steps in a row.*ckpt_000003\.pt"):
         run_with_bad_steps(monkeypatch, data_dir, out, {3, 4, 5, 6}, "--checkpoint-every", "1",
                            "--max-bad-steps", "4", "--keep-checkpoints", "5", "--max-steps", "10")
     assert [s for s, _ in checkpoint.list_checkpoints(out)] == [1, 2, 3]
@@ -276,10 +273,10 @@ def test_no_checkpoint_is_saved_during_a_streak_of_skipped_steps(monkeypatch, da
 
 def test_a_val_shard_failing_mid_run_stops_with_a_checkpoint(monkeypatch, data_dir: Path,
                                                               tmp_path: Path) -> None:
-    import gpt.train.loop as train_mod
+    import gpt.train.periodic as periodic
     from gpt.data.shards import DataError, ShardError
 
-    real = train_mod.val_loss
+    real = periodic.val_loss
     calls = {"n": 0}
 
     def failing(*args, **kwargs):
@@ -288,7 +285,7 @@ def test_a_val_shard_failing_mid_run_stops_with_a_checkpoint(monkeypatch, data_d
             raise ShardError("val_000000.bin: holds fewer tokens than its header said")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_mod, "val_loss", failing)
+    monkeypatch.setattr(periodic, "val_loss", failing)
     out = tmp_path / "run"
     with pytest.raises(DataError, match=r"val_000000.bin: .*; saved .*ckpt_000002\.pt at step 2: "
                                          r"restore the data"):
@@ -298,11 +295,9 @@ def test_a_val_shard_failing_mid_run_stops_with_a_checkpoint(monkeypatch, data_d
 
 def test_too_many_bad_steps_in_a_row_stop_the_run(monkeypatch, data_dir: Path,
                                                   two_step_copy: Path) -> None:
-    import gpt.train.loop as train_mod
-
     out = two_step_copy
     before = (out / "ckpt_000002.pt").read_bytes()
-    with pytest.raises(train_mod.TrainingDiverged, match=r"3 steps in a row.*ckpt_000002\.pt"):
+    with pytest.raises(TrainingDiverged, match=r"3 steps in a row.*ckpt_000002\.pt"):
         run_with_bad_steps(monkeypatch, data_dir, out, {0, 1, 2}, "--resume", "auto",
                            "--max-bad-steps", "3")
     assert (out / "ckpt_000002.pt").read_bytes() == before  # the good checkpoint stays

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import gpt.train.run_curves as run_curves
-from gpt.train import loop as train_mod
 from gpt.checkpoint.checkpointer import LoopState
 from gpt.core.cli import parse_args
 from gpt.core.extras import have
+from gpt.entry import train_main
 from gpt.train.run_summary import Ending, Tally, summarize
 
 from helpers import TINY, read_metrics
@@ -25,7 +25,7 @@ ARGS = [*TINY, "--sample-every", "0", "--val-every", "2", "--val-steps", "1"]
 
 
 def run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = train_mod.main(args)
+    code = train_main(args)
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -126,7 +126,7 @@ def test_a_run_draws_its_curves_titled_with_its_folder_and_recipe(
         random_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("matplotlib")
-    import gpt.plot as plot
+    import gpt.report.curves as plot
 
     monkeypatch.setattr(run_curves, "MIN_INTERVAL_S", 0.0)  # no pacing: every validation
     drawn: list[tuple[list[int], str]] = []
@@ -156,7 +156,7 @@ def test_a_short_run_draws_its_curves_once_at_the_end(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The redraws after a validation are paced to a minute; the end always draws."""
     pytest.importorskip("matplotlib")
-    import gpt.plot as plot
+    import gpt.report.curves as plot
 
     drawn: list[int] = []
     real = plot.plot_runs
@@ -189,7 +189,7 @@ def test_without_matplotlib_the_start_says_once_how_to_get_the_curves(
 def test_a_figure_that_fails_is_one_warning_and_the_run_goes_on(
         random_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import gpt.plot as plot
+    import gpt.report.curves as plot
 
     monkeypatch.setattr(run_curves, "have", lambda module: True)
     monkeypatch.setattr(run_curves, "MIN_INTERVAL_S", 0.0)

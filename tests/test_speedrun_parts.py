@@ -13,7 +13,8 @@ import torch
 from gpt.model.attention_mask import EOT, AttentionMask, window_at
 from gpt.core.config import ModelConfig, model_preset
 from gpt.model.transformer import GPT
-from gpt.checkpoint.weights import PretrainedError, export_hf
+from gpt.checkpoint.export import export_hf
+from gpt.checkpoint.weights import PretrainedError
 from helpers import (QUIET, TINY, assert_resume_is_exact, meta_build_and_reference, run_cli,
                      write_random_shards)
 from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
@@ -186,7 +187,8 @@ def test_a_checkpoint_loads_with_the_window_it_was_last_trained_with(tmp_path: P
     the last step trained, not the first step's."""
     from dataclasses import replace
 
-    from gpt.core.config import Config, TrainConfig, to_dict
+    from gpt.core.config import Config, TrainConfig
+    from gpt.core.config_io import to_dict
     from gpt.checkpoint.model_load import load_checkpoint_model
 
     model_cfg = cfg(attn_window=4, attn_window_final=20)

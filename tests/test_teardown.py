@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 
 from helpers import QUIET, TINY, write_random_shards
-from gpt.runtime import dist as gdist
+from gpt.runtime import world as gdist
 from gpt.core.cli import parse_args
 
 
@@ -76,7 +76,7 @@ def test_the_trainers_model_and_optimizer_are_gone_before_the_group_is(
         tmp_path: Path) -> None:
     """FSDP's sharded model and ZeRO's optimizer hold the group (DDP's reducer does too,
     with two ranks or more: the subprocess tests in test_dist.py run those)."""
-    import gpt.train.loop as train_mod
+    import gpt.train.trainer as train_mod
 
     data = write_random_shards(tmp_path, seed=4, train=(6_000,))
     cfg = parse_args([*TINY, *QUIET, "--max-steps", "2", "--parallel", mode,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpt.bench.tokens_bench import crossing, part_effect, tokens_to_target
+from gpt.bench.tokens.bench import crossing, part_effect, tokens_to_target
 
 
 def test_a_curve_crossing_is_interpolated() -> None:

@@ -1,4 +1,4 @@
-"""gpt/bench/tokens_cache.py: the tokens bench's run cache, its key and its lines. (The
+"""gpt/bench/tokens/cache.py: the tokens bench's run cache, its key and its lines. (The
 bench reusing runs from it, and an interrupted bench, are in test_tokens_search.py.)"""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt.bench.tokens_cache import RunCache, data_fingerprint, origins, without_places
+from gpt.bench.tokens.cache import RunCache, data_fingerprint, origins, without_places
 from gpt.core.errors import UserError
 from helpers import write_random_shards
 

@@ -1,4 +1,4 @@
-"""python -m gpt.bench tokens (gpt/bench/tokens_search.py): seeds and spread, the bracketed
+"""python -m gpt.bench tokens (gpt/bench/tokens/search.py): seeds and spread, the bracketed
 crossing, both GPT-2 schedules, the tied-head variant, time to target and the ablation.
 The logic runs on a stand-in trainer (a loss that falls with steps, known per recipe);
 one slow test runs the real trainer end to end."""
@@ -18,8 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from gpt.bench import recipes, runs, tokens_runner, tokens_search, tokens_timing
+from gpt.bench import runs
 from gpt.bench.cli import main as bench_main
+from gpt.bench.tokens import recipes
+from gpt.bench.tokens import runner as tokens_runner
+from gpt.bench.tokens import timing as tokens_timing
+from gpt.bench.tokens.budgets import narrow_crossing
 from gpt.core.errors import UserError
 from helpers import write_random_shards
 
@@ -198,7 +202,7 @@ def test_the_ablation_sweeps_the_rate_where_muon_is_the_part(tmp_path: Path, mon
 ])
 def test_a_coarse_crossing_gets_the_budget_halfway(steps, losses, want) -> None:
     points = [{"steps": s, "final_val_loss": v} for s, v in zip(steps, losses)]
-    assert tokens_search.narrow_crossing(points, target=5.2) == want
+    assert narrow_crossing(points, target=5.2) == want
 
 
 def test_the_ablation_runs_only_the_budgets_that_bracket_each_crossing(

@@ -52,10 +52,10 @@ def test_wandb_offline_writes_its_run_and_a_resume_continues_it(random_data_dir:
 def test_missing_package_is_one_line_naming_the_extra(flag: list[str], extra: str, monkeypatch,
                                                       random_data_dir: Path, tmp_path: Path,
                                                       capsys) -> None:
-    import gpt.train.loop as train_mod
+    from gpt.entry import train_main
 
     monkeypatch.setitem(sys.modules, extra, None)  # importing it now fails
-    code = train_mod.main([*ARGS, *flag, "--data-dir", str(random_data_dir),
+    code = train_main([*ARGS, *flag, "--data-dir", str(random_data_dir),
                            "--out-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == 2 and f'pip install -e ".[{extra}]"' in err and "not installed" in err

@@ -10,10 +10,11 @@ import torch
 
 from gpt.checkpoint.files import load
 from gpt.core.cli import parse_args
-from gpt.core.config import ConfigError, OptimConfig, from_dict, model_preset
+from gpt.core.config import ConfigError, OptimConfig, model_preset
+from gpt.core.config_io import from_dict
 from gpt.data.loader import ShardLoader
 from gpt.data.shards import write_shard
-from gpt.runtime.dist import pick_device, resolve_dtype
+from gpt.runtime.device import pick_device, resolve_dtype
 from gpt.model.transformer import GPT, unwrap
 from gpt.optim.optimizer import build_optimizer
 from gpt.engine.step import forward_backward, optimizer_step
@@ -177,7 +178,7 @@ def test_fine_tune_from_hf_folder_with_hellaswag(random_data_dir: Path, tmp_path
     """--init-from a local HF GPT-2 folder (shape and weights from it), HellaSwag during training."""
     import json
 
-    from gpt.checkpoint.weights import export_hf
+    from gpt.checkpoint.export import export_hf
 
     torch.manual_seed(3)
     source = GPT(model_preset("tiny", n_layer=3, block_size=32))

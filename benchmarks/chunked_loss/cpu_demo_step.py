@@ -2,7 +2,8 @@
 by step in one process (so both see the same machine load): PYTHONPATH=. python
 benchmarks/chunked_loss/cpu_demo_step.py STEPS. Random tokens (the data folder is not read)."""
 import torch, time, statistics, sys, json
-from gpt.runtime.dist import reuse_freed_memory, Runtime
+from gpt.runtime.device import reuse_freed_memory
+from gpt.runtime.world import Runtime
 from gpt.core.cli import parse_args
 from gpt.engine import parallel
 from gpt.model.transformer import GPT

@@ -10,7 +10,7 @@ import json, platform, statistics, subprocess, sys, time
 import torch
 
 from gpt.model import chunked_ce
-from gpt.runtime.dist import reuse_freed_memory
+from gpt.runtime.device import reuse_freed_memory
 
 
 def tanh_chunk_loss(z, targets, softcap, grads):

@@ -1,4 +1,4 @@
-"""The tokens bench's timing phase alone (gpt/bench/tokens_timing.py), for the recipes it
+"""The tokens bench's timing phase alone (gpt/bench/tokens/timing.py), for the recipes it
 compares at its CPU scale: the GPT-2 recipe (cosine, --max-lr 3e-3), the new recipe at lr
 scale x2 and its tied-head variant, 30 steps each, alternating, REPEATS times, one thread:
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from gpt.bench import recipes, tokens_timing
+from gpt.bench.tokens import recipes
+from gpt.bench.tokens import timing as tokens_timing
 from gpt.bench.report import run_info
 
 data, repeats, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])

@@ -1,5 +1,5 @@
 """The flags the subcommands share: the timing subcommands' common and profiling flags
-(gpt.bench.common.Context is made from them), and the parser of a standalone subcommand
+(gpt.bench.step.common.Context is made from them), and the parser of a standalone subcommand
 (its module's docstring as its description, its runner as `standalone`).
 
 Torch-free: the parsers are built before torch loads, so --help answers at once.

@@ -1,9 +1,13 @@
 """The ``python -m gpt.bench`` command line: one parser, one subcommand per benchmark.
 
 Timing subcommands (model, components, attention, ladder, compile) share the common
-flags and a Context, and their results go through one writer. Standalone subcommands
-(comm, prepare, gpu, cpu-malloc, memory, tokens) own their flags and run themselves: their
-parser sets `standalone`. `memory` also takes the trainer's own flags. A UserError from any of them is one line and its exit code.
+flags and a Context (gpt.bench.step.common), and their results go through one writer.
+Standalone subcommands (comm, prepare, gpu, cpu-malloc, memory, tokens, newton-schulz) own
+their flags and run themselves: their parser sets `standalone`. `memory` also takes the
+trainer's own flags. A UserError from any of them is one line and its exit code.
+
+Each subcommand's module lives in one of the suite's parts (step/, tokens/, prepare/, gpu/)
+and is named here as a path below gpt.bench: only this command line knows them all.
 """
 
 from __future__ import annotations
@@ -17,37 +21,38 @@ from gpt.bench.record import check_out
 from gpt.core.cli import OneLineParser
 from gpt.core.errors import UserError
 
-# Each subcommand: the module that defines its flags and runs it (imported only once the
-# subcommand is named, so --help answers before torch loads), and its line in --help.
+# Each subcommand: the module below gpt.bench that defines its flags and runs it (imported
+# only once the subcommand is named, so --help answers before torch loads), and its line
+# in --help.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "model": ("model_bench", "time forward / forward+backward / train step per model size, "
+    "model": ("step.model", "time forward / forward+backward / train step per model size, "
               "precision and compile setting"),
-    "components": ("model_bench", "time embeddings, the blocks and head+loss separately "
+    "components": ("step.model", "time embeddings, the blocks and head+loss separately "
                    "(forward and forward+backward)"),
-    "attention": ("attention", "naive vs SDPA backends vs compiled naive over head dim x "
+    "attention": ("step.attention", "naive vs SDPA backends vs compiled naive over head dim x "
                   "sequence length (forward, backward, memory)"),
-    "ladder": ("ladder", "the GPT-2 speed ladder: fp32 -> tf32 -> bf16 -> compile -> flash -> "
+    "ladder": ("step.ladder", "the GPT-2 speed ladder: fp32 -> tf32 -> bf16 -> compile -> flash -> "
                "vocab 50304 -> fused AdamW -> trainer default"),
-    "compile": ("compile_bench", "eager vs torch.compile for attention and the whole model, "
+    "compile": ("step.compile", "eager vs torch.compile for attention and the whole model, "
                 "compile time reported apart"),
-    "comm": ("comm", "all-reduce bandwidth and DDP compute vs communication (under torchrun)"),
-    "prepare": ("prepare_bench", "shard preparation throughput and memory vs a Pool baseline"),
-    "gpu": ("gpu", "GPU acceptance, stages by name: CUDA tests, 124M vs build-nanogpt, XL, "
+    "comm": ("step.comm", "all-reduce bandwidth and DDP compute vs communication (under torchrun)"),
+    "prepare": ("prepare.throughput", "shard preparation throughput and memory vs a Pool baseline"),
+    "gpu": ("gpu.accept", "GPU acceptance, stages by name: CUDA tests, 124M vs build-nanogpt, XL, "
             "loss kernels, profiles, FP8, recipes, ladder (--plan lists them)"),
-    "cpu-malloc": ("malloc_bench", "CPU step time and peak memory with and without "
+    "cpu-malloc": ("step.malloc", "CPU step time and peak memory with and without "
                    "--cpu-malloc-reuse"),
-    "memory": ("memory_bench", "predict a training run's peak memory per device (takes the "
+    "memory": ("step.memory", "predict a training run's peak memory per device (takes the "
                "trainer's flags or --config)"),
-    "newton-schulz": ("newton_schulz", "Muon's Newton-Schulz orthogonalisation in fp32 vs bf16 "
-                      "on the tokens bench's matrix shapes"),
-    "tokens": ("tokens_search", "tokens and seconds each recipe needs to reach the GPT-2 "
+    "newton-schulz": ("tokens.newton_schulz", "Muon's Newton-Schulz orthogonalisation in fp32 "
+                      "vs bf16 on the tokens bench's matrix shapes"),
+    "tokens": ("tokens.search", "tokens and seconds each recipe needs to reach the GPT-2 "
                "recipe's validation loss, over seeds (GPT-2 vs the speedrun-era recipe, LR and "
                "schedule sweeps, the tied-head variant, --ablation)"),
 }
 # The timing subcommands: a runner each, given the shared Context
-RUNNERS = {"model": ("model_bench", "run_model"), "components": ("model_bench", "run_components"),
-           "attention": ("attention", "run"), "ladder": ("ladder", "run"),
-           "compile": ("compile_bench", "run")}
+RUNNERS = {"model": ("step.model", "run_model"), "components": ("step.model", "run_components"),
+           "attention": ("step.attention", "run"), "ladder": ("step.ladder", "run"),
+           "compile": ("step.compile", "run")}
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -103,7 +108,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         args.argv = argv  # for the command line its results record
         return args.standalone(args)
     from gpt.bench import report
-    from gpt.bench.common import Context
+    from gpt.bench.step.common import Context
 
     ctx = Context.create(args.command, args, argv)
     module, runner = RUNNERS[args.command]

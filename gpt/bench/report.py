@@ -12,7 +12,7 @@ import torch
 
 from gpt.bench.record import header
 from gpt.bench.tables import Column, md_table, text_table
-from gpt.runtime.dist import device_name
+from gpt.runtime.device import device_name
 
 
 def tf32_flags() -> dict[str, Any]:

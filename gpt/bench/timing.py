@@ -10,7 +10,7 @@ Rules it enforces, so that numbers are right by construction:
   training), with ``perf_counter`` around the call plus a synchronise on CPU and MPS.
 - All samples are returned; the statistics are mean, std (sample, n - 1), median, min,
   max. Throughput is computed from the median.
-- Peak memory over the measured region (gpt.report.metrics.peak_memory): the CUDA allocator's
+- Peak memory over the measured region (gpt.report.flops.peak_memory): the CUDA allocator's
   ``max_memory_allocated``, or on CPU and MPS the process's peak RSS, reset just before
   where the OS allows it (Linux) and otherwise the peak since the process started; the
   result says which.
@@ -32,8 +32,8 @@ from typing import Any, Callable
 import torch
 import torch._dynamo
 
-from gpt.runtime.dist import is_oom, synchronize
-from gpt.report.metrics import peak_memory, reset_peak_memory
+from gpt.runtime.device import is_oom, synchronize
+from gpt.report.flops import peak_memory, reset_peak_memory
 
 from gpt.report.profiling import cuda_profiler_range, nvtx_range
 

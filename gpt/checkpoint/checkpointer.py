@@ -13,16 +13,17 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gpt.engine import parallel
 from gpt.checkpoint.files import (SCHEMA_KEY, CheckpointError, check_resume_config, checkpoint_path,
-                            choose, find_latest, load, rotate, save_atomic)
-from gpt.core.config import SCHEMA_VERSION, CheckpointConfig, Config, ConfigError, to_dict
-from gpt.data.loader import ShardLoader
-from gpt.runtime.dist import Runtime, all_reduce_mean, broadcast_object, gather_objects
+                                  choose, find_latest, load, rotate, save_atomic)
+from gpt.core.config import SCHEMA_VERSION, CheckpointConfig, Config, ConfigError
+from gpt.core.config_io import to_dict
 from gpt.core.errors import UserError
 from gpt.core.fileio import FolderLock, remove_dead_temp_files, temp_path
 from gpt.core.rng import rng_state, set_rng_state
+from gpt.data.loader import ShardLoader
+from gpt.engine import parallel
 from gpt.engine.step import TrainingDiverged, nonfinite_tensors
+from gpt.runtime.world import Runtime, all_reduce_mean, broadcast_object, gather_objects
 
 
 @dataclass

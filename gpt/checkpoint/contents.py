@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from gpt.engine import parallel
-from gpt.model import sizing
 from gpt.core.config import ModelConfig
-from gpt.data.loader import check_loader_state, windows_passed
-from gpt.model.transformer import GPT
 from gpt.core.rng import check_rng_state
+from gpt.data.loader import check_loader_state, windows_passed
+from gpt.engine import parallel
 from gpt.engine.step import count_nonfinite
+from gpt.model import sizing
+from gpt.model.transformer import GPT
 
 
 class BadContents(ValueError):

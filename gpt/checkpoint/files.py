@@ -9,7 +9,7 @@ objects), so loading it never runs code:
     scaler          GradScaler state (fp16)
     loader          the training loader's state of every rank, in rank order
     rng             python/numpy/torch/cuda RNG states of every rank, in rank order
-    config          the resolved Config as a dict (gpt.core.config.to_dict)
+    config          the resolved Config as a dict (gpt.core.config_io.to_dict)
     config_schema   gpt.core.config.SCHEMA_VERSION when it was written (absent in older files:
                     their configs are read as before, a missing field taking its default)
     step            optimizer steps completed
@@ -38,11 +38,13 @@ from typing import Any
 
 import torch
 
-from gpt.core.config import INIT_ONLY, Config, ConfigError, ModelConfig, to_dict, upgrade_dict
 from gpt.checkpoint.contents import BadContents, check_contents, check_weights_fit, stored_step
+from gpt.core.config import INIT_ONLY, Config, ConfigError, ModelConfig
 from gpt.core.config_check import assumed_defaults, check_saved
+from gpt.core.config_io import to_dict, upgrade_dict
 from gpt.core.errors import UserError
 from gpt.core.fileio import atomic_write, free_space
+
 
 CKPT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
 REQUIRED_KEYS = ("model", "optimizer", "config", "step", "loader")

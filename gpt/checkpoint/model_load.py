@@ -10,14 +10,15 @@ import os
 
 import torch
 
-from gpt.model.attention_mask import set_attention_step
-from gpt.checkpoint.files import CheckpointError, model_weights, saved_config
+from gpt.checkpoint.files import CheckpointError
 from gpt.checkpoint.files import load as load_checkpoint_file
-from gpt.model import sizing
+from gpt.checkpoint.files import model_weights, saved_config
 from gpt.core.config import ConfigError, ModelConfig
 from gpt.core.errors import UserError
-from gpt.model.transformer import GPT
 from gpt.engine.step import count_nonfinite
+from gpt.model import sizing
+from gpt.model.attention_mask import set_attention_step
+from gpt.model.transformer import GPT
 
 
 class PretrainedError(UserError, ValueError):

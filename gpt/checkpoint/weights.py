@@ -1,10 +1,8 @@
-"""OpenAI's GPT-2 weights in and out: Hugging Face GPT-2 folders <-> this package's GPT.
+"""OpenAI's GPT-2 weights in: Hugging Face GPT-2 folders (or the hub's four sizes) as this
+package's GPT. The way out, export_hf, is gpt/checkpoint/export.py's.
 
     model = load_pretrained("gpt2")                 # downloads openai-community/gpt2
     model = load_pretrained("path/to/hf_folder")    # config.json + model.safetensors or .bin
-    export_hf("runs/x/ckpt_001000.pt", "hf/my-gpt2") # a folder transformers can load
-
-(`python -m gpt.pretrained export`, in gpt/pretrained.py, is the command line for export_hf.)
 
 A Hugging Face GPT-2 folder holds config.json and the weights as model.safetensors (or
 pytorch_model.bin). The module names are the same as ours; the difference is that GPT-2's
@@ -13,31 +11,27 @@ transpose of nn.Linear's (out, in). The causal-mask buffers (attn.bias, attn.mas
 are dropped and the output head is tied to the token embedding.
 
 Weights files are read and written with the `safetensors` package. Loading a state dict
-exactly into a model, and a trainer checkpoint's weights as a model, are gpt/checkpoint/model_load.py's.
-"""
+exactly into a model, and a trainer checkpoint's weights as a model, are gpt/checkpoint/model_load.py's."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 import safetensors
 import safetensors.torch
 import torch
-import torch.nn as nn
 
-from gpt.checkpoint.files import CheckpointError, model_weights
-from gpt.core.config import Config, ModelConfig, flag
-from gpt.core.fileio import atomic_files, atomic_path, free_space
-from gpt.model.transformer import GPT, unwrap
-from gpt.checkpoint.model_load import (PretrainedError, build_model, check_finite, load_checkpoint_model,
-                            read_checkpoint)
-from gpt.data.tokenizer import ASSETS, GPT2_EOT, GPT2_VOCAB
+from gpt.checkpoint.model_load import PretrainedError, build_model, load_checkpoint_model
+from gpt.core.config import Config, ModelConfig
+from gpt.core.config_io import flag
+from gpt.core.fileio import atomic_path
+from gpt.data.tokenizer import GPT2_VOCAB
+from gpt.model.transformer import GPT
+
 
 HUB_NAMES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
 HUB_ORG = "openai-community"
@@ -46,9 +40,6 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # Stored as HF Conv1D (in, out): transposed to nn.Linear's (out, in) and back.
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers, not weights
-
-
-# ---------------------------------------------------------------------------- safetensors
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -71,9 +62,6 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike)
     with atomic_path(path) as tmp:
         safetensors.torch.save_file(flat, tmp, metadata={"format": "pt"})
     return path
-
-
-# ---------------------------------------------------------------------------- import
 
 
 def is_hub_name(name: str) -> bool:
@@ -252,6 +240,19 @@ NO_PLACE_FOR = {"rotary": "learned position embeddings", "rmsnorm": "LayerNorm b
 NOT_IN_GPT2 = {"value_embeds": "value embedding tables", "unet_skips": "U-net skip weights"}
 
 
+# ModelConfig's parts that GPT-2's architecture does not have (not config.INIT_ONLY's:
+# they change the initial weights, not the model, and their runs export as any other)
+NOT_GPT2 = ("rotary", "rmsnorm", "qk_norm", "relu2", "untied_head", "value_embeds",
+            "unet_skips", "doc_mask")
+
+
+def not_gpt2_parts(cfg: ModelConfig) -> list[str]:
+    """The flags of cfg's parts that GPT-2's architecture does not have."""
+    return [flag(p) for p in NOT_GPT2 if getattr(cfg, p)] + (
+        [f"--logit-softcap {cfg.logit_softcap}"] if cfg.logit_softcap else []) + (
+        [f"--attn-window {cfg.attn_window}"] if cfg.attn_window else [])
+
+
 def with_pretrained_shape(cfg: Config) -> Config:
     """--init-from decides the model's depth and width (its config.json is read; the weights
     are loaded later, in build_run, unless a checkpoint is resumed instead). Parts that
@@ -286,9 +287,6 @@ def init_from_note(cfg: ModelConfig) -> str:
             f"weights: they are a starting point, not GPT-2)")
 
 
-# ---------------------------------------------------------------------------- either
-
-
 def load_model(checkpoint: str | None = None, init_from: str | None = None,
                device: str | torch.device = "cpu", flags: tuple[str, str] = ("--checkpoint", "--init-from")
                ) -> GPT:
@@ -301,160 +299,3 @@ def load_model(checkpoint: str | None = None, init_from: str | None = None,
         return load_checkpoint_model(checkpoint, device, label)
     assert init_from is not None
     return load_pretrained(init_from, device=device)
-
-
-# ---------------------------------------------------------------------------- export
-
-
-def hf_config(cfg: ModelConfig, vocab_size: int, dtype: torch.dtype) -> dict[str, Any]:
-    """config.json of a Hugging Face GPT2LMHeadModel equal to a model of `cfg`."""
-    return {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "activation_function": "gelu_new",
-        "n_layer": cfg.n_layer,
-        "n_head": cfg.n_head,
-        "n_embd": cfg.n_embd,
-        "n_inner": None,
-        "n_positions": cfg.block_size,
-        "n_ctx": cfg.block_size,
-        "vocab_size": vocab_size,
-        "layer_norm_epsilon": 1e-5,
-        "initializer_range": 0.02,
-        "resid_pdrop": cfg.dropout,
-        "embd_pdrop": cfg.dropout,
-        "attn_pdrop": cfg.dropout,
-        "scale_attn_weights": True,
-        "scale_attn_by_inverse_layer_idx": False,
-        "reorder_and_upcast_attn": False,
-        "tie_word_embeddings": True,
-        "bos_token_id": min(GPT2_EOT, vocab_size - 1),
-        "eos_token_id": min(GPT2_EOT, vocab_size - 1),
-        "use_cache": True,
-        "torch_dtype": str(dtype).removeprefix("torch."),
-    }
-
-
-def gpt_to_hf_state_dict(state_dict: dict[str, torch.Tensor],
-                         vocab_size: int) -> dict[str, torch.Tensor]:
-    """Our weights -> GPT2LMHeadModel's (Conv1D weights transposed, padded vocab rows cut,
-    the tied head left out: transformers re-ties it to wte)."""
-    out: dict[str, torch.Tensor] = {}
-    for key, value in state_dict.items():
-        if key == "lm_head.weight":
-            continue
-        value = value.detach().cpu()
-        if key.endswith(CONV1D_SUFFIXES):
-            value = value.t()
-        elif key == "transformer.wte.weight":
-            value = value[:vocab_size]
-        out[key] = value.contiguous()
-    return out
-
-
-# ModelConfig's parts that GPT-2's architecture does not have (not config.INIT_ONLY's:
-# they change the initial weights, not the model, and their runs export as any other)
-NOT_GPT2 = ("rotary", "rmsnorm", "qk_norm", "relu2", "untied_head", "value_embeds",
-            "unet_skips", "doc_mask")
-
-
-def not_gpt2_parts(cfg: ModelConfig) -> list[str]:
-    """The flags of cfg's parts that GPT-2's architecture does not have."""
-    return [flag(p) for p in NOT_GPT2 if getattr(cfg, p)] + (
-        [f"--logit-softcap {cfg.logit_softcap}"] if cfg.logit_softcap else []) + (
-        [f"--attn-window {cfg.attn_window}"] if cfg.attn_window else [])
-
-
-TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")  # what an export writes
-# What a Hugging Face model folder can hold besides: left beside new weights, it would
-# disagree with them (a tokenizer of another vocabulary, other weights, other ids).
-OTHER_MODEL_FILES = ("pytorch_model.bin", "model.safetensors.index.json", "tokenizer.json",
-                     "special_tokens_map.json", "added_tokens.json", "generation_config.json")
-
-
-def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLike,
-              out_dir: str | os.PathLike, vocab_size: int | None = None) -> Path:
-    """Write a model (GPT, possibly compiled/DDP-wrapped), checkpoint dict or checkpoint file
-    as a Hugging Face GPT-2 folder: config.json + model.safetensors, and GPT-2's tokenizer
-    files (vocab.json, merges.txt, tokenizer_config.json) when the vocabulary is GPT-2's,
-    so that AutoTokenizer and pipeline("text-generation") work on the folder as it is.
-
-    vocab_size defaults to GPT-2's 50257 (the padding rows are cut), or the model's own if
-    smaller; cutting GPT-2's ids from a model that has them is refused. The files are
-    written together (fileio.atomic_files): a failure (a full disk) leaves the folder as it
-    was. A model already there is replaced, with a note, and its files that would
-    disagree with the new one (a tokenizer of another vocabulary, other weights) go.
-    """
-    source = str(model_or_checkpoint) if isinstance(model_or_checkpoint, (str, os.PathLike)) else "model"
-    if isinstance(model_or_checkpoint, nn.Module):
-        model = unwrap(model_or_checkpoint)
-        cfg, sd = model.config, model.state_dict()
-    elif isinstance(model_or_checkpoint, dict):
-        try:
-            cfg, sd = model_weights(model_or_checkpoint, "checkpoint")
-        except CheckpointError as e:
-            raise PretrainedError(str(e)) from None
-    else:
-        cfg, sd = read_checkpoint(model_or_checkpoint)
-    beyond = not_gpt2_parts(cfg)
-    if beyond:
-        raise PretrainedError(f"{source}: Hugging Face's GPT-2 cannot hold a model with "
-                              f"{', '.join(beyond)}; only a GPT-2-shaped model exports "
-                              f"(its checkpoint works with gpt.generate and gpt.evaluate)")
-    vocab = min(cfg.vocab_size, GPT2_VOCAB) if vocab_size is None else vocab_size
-    if not 1 <= vocab <= cfg.vocab_size:
-        raise PretrainedError(f"{source}: vocab_size {vocab} must be in 1..{cfg.vocab_size}")
-    if vocab < GPT2_VOCAB <= cfg.vocab_size:
-        raise PretrainedError(f"--vocab-size {vocab} would cut GPT-2's token ids {vocab}.."
-                              f"{GPT2_VOCAB - 1} from a model that has them all, and no tokenizer "
-                              f"would fit the rest; leave it out for GPT-2's {GPT2_VOCAB}")
-    check_finite(sd, source)
-    hf_sd = gpt_to_hf_state_dict(sd, vocab)
-    config = hf_config(cfg, vocab, hf_sd["transformer.wte.weight"].dtype)
-    files: dict[str, Callable[[Path], None]] = {
-        "model.safetensors": lambda p: safetensors.torch.save_file(hf_sd, p, metadata={"format": "pt"}),
-        CONFIG_FILE: lambda p: p.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")}
-    if vocab == GPT2_VOCAB:
-        files.update(tokenizer_files(cfg.block_size))
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise PretrainedError(f"--out {out}: exists and is not a folder")
-    there = [n for n in (CONFIG_FILE, *WEIGHT_FILES, *TOKENIZER_FILES, *OTHER_MODEL_FILES)
-             if (out / n).exists()]
-    created, writing = not out.exists(), "the folder"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with atomic_files(out, list(files)) as temps:
-            for writing, write in files.items():
-                write(temps[writing])
-        writing = "the new model; old files that disagree with it are still there"
-        for name in there:
-            if name not in files:
-                (out / name).unlink()
-    except (OSError, safetensors.SafetensorError) as e:
-        if created:
-            with contextlib.suppress(OSError):
-                out.rmdir()  # only if empty
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise PretrainedError(f"--out {out}: could not write {writing} ({reason}; "
-                              f"{free_space(out if out.exists() else out.parent)}); "
-                              f"{'nothing was written' if created else 'the folder is as it was'}"
-                              ) from None
-    if there:
-        print(f"note: --out {out}: replaced the model that was there ({', '.join(there)})",
-              file=sys.stderr)
-    if vocab != GPT2_VOCAB:
-        print(f"note: vocabulary {vocab} is not GPT-2's {GPT2_VOCAB}: no tokenizer files were "
-              f"written, so {out} needs a tokenizer of its own", file=sys.stderr)
-    return out
-
-
-def tokenizer_files(max_length: int) -> dict[str, Callable[[Path], None]]:
-    """GPT-2's tokenizer in Hugging Face's file names: the same two BPE files the package
-    ships (encoder.json is vocab.json, vocab.bpe is merges.txt) and a tokenizer config."""
-    eot = "<|endoftext|>"
-    config = {"tokenizer_class": "GPT2Tokenizer", "model_max_length": max_length,
-              "bos_token": eot, "eos_token": eot, "unk_token": eot, "add_prefix_space": False}
-    return {"vocab.json": lambda p: p.write_bytes((ASSETS / "gpt2" / "encoder.json").read_bytes()),
-            "merges.txt": lambda p: p.write_bytes((ASSETS / "gpt2" / "vocab.bpe").read_bytes()),
-            "tokenizer_config.json": lambda p: p.write_text(json.dumps(config, indent=2) + "\n")}

@@ -19,9 +19,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from gpt.core.config import (PRESETS, SECTIONS, Config, ConfigError, field_index, field_type, flag,
-                        section_names)
+from gpt.core.config import PRESETS, SECTIONS, Config, ConfigError
 from gpt.core.config_check import check_value, resolve
+from gpt.core.config_io import field_index, field_type, flag, section_names
+
 
 try:
     import tomllib  # Python 3.11+

@@ -10,8 +10,10 @@ import json
 import math
 from typing import Any
 
-from gpt.core.config import (AUTO, INIT_ONLY, SECTIONS, Config, ConfigError, ModelConfig, field_index,
-                        field_type, flag, model_preset, spelled)
+from gpt.core.config import (AUTO, INIT_ONLY, SECTIONS, Config, ConfigError, ModelConfig,
+                             model_preset)
+from gpt.core.config_io import field_index, field_type, flag, spelled
+
 
 MAX_LR = 1.0  # see validate()
 MAX_DIST_TIMEOUT = 7 * 24 * 3600.0  # seconds: no collective should wait longer than a week

@@ -24,6 +24,7 @@ from typing import BinaryIO, Callable, Iterator, Sequence
 
 from gpt.core.errors import UserError
 
+
 LOCK_NAME = ".lock"
 TEMP_FILE = re.compile(r"^\..+\.tmp-(\d+)$")  # what temp_path() names
 

@@ -32,8 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpt.data.shards import (DataError, Shard, check_split, check_token_range, find_shards, read_shard,
-                        shard_num_tokens)
+from gpt.data.shards import (DataError, Shard, check_split, check_token_range, find_shards,
+                             read_shard, shard_num_tokens)
+
 
 STATE_VERSION = 1
 

@@ -41,6 +41,7 @@ import numpy as np
 from gpt.core.errors import UserError
 from gpt.core.fileio import atomic_write, lock_holder
 
+
 SHARD_MAGIC = 0x47505432
 LLMC_MAGIC = 20240520
 LLMC_DTYPES: dict[int, np.dtype] = {1: np.dtype("<u2"), 2: np.dtype("<u4")}

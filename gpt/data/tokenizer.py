@@ -19,6 +19,7 @@ from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
 from gpt.core.errors import UserError
 
+
 GPT2_VOCAB = 50257  # real GPT-2 token ids; a model may pad its vocabulary past this
 GPT2_EOT = 50256  # <|endoftext|>, the delimiter between documents
 

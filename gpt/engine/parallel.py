@@ -29,15 +29,16 @@ import torch
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from gpt.engine import recompute
-from gpt.model import fp8, loss_kernels
 from gpt.core.compat import needs_torch
 from gpt.core.config import AUTO, ConfigError, OptimConfig, TrainConfig
-from gpt.runtime.dist import Runtime
+from gpt.engine import recompute
+from gpt.model import fp8, loss_kernels
 from gpt.model.transformer import GPT, unwrap
 from gpt.optim.muon import MuonAdamW
 from gpt.optim.optimizer import (adamw_kwargs, build_optimizer, muon_kwargs, optimizer_groups,
-                       param_groups, want_fused)
+                                 param_groups, want_fused)
+from gpt.runtime.world import Runtime
+
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh

@@ -7,7 +7,7 @@ Nothing here waits for the device: losses, norms and counts stay device tensors 
 the loop reads them, at log steps.
 
 The training loop (gpt/train/loop.py) calls these, and so does the speed ladder's last rung
-(gpt/bench/ladder.py), so both time the same step.
+(gpt/bench/step/ladder.py), so both time the same step.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Protocol
 import torch
 import torch.nn as nn
 
-from gpt.runtime.dist import autocast
 from gpt.core.errors import UserError
 from gpt.engine.parallel import full_tensor, local_optimizer, local_tensor, set_grad_sync
 from gpt.report.profiling import nvtx_range
+from gpt.runtime.device import autocast
 
 
 class TrainingDiverged(UserError):

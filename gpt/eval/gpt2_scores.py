@@ -15,6 +15,7 @@ task's numbers.)
 
 from __future__ import annotations
 
+
 SOURCE = "llm.c dev/data/hellaswag.py (EleutherAI harness, zero-shot)"
 
 # task -> metric -> GPT-2 size -> score

@@ -22,7 +22,7 @@ lm_eval: import it only after gpt.eval.harness_tasks.require_lm_eval().
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Iterable
 
 import torch
 import torch.distributed as dist
@@ -31,15 +31,16 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import get_model, register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from gpt.runtime.dist import autocast
-from gpt.eval.harness_tasks import HarnessError
-from gpt.model.transformer import GPT, unwrap
 from gpt.data.tokenizer import GPT2_EOT, GPT2_VOCAB, gpt2_tokenizer
+from gpt.eval.harness_tasks import HarnessError
+from gpt.eval.rank_agreement import agreed, refuse_together
+from gpt.model.transformer import GPT, unwrap
+from gpt.runtime.device import autocast
+
 
 MODEL_NAME = "gpt2-trainer"  # lm_eval --model gpt2-trainer (after register())
 
 Request = tuple[Any, list[int], list[int]]  # (strings, context ids, continuation ids)
-T = TypeVar("T")
 
 
 class GPT2TrainerLM(TemplateLM):
@@ -57,8 +58,9 @@ class GPT2TrainerLM(TemplateLM):
                  world_size: int | None = None, seed: int = 1234, quiet: bool = False,
                  **_ignored: Any) -> None:
         super().__init__()
-        from gpt.runtime.dist import init_runtime, resolve_dtype
         from gpt.checkpoint.weights import load_model
+        from gpt.runtime.device import resolve_dtype
+        from gpt.runtime.world import init_runtime
 
         if model is None:
             # The harness's command line: torchrun's variables start the process group.
@@ -148,8 +150,9 @@ class GPT2TrainerLM(TemplateLM):
         hands them to _loglikelihood_tokens, which refuses, naming the task and document,
         what cannot be scored."""
         where = [_where(r) for r in requests]
-        self._refuse([f"{w}: its context and continuation are both empty: nothing to score"
-                      for w, r in zip(where, requests) if not r.args[0] and not r.args[1]])
+        refuse_together([f"{w}: its context and continuation are both empty: nothing to score"
+                         for w, r in zip(where, requests) if not r.args[0] and not r.args[1]],
+                        self._world_size)
         self._where = where
         try:
             return super().loglikelihood(requests, disable_tqdm=disable_tqdm or self.quiet)
@@ -175,8 +178,8 @@ class GPT2TrainerLM(TemplateLM):
                 problems.append(f"{who}: its continuation is {len(cont)} tokens, more than the "
                                 f"model's block size of {self.max_length}: no window of the "
                                 f"model holds it whole")
-        self._refuse(problems)
-        return self._agreed(lambda: self._score_tokens(requests))
+        refuse_together(problems, self._world_size)
+        return agreed(lambda: self._score_tokens(requests), self._world_size)
 
     def _score_tokens(self, requests: list[Request]) -> list[tuple[float, bool]]:
         order = sorted(range(len(requests)),
@@ -207,8 +210,9 @@ class GPT2TrainerLM(TemplateLM):
         """log P(text) of each text: its tokens in disjoint windows of the block size, each
         window conditioned on the tokens before it (EOT before the first), as the
         harness's `hf` model windows them; every window of every text in one batched pass."""
-        self._refuse([f"{_where(r)}: the text to score is empty: its perplexities per word "
-                      f"and per byte would divide by nothing" for r in requests if not r.args[0]])
+        refuse_together([f"{_where(r)}: the text to score is empty: its perplexities per word "
+                         f"and per byte would divide by nothing" for r in requests if not r.args[0]],
+                        self._world_size)
         windows: list[Request] = []
         owner: list[int] = []
         for n, req in enumerate(requests):
@@ -245,7 +249,7 @@ class GPT2TrainerLM(TemplateLM):
                                 f"the model's block size of {self.max_length}, which holds the "
                                 f"context and the generated tokens")
             prompts.append((ids, max_new))
-        self._refuse(problems)
+        refuse_together(problems, self._world_size)
         for n, (req, (ids, max_new)) in enumerate(zip(requests, prompts)):
             key = json.dumps(req.args[1], sort_keys=True, default=str)
             settings[key] = (dict(req.args[1]), max_new)
@@ -261,7 +265,7 @@ class GPT2TrainerLM(TemplateLM):
                         out[n] = text
             return out
 
-        return self._agreed(generate_all)
+        return agreed(generate_all, self._world_size)
 
     # -------------------------------------------------------------- the model itself
 
@@ -286,41 +290,6 @@ class GPT2TrainerLM(TemplateLM):
         except ValueError:
             return None
         return int(number) if number.is_integer() else None
-
-    def _refuse(self, problems: list[str]) -> None:
-        """Raise one line naming the first request that cannot be scored (and how many
-        more there are), before any is. Under torchrun each rank holds its share of the
-        requests, and one that stopped alone would leave the others waiting in the next
-        collective: the ranks agree first, and all raise the same line."""
-        first, count = (problems[0] if problems else None), len(problems)
-        if self._world_size > 1:
-            every: list[Any] = [None] * self._world_size
-            dist.all_gather_object(every, (first, count))
-            first = next((f for f, _ in every if f is not None), None)
-            count = sum(c for _, c in every)
-        if first is not None:
-            more = f" ({count - 1} more such request(s))" if count > 1 else ""
-            raise HarnessError(f"{first}{more}; refused before scoring: fix the task's data "
-                               f"or its settings")
-
-    def _agreed(self, score: Callable[[], T]) -> T:
-        """score() over this rank's share of the requests. Under torchrun a rank whose
-        scoring fails must not leave the others waiting in the harness's next gather: the
-        ranks agree whether each finished, and all raise the same line if one did not."""
-        result, failure = None, None
-        try:
-            result = score()
-        except Exception as e:  # noqa: BLE001 - whatever stopped this rank's share
-            if self._world_size == 1:
-                raise
-            failure = f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
-        if self._world_size > 1:
-            every: list[Any] = [None] * self._world_size
-            dist.all_gather_object(every, failure)
-            failure = next((f"rank {r}: {f}" for r, f in enumerate(every) if f is not None), None)
-        if failure is not None:
-            raise HarnessError(f"scoring failed on {failure}")
-        return result  # type: ignore[return-value]
 
     @torch.no_grad()
     def _generate(self, prompts: list[list[int]], gen_kwargs: dict[str, Any],

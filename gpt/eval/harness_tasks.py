@@ -22,7 +22,6 @@ from gpt.core import extras
 from gpt.core.errors import UserError
 
 
-
 class HarnessError(UserError):
     """lm-eval is missing or broken, a task cannot be loaded or scored; the message says
     which and why."""

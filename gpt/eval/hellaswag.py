@@ -42,11 +42,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.runtime.dist import autocast
 from gpt.core.errors import UserError
 from gpt.core.fileio import atomic_write
-from gpt.model.transformer import unwrap
 from gpt.data.tokenizer import GPT2_EOT, gpt2_tokenizer
+from gpt.model.transformer import unwrap
+from gpt.runtime.device import autocast
+
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_EXAMPLES = 10042

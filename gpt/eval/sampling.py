@@ -16,10 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.runtime.dist import autocast
-from gpt.model.transformer import GPT, unwrap
 from gpt.data.tokenizer import GPT2_EOT
-
+from gpt.model.transformer import GPT, unwrap
+from gpt.runtime.device import autocast
 
 
 def _next_token(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from gpt.data.loader import ShardLoader
-from gpt.runtime.dist import autocast
+from gpt.runtime.device import autocast
 
 
 @torch.no_grad()

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from gpt.core.config import ModelConfig
 
+
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask as FlexMask
 
@@ -47,7 +48,7 @@ EOT = 50256  # GPT-2's <|endoftext|>, which fineweb.py puts between documents
 
 
 class Cache(Protocol):
-    """What the mask needs of gpt.model.transformer.KVCache (named here by its shape, not imported:
+    """What the mask needs of gpt.model.kv_cache.KVCache (named here by its shape, not imported:
     gpt/model/transformer.py imports this module)."""
 
     length: int

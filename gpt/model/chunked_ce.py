@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+
 # A chunk's fp32 logits are kept near the size of the hidden states they come from (as
 # Liger Kernel's fused loss does), but never below this many elements: on a 2-core CPU
 # the head's matmuls over 128-256 rows of GPT-2's vocabulary ran 1.5-3.5x slower per row

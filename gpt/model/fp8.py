@@ -48,6 +48,7 @@ from gpt.core.compat import version_tuple
 from gpt.core.config import TrainConfig
 from gpt.core.errors import UserError
 
+
 RECIPES = ("tensorwise", "rowwise")
 MULTIPLE = 16  # both dimensions of an FP8 matmul's weight (torch._scaled_mm's rule)
 MIN_CAPABILITY = (8, 9)  # Ada and Hopper onwards have FP8 tensor cores

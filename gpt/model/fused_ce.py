@@ -77,6 +77,7 @@ import torch
 import triton
 import triton.language as tl
 
+
 # Columns a program handles at a time. Not tuned: on an H100 a row of 50,304 is 13 blocks
 # (the last one 1,152 wide), 16 fp32 values a thread at 8 warps; the GPU run is where to
 # tune it. Any size works: the last block of a row is masked.

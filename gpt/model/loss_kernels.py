@@ -32,8 +32,9 @@ from typing import Callable
 import torch
 
 from gpt.core import extras
-from gpt.model.chunked_ce import linear_cross_entropy, linear_dtype
 from gpt.core.errors import UserError
+from gpt.model.chunked_ce import linear_cross_entropy, linear_dtype
+
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 

@@ -18,8 +18,9 @@ from typing import Iterable, Mapping
 
 import torch
 
-from gpt.model import value_embeds
 from gpt.core.config import Config, ConfigError, ModelConfig
+from gpt.model import value_embeds
+
 
 GiB = 2**30
 HEAD = "lm_head.weight"  # a tied head shares the embedding's storage and counts once

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.nn as nn
 
+
 # Muon's own hyper-parameters that are not AdamW's (Muon ignores betas/eps, AdamW these)
 MUON_KEYS = ("momentum", "nesterov", "ns_coefficients", "ns_steps", "adjust_lr_fn")
 

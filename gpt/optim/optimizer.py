@@ -1,9 +1,8 @@
-"""The optimizer (AdamW with weight-decay groups, or Muon + AdamW: gpt/optim/muon.py) and the
-learning-rate schedule (warm-up, then cosine or trapezoid)."""
+"""The optimizer: AdamW with weight-decay groups, or Muon + AdamW (gpt/optim/muon.py),
+fused where the device has it. The learning-rate schedule is gpt/optim/schedule.py's."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -11,29 +10,6 @@ import torch.nn as nn
 
 from gpt.core.config import ConfigError, OptimConfig
 from gpt.optim.muon import MuonAdamW, muon_param_groups
-
-
-def lr_at(step: int, max_lr: float, min_lr_ratio: float, warmup_steps: int, max_steps: int,
-          schedule: str = "cosine", cooldown_frac: float = 0.4) -> float:
-    """Learning rate for optimizer step `step` (0-based).
-
-    Linear warm-up from max_lr / warmup_steps at step 0 to max_lr at step warmup_steps - 1
-    (never 0, which would waste the first step). Then, cosine (GPT-2): a cosine from max_lr
-    at step warmup_steps down to min_lr at step max_steps; trapezoid (the speedrun's):
-    max_lr until the last cooldown_frac of max_steps, then a straight line down to min_lr
-    at max_steps. min_lr after that.
-    """
-    min_lr = max_lr * min_lr_ratio
-    if step < warmup_steps:
-        return max_lr * (step + 1) / warmup_steps
-    if step >= max_steps:
-        return min_lr
-    if schedule == "trapezoid":
-        cooldown = max(1, round(cooldown_frac * max_steps))
-        left = max_steps - step
-        return max_lr if left >= cooldown else min_lr + (max_lr - min_lr) * left / cooldown
-    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

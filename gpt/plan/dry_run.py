@@ -20,13 +20,16 @@ from __future__ import annotations
 import os
 import sys
 
+from gpt.core.config import Config
+from gpt.core.config_io import describe
+from gpt.core.errors import UserError
+from gpt.core.units import human_count
 from gpt.model import fp8, loss_kernels, sizing
 from gpt.plan import expected, memory
-from gpt.core.config import Config, describe
-from gpt.runtime.dist import DTYPE_NAMES, device_name, launch_environment
-from gpt.core.errors import UserError
 from gpt.plan.preflight import Plan, WillNotFit, preflight
-from gpt.core.units import human_count
+from gpt.runtime.device import DTYPE_NAMES, device_name
+from gpt.runtime.launch import launch_environment
+
 
 GiB = 2**30
 

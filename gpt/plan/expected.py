@@ -21,6 +21,7 @@ import torch
 from gpt.core.config import Config, model_preset
 from gpt.core.units import format_duration, human_bytes, human_count
 
+
 WEIGHT_BYTES = 4  # fp32 master weights, whatever the autocast precision
 ADAMW_STATE_BYTES = 8  # exp_avg and exp_avg_sq in fp32
 MUON_STATE_BYTES = 4  # one fp32 momentum buffer for each hidden matrix

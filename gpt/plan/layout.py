@@ -32,10 +32,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpt.model import sizing
-from gpt.plan import memory
 from gpt.core.config import AUTO, Config, ConfigError
 from gpt.core.config_check import MAX_MICRO_TOKENS, validate
+from gpt.model import sizing
+from gpt.plan import memory
+
 
 GiB = 2**30
 Planner = Callable[[Config, int, str], "memory.MemoryPlan"]

@@ -18,24 +18,22 @@ the CPU's (same shapes and dtypes, so the same bytes; fp16 is planned as bf16, i
 in size). What it counts is what torch.cuda.max_memory_allocated counts; the CUDA context,
 cuBLAS workspaces and the caching allocator's fragmentation are the margin that fits()
 adds. The GPU acceptance run (python -m gpt.bench gpu) records each prediction beside
-the measured peak.
-"""
+the measured peak."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from gpt.model import loss_kernels, sizing
 from gpt.core.config import AUTO, Config, ConfigError
 from gpt.core.config_check import grad_accum_steps
-from gpt.runtime.dist import Runtime
+from gpt.model import loss_kernels, sizing
+from gpt.plan.memory_trace import CATEGORY, head_and_loss_peak, measure_step
+
 
 GiB = 2**30
 MiB = 2**20
@@ -47,16 +45,8 @@ RESERVE = 1 * GiB  # + this: CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers
 
 COMPONENTS = ("parameters", "gathered parameters", "gradients", "optimizer state",
               "activations", "temporary buffers", "collective buffers")
-# torch's tracker categories (MemTracker's and FSDPMemTracker's) -> the plan's components
-_CATEGORY = {
-    "PARAM": "parameters", "SHARDED_PARAM": "parameters", "BUFFER": "parameters",
-    "UNSHARDED_PARAM": "gathered parameters",
-    "GRAD": "gradients", "SHARDED_GRAD": "gradients", "UNSHARDED_GRAD": "gradients",
-    "OPT": "optimizer state",
-    "ACT": "activations", "INP": "activations",
-    "TEMP": "temporary buffers",
-    "ALL_GATHER": "collective buffers", "REDUCE_SCATTER": "collective buffers",
-}
+
+
 _ALWAYS = ("eager: torch.compile's fused kernels usually hold fewer activations, so a "
            "compiled run needs at most this",
            "the CPU's kernels stand in for the GPU's: same shapes and dtypes, same bytes",
@@ -153,10 +143,10 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
     if t.parallel == "fsdp" and dtype is torch.float16:
         fused = False  # as gpt.engine.parallel does: the sharded fp16 scaler needs the unfused AdamW
     fsdp = t.parallel == "fsdp"
-    measured, params, groups = _measure(cfg, world_size if fsdp else 1, dtype, min(accum, 2))
+    measured, params, groups = measure_step(cfg, world_size if fsdp else 1, dtype, min(accum, 2))
     components = {name: 0 for name in COMPONENTS}
     for category, b in measured.items():
-        components[_CATEGORY.get(category, "temporary buffers")] += b
+        components[CATEGORY.get(category, "temporary buffers")] += b
     assumptions = list(_ALWAYS)
     whole_logits = 0
     if compiled_whole:
@@ -191,7 +181,7 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
                           "optimizer state": components["optimizer state"],
                           "temporary buffers": components["parameters"]}
             peak = step_peak
-    head = min(_head_and_loss(cfg, dtype) + whole_logits,
+    head = min(head_and_loss_peak(cfg, dtype) + whole_logits,
                components["activations"] + components["temporary buffers"])
     setup = {"model": model_name(cfg), "params": _count(params),
              "n_layer": cfg.model.n_layer, "n_embd": cfg.model.n_embd,
@@ -233,149 +223,11 @@ def largest_batch(cfg: Config, capacity_bytes: int, world_size: int = 1,
     return b, at(b)
 
 
-# ---------------------------------------------------------------------------------------
-# the fake run
-
-
 def _planned_dtype(requested: str, device_type: str) -> torch.dtype:
     if requested == "auto":
         return torch.bfloat16 if device_type in ("cuda", "mps") else torch.float32
     # fp16 holds the same bytes as bf16, and CPU autocast (the stand-in) has bf16
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.bfloat16}[requested]
-
-
-class _Batches:
-    """Random token batches for forward_backward. Each one also tells the tracker a new
-    forward pass starts (it refuses to see a module called twice otherwise)."""
-
-    def __init__(self, batch: int, seq: int, vocab: int) -> None:
-        self.shape, self.vocab, self.tracker = (batch, seq), vocab, None
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.tracker is not None:
-            self.tracker.reset_mod_stats()
-        x = torch.randint(0, self.vocab, self.shape)
-        return x, torch.randint(0, self.vocab, self.shape)
-
-
-@contextlib.contextmanager
-def _fake_group(world_size: int) -> Iterator[Any]:
-    """A process group of `world_size` fake ranks (its collectives do nothing), and its
-    device mesh, built outside the fake-tensor mode (a mesh cannot be built inside)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
-
-    if dist.is_initialized():
-        raise ConfigError("the memory planner plans FSDP on a fake process group of its own; "
-                          "run it outside torchrun (one process)")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
-    try:
-        yield init_device_mesh("cpu", (world_size,))
-    finally:
-        dist.destroy_process_group()
-
-
-_TOTAL = "Total"  # the key of a tracker snapshot's sum over categories
-
-
-class _StepPeak:
-    """Put before torch's MemTracker or FSDPMemTracker in a class's bases: the tracker
-    keeps the step's peak snapshot alone. torch's own update also keeps every module's
-    peak, looping over all modules seen so far at every operator (GPT-2 XL: about 500
-    modules x 50,000 operators, 80% of planning time); the plan reads the step's peak
-    only. Where a torch release names its tracker's state otherwise, its own update runs."""
-
-    def _update_peak_stats(self, peak_state: Any) -> None:
-        current = getattr(self, "_curr_mem_snap", None)
-        peak, snapshot = getattr(self, "_peak_mem", None), getattr(self, "_peak_mem_snap", None)
-        if not (isinstance(current, dict) and isinstance(peak, dict) and isinstance(snapshot, dict)):
-            super()._update_peak_stats(peak_state)  # type: ignore[misc]
-            return
-        for dev, now in current.items():
-            if peak.get(dev, 0) < now[_TOTAL]:
-                peak[dev] = now[_TOTAL]
-                snapshot[dev] = dict(now)
-
-
-def _measure(cfg: Config, world_size: int, dtype: torch.dtype,
-             micro_steps: int) -> tuple[dict[str, int], list[torch.Tensor], list[list[int]]]:
-    """Bytes per tracker category at the peak of a `micro_steps` step, on one rank of
-    `world_size` (FSDP) or one process; the model's (meta) parameters, and the sizes of
-    those in each of AdamW's groups."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    from gpt.engine import parallel
-    from gpt.model.transformer import GPT
-    from gpt.optim.optimizer import param_groups
-    from gpt.engine.step import forward_backward
-
-    fsdp = cfg.train.parallel == "fsdp"
-    with torch.device("meta"):
-        model = GPT(cfg.model)
-    params = [p.detach() for p in model.parameters()]  # meta: shapes only
-    groups = [[p.numel() for p in g["params"]]
-              for g in param_groups(model, cfg.optim.weight_decay)]
-    # The fused AdamW runs on fake tensors (the unfused one reads its step count on the
-    # host); the unfused one's extra temporaries are added by plan(). Muon's run as they are.
-    train = dataclasses.replace(cfg.train, compile=False, device="cpu",
-                                parallel="fsdp" if fsdp else "ddp")
-    runtime = Runtime(device=torch.device("cpu"), world_size=world_size, distributed=fsdp)
-    batches = _Batches(cfg.data.batch_size, cfg.data.seq_len, cfg.model.vocab_size)
-    group = _fake_group(world_size) if fsdp else contextlib.nullcontext()
-    with group as mesh, FakeTensorMode(allow_non_fake_inputs=True):
-        optim = dataclasses.replace(cfg.optim, fused=True)
-        par = parallel.parallelize(model, train, optim, runtime, dtype, mesh)
-
-        def step(micro: int) -> torch.Tensor:
-            _, norm = forward_backward(par.train_model, par.scaler, par.optimizer, batches,
-                                       micro, 1.0, "cpu", dtype)
-            return norm
-
-        step(1)
-        par.optimizer.step()  # creates the optimizer state (no skip check: nothing to read)
-        if fsdp:
-            tracker: Any = type("Tracker", (_StepPeak, FSDPMemTracker), {})(model, par.optimizer)
-        else:
-            tracker = type("Tracker", (_StepPeak, MemTracker), {})()
-            tracker.track_external(model, par.optimizer)
-        batches.tracker = tracker
-        # The optimizer step itself stays outside: its peak is below the backward's (the
-        # activations are gone), and on fake DTensors its bookkeeping inflates it.
-        with tracker:
-            step(micro_steps)
-        peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    return {_name(k): int(v) for k, v in peak.items() if k != "Total" and v}, params, groups
-
-
-def _head_and_loss(cfg: Config, dtype: torch.dtype) -> int:
-    """Peak bytes the final LayerNorm, the head and the cross-entropy hold over their
-    forward and backward (the logits, in the autocast dtype and fp32, and their
-    gradients), beyond the head's weight and its gradient."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    from gpt.runtime.dist import autocast
-    from gpt.model.transformer import GPT
-
-    with torch.device("meta"):
-        head = GPT(dataclasses.replace(cfg.model, n_layer=0))
-    head.chunked_loss = cfg.train.chunked_loss  # as gpt.engine.parallel sets it for the trainer
-    B, T, C = cfg.data.batch_size, cfg.data.seq_len, cfg.model.n_embd
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        head.to_empty(device="cpu")
-        x = torch.empty(B, T, C, requires_grad=True)
-        y = torch.zeros(B, T, dtype=torch.long)
-        tracker = MemTracker()
-        tracker.track_external(head)
-        with tracker:
-            with autocast("cpu", dtype):
-                loss = head.loss(x, y)
-            loss.backward()
-        peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
-    return sum(int(v) for k, v in peak.items()
-               if k != "Total" and _CATEGORY.get(_name(k)) in ("activations", "temporary buffers"))
 
 
 def _replicated_layout(components: dict[str, int], params: list[torch.Tensor],
@@ -398,10 +250,6 @@ def _replicated_layout(components: dict[str, int], params: list[torch.Tensor],
             components["optimizer state"] * max(loads) / total)
         assumptions.append("ZeRO-1: the optimizer state of the rank given the most "
                            "parameters (largest first, to the least loaded rank)")
-
-
-def _name(category: Any) -> str:
-    return str(getattr(category, "name", category)).split(".")[-1]
 
 
 def _count(params: list[torch.Tensor]) -> int:

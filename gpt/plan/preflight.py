@@ -4,7 +4,7 @@ preflight(cfg) takes a config from any source (flags, a TOML file, and on resume
 checkpoint's saved config) and returns a Plan: the settled config (--init-from's shape,
 the automatic layout's values), the launch and the device, the precision, the gradient
 accumulation, the data's facts, the resume point and, when asked, the memory plan; or
-every problem found, each one line. The trainer (gpt/train/loop.py) raises the first problem
+every problem found, each one line. The trainer (gpt/train/trainer.py) raises the first problem
 and builds from the plan; the dry run (gpt/plan/dry_run.py) prints the plan and every problem.
 Both call it once and check nothing of their own, so a dry run's "the run would start"
 is the run's own verdict. The readers of checkpoints (generate, evaluate, export,
@@ -41,18 +41,21 @@ from typing import Callable, Mapping, TypeVar
 import torch
 
 from gpt.checkpoint import weights
-from gpt.eval import harness_tasks
-from gpt.model import fp8, loss_kernels, sizing
-from gpt.plan import layout, memory
 from gpt.checkpoint.files import ResumePoint, resume_differences, resume_point
 from gpt.core.config import Config, ConfigError
 from gpt.core.config_check import grad_accum_steps
-from gpt.data.loader import steps_per_pass
-from gpt.runtime.dist import Launch, Runtime, check_launch_device, launch_environment, pick_device, resolve_dtype
 from gpt.core.errors import UserError
-from gpt.report.metrics import check_tracking
-from gpt.engine.parallel import check_mode
+from gpt.data.loader import steps_per_pass
 from gpt.data.shards import check_not_being_written, find_shards, read_shard, shard_num_tokens
+from gpt.engine.parallel import check_mode
+from gpt.eval import harness_tasks
+from gpt.model import fp8, loss_kernels, sizing
+from gpt.plan import layout, memory
+from gpt.report.trackers import check_tracking
+from gpt.runtime.device import pick_device, resolve_dtype
+from gpt.runtime.launch import Launch, check_launch_device, launch_environment
+from gpt.runtime.world import Runtime
+
 
 GiB = 2**30
 T = TypeVar("T")

@@ -1,160 +1,24 @@
-"""What a run measures: FLOP counts and MFU, peak memory, step time and progress, and the
-JSONL metrics log."""
+"""What a run records as it goes: step time and progress, and the JSONL metrics log (one
+writer, repaired after a crash). FLOPs and MFU are gpt/report/flops.py's; TensorBoard
+and W&B, gpt/report/trackers.py's."""
 
 from __future__ import annotations
 
 import contextlib
-import html
 import json
-import math
 import os
-import re
-import shutil
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import psutil
-import torch
-
-from gpt.core import extras
-from gpt.core.config import ConfigError, ModelConfig
-from gpt.runtime.dist import Runtime, synchronize
 from gpt.core.errors import UserError
 from gpt.core.units import format_duration, human_count
-
-# bf16 dense (no sparsity) tensor-core peaks in TFLOP/s, from the vendors' datasheets
-# (GeForce/RTX: the Ampere and Ada architecture whitepapers, "BF16 with FP32 accumulate").
-# Matched against the device name (torch.cuda.get_device_name()) in this order, so
-# specific names come before the names they contain ("H100 PCIe" before "H100", "L40S"
-# before "L40" before "L4"). A key matches as a whole word, case-insensitively: "A10"
-# does not match "A100" or "A10G", and "RTX 4090" does not match "RTX 4090 D", "Ti",
-# "SUPER" or laptop parts, whose peaks differ. GPUs without bf16 tensor cores (V100, T4)
-# are absent on purpose, as is any part whose number we could not check: pass
-# --peak-tflops for those.
-PEAK_BF16_TFLOPS: list[tuple[str, float]] = [
-    # Hopper
-    ("H100 PCIe", 756.0),
-    ("H100 NVL", 835.0),
-    ("H100", 989.0),  # SXM ("NVIDIA H100 80GB HBM3")
-    ("GH200", 989.0),
-    ("H200 NVL", 835.0),
-    ("H200", 989.0),  # SXM
-    # Ampere data centre
-    ("A100", 312.0),  # SXM and PCIe alike
-    ("A30", 165.0),
-    ("A40", 149.7),
-    ("A10", 125.0),
-    # Ada data centre
-    ("L40S", 362.0),
-    ("L40", 181.0),
-    ("L4", 121.0),
-    # Workstation
-    ("RTX 6000 Ada", 364.2),
-    ("RTX A6000", 154.8),
-    # GeForce
-    ("RTX 4090", 165.2),
-    ("RTX 3090", 71.0),
-    # AMD Instinct (ROCm builds report these names)
-    ("MI300X", 1307.4),
-]
-
-# A key followed by one of these words names a different part (e.g. "RTX 4090 D").
-_VARIANT_SUFFIX = r"(?:Ti|SUPER|D|Laptop|Mobile|Max-Q)\b"
-
-
-def _name_pattern(key: str) -> re.Pattern[str]:
-    return re.compile(
-        rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])(?![ -]{_VARIANT_SUFFIX})",
-        re.IGNORECASE,
-    )
-
-
-_PEAK_PATTERNS = [(_name_pattern(key), tflops) for key, tflops in PEAK_BF16_TFLOPS]
-
-
-def peak_tflops(device_name: str) -> float | None:
-    """The device's bf16 dense peak, or None when we do not know it (no MFU then)."""
-    for pattern, tflops in _PEAK_PATTERNS:
-        if pattern.search(device_name or ""):
-            return tflops
-    return None
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward), PaLM appendix B style:
-
-        6 * N  +  12 * n_layer * n_embd * seq_len
-
-    N counts every weight a token's matmuls touch: the blocks plus the (tied) token
-    embedding, which is the LM head's matmul; the position embedding is a lookup, not a
-    matmul, and is left out. The second term is attention's QK^T and AV products
-    (2 * 2 * T * d per layer forward, x3 for forward + backward), counted without the
-    causal mask's saving, as is the convention for MFU; nor an attention window's or
-    document mask's (--attn-window, --doc-mask), so with them this is an upper bound.
-    Value embeddings are lookups (no matmul) and U-net skips and value mixing a few
-    element-wise products per token: none is counted, as the position embedding is not.
-    """
-    d, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
-    per_block = 4 * d * d + 4 * d + 8 * d * d + 5 * d + 4 * d  # attn, mlp (w + b), 2 LayerNorms
-    n = L * per_block + V * d + 2 * d  # + token embedding / head, final LayerNorm
-    return 6.0 * n + 12.0 * L * d * seq_len
-
-
-def mfu(tokens_per_second: float, flops_per_tok: float, peak: float | None) -> float | None:
-    """Achieved training FLOP/s over the peak (TFLOP/s); None when the peak is unknown."""
-    if not peak:
-        return None
-    return tokens_per_second * flops_per_tok / (peak * 1e12)
-
-
-# ---- peak memory
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    """Start a new peak: the CUDA allocator's, or elsewhere the process's peak RSS where the
-    OS allows it (Linux: /proc/self/clear_refs; elsewhere the peak stays since start)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        return
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")  # 5: reset the peak resident set size (VmHWM)
-    except OSError:
-        pass
-
-
-def peak_memory(device: torch.device) -> tuple[int, str]:
-    """(bytes, what was measured): on CUDA the most memory tensors held (the caching
-    allocator's max_memory_allocated); on CPU and MPS, where that does not exist, the
-    process's peak resident set size (RSS: everything the process holds in RAM)."""
-    if device.type == "cuda":  # the allocator's own count: no need to wait for the device
-        return int(torch.cuda.max_memory_allocated(device)), "cuda max_memory_allocated"
-    return _peak_rss(), "peak RSS"
-
-
-def _peak_rss() -> int:
-    try:  # Linux: VmHWM, which clear_refs can reset
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import resource  # POSIX only
-
-        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(maxrss if sys.platform == "darwin" else maxrss * 1024)  # bytes on macOS, KiB elsewhere
-    except ImportError:  # Windows
-        return int(getattr(psutil.Process().memory_info(), "peak_wset", 0))
-
-
-# ---- time
+from gpt.report.trackers import Tracker
+from gpt.runtime.device import synchronize
+from gpt.runtime.world import Runtime
 
 
 @dataclass
@@ -207,128 +71,6 @@ class Progress:
         r = self.record()
         return (f"{human_count(r['tokens_seen'])} tokens | {self.step + 1}/{self.max_steps} steps in "
                 f"{format_duration(r['elapsed_s'])}, ETA {format_duration(r['eta_s'])}")
-
-
-# ---- the log
-
-
-class Tracker(Protocol):
-    """Somewhere else every metrics record goes (rank 0 only, like the log itself)."""
-
-    def write(self, record: dict[str, Any]) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def scalars_and_texts(record: dict[str, Any]) -> tuple[dict[str, float], dict[str, str]]:
-    """A record as "type/key" -> number and "type/key" -> text (lists of strings joined)."""
-    kind, numbers, texts = record["type"], {}, {}
-    for key, value in record.items():
-        if key in ("type", "step"):
-            continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            numbers[f"{kind}/{key}"] = float(value)
-        elif isinstance(value, str):
-            texts[f"{kind}/{key}"] = value
-        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-            texts[f"{kind}/{key}"] = "\n\n".join(value)
-        elif isinstance(value, dict):
-            texts[f"{kind}/{key}"] = "    " + json.dumps(value, indent=1).replace("\n", "\n    ")
-    return numbers, texts
-
-
-class TensorBoardTracker:
-    """Event files in `folder` for `tensorboard --logdir` (the tensorboard extra)."""
-
-    def __init__(self, folder: Path) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # optional: the tensorboard extra
-
-        self.writer = SummaryWriter(log_dir=str(folder))
-
-    def write(self, record: dict[str, Any]) -> None:
-        step = int(record.get("step", 0))
-        numbers, texts = scalars_and_texts(record)
-        for tag, value in numbers.items():
-            self.writer.add_scalar(tag, value, step)
-        for tag, text in texts.items():
-            self.writer.add_text(tag, text, step)
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-class WandbTracker:
-    """A Weights & Biases run (the wandb extra). Its id is kept in the run folder, so a
-    resumed training run continues the same W&B run; WANDB_MODE=offline keeps it on disk
-    (`wandb sync` uploads it later)."""
-
-    def __init__(self, project: str, folder: Path, config: dict[str, Any]) -> None:
-        import wandb  # optional: the wandb extra
-
-        id_file, wandb_dir = folder / "wandb_run_id", folder / "wandb"
-        resumed, had_dir = id_file.is_file(), wandb_dir.exists()
-        run_id = id_file.read_text().strip() if resumed else uuid.uuid4().hex[:8]
-        self.wandb = wandb
-        try:
-            self.run = wandb.init(project=project, dir=str(folder), config=config,
-                                  name=folder.name, id=run_id, resume="allow")
-        except Exception as e:  # noqa: BLE001 - any failure of the service or its login
-            if not had_dir:  # leave the run folder as it was
-                shutil.rmtree(wandb_dir, ignore_errors=True)
-            message = " ".join(str(e).split())[:300] or type(e).__name__
-            raise TrackingError(
-                f"--wandb-project {project}: W&B could not start a run ({message}); log in "
-                f"with `wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offline to keep "
-                f"the run on disk") from None
-        if not resumed:
-            id_file.write_text(run_id + "\n")
-        # Records of a resumed run repeat earlier steps: plot against the trainer's step.
-        self.run.define_metric("trainer/step")
-        self.run.define_metric("*", step_metric="trainer/step")
-
-    def write(self, record: dict[str, Any]) -> None:
-        numbers, texts = scalars_and_texts(record)
-        data: dict[str, Any] = {**numbers, "trainer/step": int(record.get("step", 0))}
-        for tag, text in texts.items():
-            if tag != "run/config":  # already the run's config
-                data[tag] = self.wandb.Html(f"<pre>{html.escape(text)}</pre>")
-        self.run.log(data)
-
-    def close(self) -> None:
-        self.run.finish()
-
-
-def open_trackers(tensorboard: bool, wandb_project: str | None, folder: Path,
-                  config: dict[str, Any]) -> list[Tracker]:
-    """The tracking services the flags ask for, in the run folder. W&B first, the one that
-    can fail (no login): its failure then leaves nothing behind."""
-    trackers: list[Tracker] = []
-    if wandb_project:
-        trackers.append(WandbTracker(wandb_project, folder, config))
-    if tensorboard:
-        trackers.append(TensorBoardTracker(folder / "tensorboard"))
-    return trackers
-
-
-def close_trackers(trackers: Sequence[Tracker]) -> None:
-    for tracker in trackers:
-        with contextlib.suppress(Exception):  # a service failing at the end loses nothing local
-            tracker.close()
-
-
-class TrackingError(UserError):
-    """A tracking service (W&B) could not start; the message says how to fix it."""
-
-
-def check_tracking(tensorboard: bool, wandb_project: str | None) -> None:
-    """The packages the tracking flags need, imported as open_trackers imports them,
-    before any work: a one-line error naming the extra to install."""
-    if tensorboard:
-        extras.require(("tensorboard", "torch.utils.tensorboard"), "--tensorboard",
-                       "tensorboard", "tensorboard", error=ConfigError)
-    if wandb_project:
-        extras.require("wandb", "--wandb-project", "wandb", "wandb", error=ConfigError)
 
 
 class MetricsError(UserError):

@@ -30,7 +30,8 @@ from typing import Any, Iterator
 import torch
 
 from gpt.core.config import ProfileConfig
-from gpt.runtime.dist import Runtime
+from gpt.runtime.world import Runtime
+
 
 __all__ = [
     "nvtx_available",

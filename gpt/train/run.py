@@ -1,4 +1,4 @@
-"""One training run's parts, built once by gpt/train/loop.py's build_run() and passed to every
+"""One training run's parts, built once by gpt/train/build.py's build_run() and passed to every
 piece of periodic work (gpt/train/run_record.py, the loop's helpers)."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ from typing import Any
 
 import torch
 
-from gpt.engine import parallel
 from gpt.checkpoint.checkpointer import Checkpointer, LoopState, Parts
 from gpt.core.config import Config
 from gpt.data.loader import ShardLoader
-from gpt.runtime.dist import Runtime
-from gpt.report.metrics import MetricsLog, Progress
+from gpt.engine import parallel
+from gpt.engine.step import SkippedSteps
 from gpt.model.transformer import GPT
+from gpt.report.metrics import MetricsLog, Progress
+from gpt.runtime.world import Runtime
 from gpt.train.run_curves import RunCurves
 from gpt.train.run_summary import Tally
-from gpt.engine.step import SkippedSteps
 from gpt.train.train_tasks import TrainingTasks
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gpt.core.extras import have, install
 
+
 CURVES_NAME = "curves.png"
 # About 1-2% of a run's time at most, with a figure costing ~0.3 s on an idle core and
 # ~1.5 s on a busy one; GPT-2's recipe validates every 250 steps (~4.5 min on one H100),
@@ -67,7 +68,8 @@ class RunCurves:
         if not self.enabled or self.failed:
             return None
         try:
-            from gpt.plot import load_metrics, plot_runs, run_title
+            from gpt.report.curves import plot_runs
+            from gpt.report.metrics_reader import load_metrics, run_title
 
             run = load_metrics(self.out_dir / "metrics.jsonl")
             plot_runs([run], self.path, title=run_title(run))

@@ -12,14 +12,15 @@ from typing import Any, Iterator
 
 import torch
 
-from gpt.model import loss_kernels
 from gpt.core.cli import to_toml
-from gpt.core.config import ConfigError, describe, to_dict
-from gpt.runtime.dist import DTYPE_NAMES, device_name
+from gpt.core.config import ConfigError
+from gpt.core.config_io import describe, to_dict
 from gpt.core.fileio import atomic_write
-from gpt.report.metrics import MetricsLog, flops_per_token, peak_memory, peak_tflops
+from gpt.model import loss_kernels
+from gpt.report.flops import flops_per_token, peak_memory, peak_tflops
+from gpt.report.metrics import MetricsLog
+from gpt.runtime.device import DTYPE_NAMES, device_name
 from gpt.train.run import Run
-
 
 
 def run_peak(run: Run) -> float | None:

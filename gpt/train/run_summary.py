@@ -10,7 +10,7 @@ the picture of its curves. The same figures go to metrics.jsonl as a "summary" r
       curves:   runs/shakespeare/curves.png
 
 (configs/cpu-demo.toml on a busy 2-core CPU; the first line here wrapped). The loop keeps
-a Tally as it goes; gpt/train/loop.py hands the rest over as an Ending.
+a Tally as it goes; the loop (gpt/train/loop.py) hands the rest over as an Ending.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gpt.runtime.dist import Runtime
+from gpt.runtime.world import Runtime
+
 
 # SIGTERM (preemption, scancel), SIGINT (Ctrl-C), SIGHUP (a closed terminal) and SIGUSR1
 # (what schedulers such as SLURM's --signal send ahead of a kill) all mean: save and stop.

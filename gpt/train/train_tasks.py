@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 import torch
-import torch.distributed as dist
 
-from gpt.eval import gpt2_scores, harness_tasks
 from gpt.core.config import EvalConfig
-from gpt.runtime.dist import Runtime
+from gpt.eval import gpt2_scores, harness_tasks
+from gpt.eval.rank_agreement import first_failure
+from gpt.runtime.world import Runtime
 
 
 class _Run(Protocol):
@@ -91,11 +91,8 @@ def agreed_failure(why: str | None, world_size: int) -> str | None:
     but the harness computes the metrics on rank 0 alone: a failure there must drop the
     task on every rank, or the others would score it next time and wait for rank 0 in its
     gather."""
-    if world_size == 1:
-        return why
-    every: list[Any] = [None] * world_size
-    dist.all_gather_object(every, why)
-    return next((w for w in every if w is not None), None)
+    found = first_failure(why, world_size)
+    return None if found is None else found[1]
 
 
 def _label(key: Any) -> str:

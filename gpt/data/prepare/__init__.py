@@ -29,21 +29,24 @@ One pass over the input, in bounded memory:
 
 The stages, one module each, each importing only those above it:
 
-    config   settings, defaults, results, shared constants
-    pieces   safe cuts of long texts; the tasks the workers get
-    sources  local files and Hugging Face datasets -> records -> tasks
-    encode   worker processes: tasks -> tokens, in input order
-    writer   the output folder: resume or refuse; shards + metadata.json
-    run      prepare(): the stages wired together, with progress
-    cli      fineweb.py's flags
+    config     settings, defaults, results, shared constants
+    pieces     safe cuts of long texts; a record's text; the tasks the workers get
+    hf_source  a Hugging Face dataset -> records -> tasks
+    sources    local files (and, through hf_source, datasets) -> records -> tasks
+    encode     worker processes: tasks -> tokens, in input order
+    writer     the output folder: resume or refuse; shards + metadata.json
+    run        prepare(): the stages wired together, with progress
+    cli        fineweb.py's flags
 """
 
-from gpt.data.prepare.config import (DEFAULT_DATASET, DEFAULT_OUT, DEFAULT_SHARD_TOKENS, DEFAULT_SUBSET,
-                                DEFAULT_VAL_TOKENS, METADATA_NAME, PrepareConfig, PrepareError,
-                                PrepareResult, available_cpus, parse_count)
+from gpt.data.prepare.config import (DEFAULT_DATASET, DEFAULT_OUT, DEFAULT_SHARD_TOKENS,
+                                     DEFAULT_SUBSET, DEFAULT_VAL_TOKENS, METADATA_NAME,
+                                     PrepareConfig, PrepareError, PrepareResult, available_cpus,
+                                     parse_count)
 from gpt.data.prepare.encode import encode_pieces
 from gpt.data.prepare.pieces import split_paragraphs, split_pieces
 from gpt.data.prepare.run import prepare
+
 
 __all__ = [
     "DEFAULT_DATASET", "DEFAULT_OUT", "DEFAULT_SHARD_TOKENS", "DEFAULT_SUBSET",

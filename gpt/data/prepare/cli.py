@@ -19,8 +19,8 @@ import sys
 
 from gpt.core.cli import OneLineParser
 from gpt.core.errors import UserError
-from gpt.data.prepare.config import (DEFAULT_DATASET, DEFAULT_OUT, DEFAULT_SHARD_TOKENS, DEFAULT_SUBSET,
-                                DEFAULT_VAL_TOKENS, PrepareConfig, parse_count)
+from gpt.data.prepare.config import (DEFAULT_DATASET, DEFAULT_OUT, DEFAULT_SHARD_TOKENS,
+                                     DEFAULT_SUBSET, DEFAULT_VAL_TOKENS, PrepareConfig, parse_count)
 from gpt.data.prepare.run import prepare
 
 

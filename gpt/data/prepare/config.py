@@ -11,6 +11,7 @@ from typing import Any
 
 from gpt.data.shards import METADATA_NAME, DataError
 
+
 DEFAULT_DATASET = "HuggingFaceFW/fineweb-edu"
 DEFAULT_SUBSET = "sample-10BT"  # the subset used when --source is DEFAULT_DATASET
 DEFAULT_OUT = "data/fineweb-edu-10B"  # the trainer's default --data-dir

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from gpt.data.prepare.config import PrepareError
-from gpt.data.prepare.pieces import JsonlTask, Task, TextTask, split_pieces
-from gpt.data.prepare.sources import record_text
+from gpt.data.prepare.pieces import JsonlTask, Task, TextTask, record_text, split_pieces
 from gpt.data.tokenizer import gpt2_tokenizer
+
 
 _IN_FLIGHT_PER_WORKER = 2  # tasks queued per worker: keeps workers busy, bounds memory
 

@@ -7,7 +7,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from gpt.data.prepare.config import PIECE_CHARS
+from gpt.data.prepare.config import PIECE_CHARS, PrepareError
+
 
 _CUT_WINDOW = 1 << 12  # how far back split_pieces looks for a safe cut at a time
 
@@ -147,3 +148,26 @@ class TextTaskBuilder:
         if self.task.texts:
             yield self.task
             self.task = TextTask()
+
+
+def record_text(record: object, text_field: str, where: str) -> str:
+    """The text field of a parsed record, '' for null; raises PrepareError otherwise."""
+    if not isinstance(record, dict):
+        raise PrepareError(
+            f"{where}: a record must be an object with a {text_field!r} field, "
+            f"got {type(record).__name__}"
+        )
+    if text_field not in record:
+        fields = ", ".join(map(str, record)) or "none"
+        raise PrepareError(
+            f"{where}: no field {text_field!r} (fields there: {fields}); choose one with --text-field"
+        )
+    value = record[text_field]
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise PrepareError(
+            f"{where}: field {text_field!r} holds {type(value).__name__}, not text; "
+            f"choose a text field with --text-field"
+        )
+    return value

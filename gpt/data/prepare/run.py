@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gpt.core.fileio import FolderLock, remove_dead_temp_files
+from gpt.core.units import format_duration, human_count
 from gpt.data.prepare import config
-from gpt.data.prepare.config import (LAYOUT_VERSION, METADATA_VERSION, TOKENIZER_NAME, PrepareConfig,
-                                PrepareError, PrepareResult, available_cpus)
+from gpt.data.prepare.config import (LAYOUT_VERSION, METADATA_VERSION, TOKENIZER_NAME,
+                                     PrepareConfig, PrepareError, PrepareResult, available_cpus)
 from gpt.data.prepare.encode import encode_in_order, get_encoder
 from gpt.data.prepare.pieces import Position
 from gpt.data.prepare.sources import open_source
 from gpt.data.prepare.writer import ShardWriter, inspect_output, shard_totals
-from gpt.core.units import format_duration, human_count
 
 
 class Progress:

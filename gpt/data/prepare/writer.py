@@ -19,6 +19,7 @@ from gpt.data.prepare.encode import Encoded
 from gpt.data.prepare.pieces import Position
 from gpt.data.shards import ShardError, shard_num_tokens, write_shard
 
+
 _SHARD_FILE = re.compile(r"(train|val)_(\d{6,})\.bin")
 _SHARD_TEMP = re.compile(r"\.(train|val)_\d{6,}\.bin\.tmp-\d+")
 

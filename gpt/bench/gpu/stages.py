@@ -1,0 +1,367 @@
+"""What the GPU acceptance (`python -m gpt.bench gpu`) runs: its stages by name, each
+stage's cells (one process each: a trainer run, build-nanogpt, the CUDA tests, another
+bench) and the sizes they run at, and what a stage needs from the user (build-nanogpt's
+script, a corpus, an optional package). The plan that `--plan` prints for a choice of
+stages is gpt/bench/gpu/plan.py's.
+
+Every process compiles its own graphs (the trainer's command line cannot share a compiled
+model across micro-batches), so the stages keep processes few, and a stage that compares
+runs (the loss kernels, FP8, the recipes) runs its own baseline beside them, so that the
+ratios are taken on one machine in one invocation. Estimates: gpt/bench/gpu/estimates.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpt.bench.gpu.estimates import (MEASURED_STEPS, PLANNER_S, PROFILE_S, WARMUP, ladder_estimate,
+                                     pytest_estimate, run_estimate, tokens_estimate)
+from gpt.bench.record import REPO
+from gpt.bench.runs import trainer_command
+
+PYTEST_WORKERS = 4  # pytest-xdist workers for the CUDA tests, where pytest-xdist is installed
+# The learning rate's warm-up of every trainer cell, and build-nanogpt's beside them (its own
+# is 715 steps): the same rate at each step, so the two runs' losses compare step by step.
+LR_WARMUP_STEPS = 10
+
+
+@dataclass
+class Cell:
+    name: str
+    kind: str  # pytest | trainer | nanogpt | ladder | tokens
+    estimate_s: float  # on one H100, compilation included (estimates.py)
+    cmd: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def same_command(cell: Cell) -> str:
+    """What makes two stages' cells one measurement: the same kind of cell with the same
+    parameters running the same command (the fp8 and throughput stages share their bf16
+    cell, for one). build-nanogpt's cells have their command made as they run: their
+    parameters tell them apart."""
+    return json.dumps([cell.kind, cell.cmd, cell.params], sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes of the stages: real on the GPU, tiny in --smoke."""
+
+    smoke: bool
+    model: str
+    seq_len: int
+    batches: tuple[int, ...]  # the throughput grid's micro-batches, the trainer's default first
+    steps: int
+    tokens_per_step: int
+    xl_model: str
+    xl_batch: int  # one micro-batch a step: XL's figures are per step, and its steps are long enough
+    loss_steps: int  # the FP8 loss check's steps
+
+    @classmethod
+    def make(cls, smoke: bool) -> "Sizes":
+        if smoke:
+            return cls(True, "tiny", 64, (8, 4, 2), WARMUP + 3, 512, "tiny", 2, 8)
+        return cls(False, "gpt2", 1024, (64, 32, 16), WARMUP + MEASURED_STEPS, 2**17, "gpt2-xl", 8, 200)
+
+    def device_flags(self) -> list[str]:
+        return ["--device", "cpu", "--no-compile"] if self.smoke else ["--device", "cuda"]
+
+
+FULL = Sizes.make(smoke=False)  # estimates are always the GPU's, in --smoke too
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a stage's cells read and write: the random-token shards the stage writes
+    (`data`), the trainer runs' folders (`work`), scratch (`tmp`), the user's corpus (for
+    the stages that compare losses; None: not given) and the CUDA tests' xdist workers."""
+
+    data: Path
+    work: Path
+    tmp: Path
+    corpus: Path | None = None
+    workers: int = 0
+
+
+NOWHERE = Where(Path("/nowhere"), Path("/nowhere"), Path("/nowhere"), Path("/nowhere"),
+                PYTEST_WORKERS)  # for plans and cell names: commands are not shown, paths unused
+
+
+@dataclass(frozen=True)
+class Stage:
+    title: str
+    question: str
+    needs: tuple[str, ...] = ()  # "nanogpt", "corpus": inputs without which it cannot run
+    requires: tuple[str, ...] = ()  # packages it cannot run without (installed from --wheels)
+    optional: tuple[str, ...] = ()  # packages some of its cells use (skipped without)
+    measured: bool = True  # whether a GPU run has checked its estimates
+
+
+STAGES: dict[str, Stage] = {
+    "cuda-tests": Stage("the CUDA tests (pytest -m cuda)", "does the CUDA path work",
+                        optional=("liger_kernel", "cut_cross_entropy")),
+    "throughput": Stage("GPT-2 124M, ours vs build-nanogpt at micro-batch 64, 32 and 16",
+                        "step time, tokens/s, MFU, compile time and memory against the baseline, "
+                        "and whether the losses agree step by step", needs=("nanogpt",)),
+    "xl": Stage("GPT-2 XL on one GPU: FSDP2 with activation checkpointing (torchrun), and "
+                "the layout the trainer chooses itself (--parallel/--activation-checkpointing/"
+                "--batch-size auto)",
+                "does XL train, at what MFU, in how much memory, and what the trainer's own "
+                "choice of layout buys"),
+    "loss-kernels": Stage("GPT-2 124M at micro-batch 64: the whole logits, the chunked loss "
+                          "through Liger Kernel's and Cut Cross-Entropy's kernels, and the whole "
+                          "logits through our fused Triton cross-entropy",
+                          "what each head + loss kernel costs on CUDA against the whole logits, "
+                          "and the memory it saves",
+                          optional=("liger_kernel", "cut_cross_entropy")),
+    "profile": Stage("GPT-2 124M at micro-batch 64 and GPT-2 XL, each with a torch.profiler "
+                     "trace of its last two steps",
+                     "where a step's GPU time goes: each kind of kernel's share, the top "
+                     "kernels, the gaps between them"),
+    "fp8": Stage("GPT-2 124M at micro-batch 64: bf16 vs --fp8 tensorwise and --fp8 rowwise",
+                 "what FP8 matmuls (torchao's float8 training) buy in tokens/s and memory",
+                 requires=("torchao",), measured=False),
+    "fp8-loss": Stage("GPT-2 124M on the user's corpus, 200 steps: bf16 vs --fp8 tensorwise",
+                      "does FP8 train as bf16 does: the loss difference over the steps",
+                      needs=("corpus",), requires=("torchao",), measured=False),
+    "speedrun": Stage("GPT-2 124M at micro-batch 64: the GPT-2 recipe vs the speedrun recipe "
+                      "(configs/gpt2-124m-speedrun.toml)",
+                      "what the speedrun recipe's parts (Muon, rotary, ReLU^2, the untied "
+                      "head, the soft cap ...) cost in tokens/s", measured=False),
+    "max-autotune": Stage("GPT-2 124M at micro-batch 64 under --compile-mode max-autotune",
+                          "what max-autotune's minutes of compiling buy", measured=False),
+    "ladder": Stage("the speed ladder (python -m gpt.bench ladder)",
+                    "where the speed comes from, one optimisation at a time", measured=False),
+    "tokens": Stage("GPT-2 recipe vs the speedrun recipe at 124M on the user's corpus "
+                    "(python -m gpt.bench tokens)",
+                    "how many fewer tokens the new recipe needs at GPU scale",
+                    needs=("corpus",), measured=False),
+}
+# A 124M cell's head + loss: the trainer's default (on CUDA, the whole logits), or, side by
+# side in loss-kernels, the whole logits named (--no-chunked-loss), the chunked loss
+# through Liger Kernel's or Cut Cross-Entropy's kernel (--loss-kernel; ours is not offered
+# on CUDA, gpt/model/loss_kernels.py), and the whole logits' loss in our Triton kernels
+# (--loss-kernel fused, gpt/model/fused_ce.py): its name's suffix and its flags.
+LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "default": ("", ()), "unchunked": ("-unchunked", ("--no-chunked-loss",)),
+    "liger": ("-liger", ("--loss-kernel", "liger")), "cce": ("-cce", ("--loss-kernel", "cce")),
+    "fused": ("-fused", ("--loss-kernel", "fused"))}
+# the whole logits first: the others' baseline
+KERNEL_LOSSES = ("unchunked", "liger", "cce", "fused")
+# Triton kernels: --smoke (CPU) records them as skipped (fused needs no package of its own:
+# CUDA builds of torch bring Triton)
+CUDA_ONLY_LOSSES = ("liger", "cce", "fused")
+LOSS_PACKAGES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
+FP8_RECIPES = ("tensorwise", "rowwise")  # --fp8: torchao's float8 scaling, per tensor or per row
+RECIPES = {"gpt2": "configs/gpt2-124m.toml", "speedrun": "configs/gpt2-124m-speedrun.toml"}
+# The xl stage's auto-layout cell: 2^16 tokens a step, so several micro-batches whatever
+# micro-batch the trainer picks; the trainer's planning before it starts (gpt/plan/layout.py: a
+# plan for the layout, then a search over micro-batches) is part of the cell's time.
+XL_AUTO_SEQUENCES, AUTO_LAYOUT_PLANS = 64, 5
+PROFILED_STEPS = 2  # the profile stage traces each cell's last steps (after compiling and warming up)
+TOKENS_STEPS, TOKENS_BATCH_TOKENS = 40, 2**16  # 2.6M tokens
+TOKENS_SEEDS = 2  # each point over 2 seeds: a spread
+# Per seed: the GPT-2 recipe under both schedules, the new one and its tied-head variant
+# each over the full, half and (if still below the target) a quarter budget: 8 processes,
+# 5.5 full runs' work
+TOKENS_RUNS, TOKENS_WORK = 8 * TOKENS_SEEDS, 5.5 * TOKENS_SEEDS
+
+
+def pytest_workers() -> int:
+    """xdist's workers where pytest-xdist is installed, else none."""
+    return PYTEST_WORKERS if importlib.util.find_spec("xdist") is not None else 0
+
+
+# ---------------------------------------------------------------------------------------
+# the stages' cells
+
+
+def stage_cells(stage: str, s: Sizes, w: Where) -> list[Cell]:
+    b = s.batches[0]
+    if stage == "cuda-tests":
+        return [pytest_cell(w.tmp, w.workers)]
+    if stage == "throughput":
+        return [c for batch in s.batches for c in (ours_cell(s, w, batch), nanogpt_cell(s, batch))]
+    if stage == "xl":
+        return [xl_cell(s, w), xl_auto_cell(s, w)]
+    if stage == "loss-kernels":  # the whole logits first, then each kernel beside it
+        return [ours_cell(s, w, b, loss=loss) for loss in KERNEL_LOSSES]
+    if stage == "profile":
+        return [profiled(ours_cell(s, w, b), s), profiled(xl_cell(s, w), s)]
+    if stage == "fp8":  # bf16 first: the others' baseline
+        return [ours_cell(s, w, b), *(ours_cell(s, w, b, fp8=recipe) for recipe in FP8_RECIPES)]
+    if stage == "fp8-loss":
+        return [loss_cell(s, w, None), loss_cell(s, w, "tensorwise")]
+    if stage == "speedrun":
+        return [recipe_cell(s, w, recipe) for recipe in RECIPES]
+    if stage == "max-autotune":
+        return [ours_cell(s, w, b, mode="max-autotune")]
+    if stage == "ladder":
+        return [ladder_cell(s, w.tmp)]
+    if stage == "tokens":
+        return [tokens_cell(s, w)]
+    raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
+
+
+def pytest_cell(tmp: Path, workers: int) -> Cell:
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider",
+           "--continue-on-collection-errors", f"--junitxml={tmp / 'junit.xml'}"]
+    if workers > 1:  # the tests' trainer runs are mostly compiling: CPU work
+        cmd += ["-n", str(workers)]
+    return Cell("pytest-cuda", "pytest", pytest_estimate(workers), [*cmd, str(REPO / "tests")],
+                {"workers": workers})
+
+
+def ours_cell(s: Sizes, w: Where, batch: int, mode: str = "default", loss: str = "default",
+              fp8: str | None = None) -> Cell:
+    """The trainer at `s.model`; `loss` (one of LOSSES) picks its head + loss, `fp8` (one
+    of FP8_RECIPES) its FP8 matmuls."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
+    suffix, flags = LOSSES[loss]
+    extra = [*flags, *(["--fp8", fp8] if fp8 else [])]
+    estimate = PLANNER_S["gpt2"] + run_estimate(FULL.model, FULL.steps, FULL.tokens_per_step,
+                                                FULL.seq_len, mode=mode, fp8=fp8 is not None)
+    return trainer_cell(f"ours-b{batch}-{mode}{suffix}{f'-fp8-{fp8}' if fp8 else ''}", s, w.data, w.work,
+                        batch=batch, mode=mode, steps=s.steps, estimate=estimate, extra=extra,
+                        loss=loss, fp8=fp8)
+
+
+def loss_cell(s: Sizes, w: Where, fp8: str | None) -> Cell:
+    """124M on the user's corpus (random tokens in --smoke) for Sizes.loss_steps, bf16 or
+    FP8: the same tokens in the same order and the same learning rate at every step, so
+    the two runs' losses compare step by step."""
+    data = w.data if s.smoke or w.corpus is None else w.corpus
+    estimate = PLANNER_S["gpt2"] + run_estimate(FULL.model, FULL.loss_steps, FULL.tokens_per_step,
+                                                FULL.seq_len, fp8=fp8 is not None)
+    return trainer_cell(f"loss-{s.model}-{'fp8-' + fp8 if fp8 else 'bf16'}", s, data, w.work,
+                        batch=s.batches[0], mode="default", steps=s.loss_steps, estimate=estimate,
+                        extra=["--fp8", fp8] if fp8 else None, fp8=fp8)
+
+
+def recipe_cell(s: Sizes, w: Where, recipe: str) -> Cell:
+    """The trainer with a recipe's TOML (RECIPES): its model options, optimizer and
+    schedule, and its own tokens a step (the optimizer runs once a step, so a smaller step
+    would weigh Muon's Newton-Schulz against fewer tokens than the recipe does), with the
+    throughput cells' micro-batch, steps and data."""
+    tokens = recipe_step_tokens(recipe)
+    estimate = PLANNER_S["gpt2"] + run_estimate(FULL.model, FULL.steps, tokens, FULL.seq_len)
+    return trainer_cell(f"recipe-{recipe}-b{s.batches[0]}", s, w.data, w.work, batch=s.batches[0],
+                        mode="default", steps=s.steps, estimate=estimate, recipe=recipe,
+                        tokens_per_step=None if s.smoke else tokens)
+
+
+def recipe_step_tokens(recipe: str) -> int:
+    """The tokens a step of the recipe's TOML (its --total-batch-tokens)."""
+    from gpt.core.cli import parse_args  # the trainer's own reading of the file
+
+    return parse_args(["--config", str(REPO / RECIPES[recipe])]).data.total_batch_tokens
+
+
+def profiled(cell: Cell, s: Sizes) -> Cell:
+    """`cell` with a torch.profiler trace of its last PROFILED_STEPS steps (--torch-profile),
+    which its result summarises (gpt/bench/trace_summary.py)."""
+    folder = Path(cell.params["out"]) / "trace"
+    flags = ["--torch-profile", str(folder), "--profile-start", str(s.steps - PROFILED_STEPS),
+             "--profile-steps", str(PROFILED_STEPS)]
+    return dataclasses.replace(
+        cell, name=f"{cell.name}-profile", cmd=[*cell.cmd, *flags], estimate_s=cell.estimate_s + PROFILE_S,
+        params={**cell.params, "trainer_argv": [*cell.params["trainer_argv"], *flags],
+                "profile_dir": str(folder)})
+
+
+def nanogpt_cell(s: Sizes, batch: int) -> Cell:
+    # build-nanogpt's model is GPT-2 124M at T=1024, whatever the sizes
+    return Cell(f"build-nanogpt-b{batch}", "nanogpt",
+                run_estimate("gpt2", FULL.steps, FULL.tokens_per_step, 1024),
+                params={"batch_size": batch, "steps": s.steps})
+
+
+def xl_cell(s: Sizes, w: Where) -> Cell:
+    tokens = s.xl_batch * s.seq_len
+    estimate = PLANNER_S["gpt2-xl"] + run_estimate(FULL.xl_model, FULL.steps, FULL.xl_batch * FULL.seq_len,
+                                                   FULL.seq_len, torchrun=True, recompute=True)
+    cell = trainer_cell(f"{s.xl_model}-fsdp-ac-1gpu", s, w.data, w.work, batch=s.xl_batch,
+                        mode="default", steps=s.steps, estimate=estimate, model=s.xl_model,
+                        tokens_per_step=tokens, extra=["--parallel", "fsdp", "--activation-checkpointing"])
+    cell.cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                *cell.cmd[1:]]
+    return cell
+
+
+def xl_auto_cell(s: Sizes, w: Where) -> Cell:
+    """GPT-2 XL with the layout left to the trainer (gpt/plan/layout.py: on one GPU no FSDP, the
+    least recomputation and the largest micro-batch that fit), XL_AUTO_SEQUENCES sequences a
+    step: several micro-batches, so that AdamW's update is spread over them as in training
+    (the FSDP cell updates after every micro-batch of 8)."""
+    sequences = 4 * s.xl_batch if s.smoke else XL_AUTO_SEQUENCES
+    estimate = AUTO_LAYOUT_PLANS * PLANNER_S["gpt2-xl"] + run_estimate(
+        FULL.xl_model, FULL.steps, XL_AUTO_SEQUENCES * FULL.seq_len, FULL.seq_len)
+    return trainer_cell(f"{s.xl_model}-auto-1gpu", s, w.data, w.work, batch="auto", mode="default",
+                        steps=s.steps, estimate=estimate, model=s.xl_model,
+                        tokens_per_step=sequences * s.seq_len,
+                        extra=["--parallel", "auto", "--activation-checkpointing", "auto"])
+
+
+def tokens_cell(s: Sizes, w: Where) -> Cell:
+    """python -m gpt.bench tokens at 124M, T=1024: one learning rate per recipe (the GPT-2
+    recipe's own, the CPU sweep's best scale for the new one), TOKENS_SEEDS seeds."""
+    steps = 4 if s.smoke else TOKENS_STEPS
+    data = w.data if s.smoke or w.corpus is None else w.corpus
+    cmd = [sys.executable, "-m", "gpt.bench", "tokens", "--out", str(w.tmp / "tokens"),
+           "--data-dir", str(data), "--model", s.model,
+           "--seq-len", str(s.seq_len), "--batch-size", str(2 if s.smoke else 16),
+           "--total-batch-tokens", str(s.seq_len * 2 if s.smoke else TOKENS_BATCH_TOKENS),
+           "--steps", str(steps), "--val-every", str(2 if s.smoke else 5),
+           "--val-steps", "2" if s.smoke else "8",
+           "--baseline-lrs", "6e-4", "--new-lr-scales", "1", "--new-budgets", "0.5",
+           "--seeds", "1" if s.smoke else str(TOKENS_SEEDS),
+           "--max-halvings", "0" if s.smoke else "1",
+           "--device", "cpu" if s.smoke else "cuda", "--trainer-flags=--no-compile",
+           # no timing phase: the stage expects the GPU to itself, so the runs' own
+           # times are not another job's load
+           "--timing-repeats", "0"]
+    cmd += ["--n-layer", "2", "--n-head", "2", "--n-embd", "64"] if s.smoke else \
+        ["--n-layer", "12", "--n-head", "12", "--n-embd", "768"]
+    return Cell(f"tokens-{s.model}", "tokens",
+                tokens_estimate(TOKENS_RUNS, TOKENS_WORK, TOKENS_STEPS, TOKENS_BATCH_TOKENS), cmd,
+                {"data_dir": str(data), "steps": steps})
+
+
+def ladder_cell(s: Sizes, tmp: Path) -> Cell:
+    cmd = [sys.executable, "-m", "gpt.bench", "ladder", "--out", str(tmp / "ladder"), "--name", "ladder",
+           "--steps", str(MEASURED_STEPS) if not s.smoke else "2",
+           "--warmup", str(WARMUP) if not s.smoke else "1"]
+    if s.smoke:
+        cmd += ["--device", "cpu", "--no-compile-rungs", "--seq-len", "32", "--batch-size", "2"]
+    return Cell(f"ladder-{s.model}", "ladder", ladder_estimate(), cmd)
+
+
+def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int | str, mode: str,
+                 steps: int, estimate: float, model: str | None = None,
+                 tokens_per_step: int | None = None, extra: list[str] | None = None,
+                 loss: str = "default", fp8: str | None = None, recipe: str | None = None) -> Cell:
+    out = work / name
+    tokens = tokens_per_step or max(s.tokens_per_step, int(batch) * s.seq_len)
+    # --no-save-checkpoints: a benchmark keeps nothing (a final checkpoint is 1.5 GB at 124M,
+    # 18.7 GB at XL, written with fsync and a CRC pass)
+    argv = ["--config", str(REPO / RECIPES[recipe])] if recipe else []
+    argv += ["--model", model or s.model, "--seq-len", str(s.seq_len), "--block-size", str(s.seq_len),
+             "--batch-size", str(batch), "--total-batch-tokens", str(tokens),
+             "--max-steps", str(steps), "--log-every", "1", "--val-every", "0", "--sample-every", "0",
+             "--hellaswag-every", "0", "--no-save-checkpoints", "--data-dir", str(data),
+             "--out-dir", str(out), *s.device_flags(), *(extra or [])]
+    if not recipe:  # a recipe keeps its own schedule
+        argv += ["--warmup-steps", str(LR_WARMUP_STEPS)]
+    if not s.smoke:
+        argv += ["--compile-mode", mode]
+    return Cell(name, "trainer", estimate, trainer_command(argv),
+                {"model": model or s.model, "batch_size": batch, "compile_mode": mode, "out": str(out),
+                 "tokens_per_step": tokens, "steps": steps, "loss": loss, "fp8": fp8 or "off",
+                 "recipe": recipe or "default",
+                 "trainer_argv": argv, "world_size": 1, "device_type": "cpu" if s.smoke else "cuda"})
