@@ -4,6 +4,7 @@ small models and trainer-style checkpoints."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -58,7 +59,10 @@ def train_here(*args: str) -> subprocess.CompletedProcess:
     """train_gpt2.py's entry point called here, as `python train_gpt2.py ARGS` runs it: from
     the checkout (relative paths), its streams captured, an exit by SystemExit turned into
     the status, Python's own warning filters (pytest's would swallow what a user sees), and
-    torch.compile's caches emptied after it (its recompile limit counts across runs)."""
+    torch.compile's caches emptied after it (its recompile limit counts across runs). A run
+    in which torch.compile gave up on a function (its recompile limit hit: dynamo then runs
+    it eagerly, saying so in one log line nobody reads) fails, status 1, with that line: a
+    compiled test must not pass uncompiled."""
     import contextlib
     import io
 
@@ -66,6 +70,8 @@ def train_here(*args: str) -> subprocess.CompletedProcess:
 
     out, err = io.StringIO(), io.StringIO()
     cwd = os.getcwd()
+    fell_back = CompileFellBack()
+    fell_back.start()
     try:
         os.chdir(REPO)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
@@ -83,11 +89,43 @@ def train_here(*args: str) -> subprocess.CompletedProcess:
                 code = e.code if isinstance(e.code, int) else int(e.code is not None)
     finally:
         os.chdir(cwd)
+        fell_back.stop()
         dynamo = sys.modules.get("torch._dynamo")
         if dynamo is not None:
             dynamo.reset()
+    if fell_back.said:
+        code = code or 1
+        err.write("".join(f"\ntorch.compile fell back to eager in this run: {line}"
+                          for line in fell_back.said) + "\n")
     return subprocess.CompletedProcess([sys.executable, str(TRAIN_SCRIPT), *args], code,
                                        out.getvalue(), err.getvalue())
+
+
+# dynamo's module that decides to compile a function, or, past its recompile limit, not to
+_DYNAMO_LOGGER = "torch._dynamo.convert_frame"
+
+
+class CompileFellBack(logging.Handler):
+    """Between start() and stop(), keeps the first line of each warning dynamo logs when it
+    stops compiling a function ("torch._dynamo hit config.recompile_limit (8)", and the
+    accumulated limit's): from then on that function runs eagerly. A handler on dynamo's
+    own logger, so torch._dynamo need not be imported here (a run that never compiles does
+    not import it). train_here fails a run that fell back; tests/cuda_checks.py a cuda test."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.said: list[str] = []
+
+    def start(self) -> None:
+        logging.getLogger(_DYNAMO_LOGGER).addHandler(self)
+
+    def stop(self) -> None:
+        logging.getLogger(_DYNAMO_LOGGER).removeHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("torch._dynamo hit config."):
+            self.said.append(" ".join(message.split("\n")[:2]).strip())
 
 
 def _to_stderr(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -152,12 +190,24 @@ def read_metrics(out: Path, kind: str | None = None) -> list[dict]:
     return [r for r in records if kind is None or r["type"] == kind]
 
 
+def _last_output(proc: subprocess.Popen) -> str:
+    """What an ended process wrote to its pipes (the reason it stopped), its last 3,000
+    characters; nothing where its pipes are not ours or a child still holds them open."""
+    try:
+        streams = proc.communicate(timeout=5)
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        return ""
+    text = "".join(s if isinstance(s, str) else s.decode(errors="replace") for s in streams if s)
+    return text[-3000:]
+
+
 def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None) -> None:
     """Poll until predicate() is true; fail if the process ends or time runs out first."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process ended (status {proc.returncode}) before the condition")
+            raise AssertionError(f"process ended (status {proc.returncode}) before the "
+                                 f"condition; its last output:\n{_last_output(proc)}")
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting")
         time.sleep(0.1)

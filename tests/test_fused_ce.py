@@ -9,8 +9,12 @@ gradient other than 1, the in-place gradient, GPT.loss's wiring and the model co
 and the kernels compiled for an H100 (sm_90) by Triton's own compiler, which needs no GPU.
 Planted by hand once, each of these bugs failed them: no max subtracted, no 1/n, the last
 block's tail unmasked, the cap's slope left out, ignored rows counted in the mean, the
-padded columns masked. Without Triton: the switch's one-line refusals. On a GPU
-(-m cuda): bf16 at GPT-2's sizes, and a compiled trainer run.
+padded columns masked; in the forward mode (the gradient written in the forward, for the
+incoming gradient expected), the backward's rescaling left out and a gradient written
+where none was wanted. Both modes run every check above against float64, the forward mode
+expecting its incoming gradient and expecting another; it is the backward mode's gradient,
+bit for bit, when it expects right. Without Triton: the switch's one-line refusals. On a
+GPU (-m cuda): bf16 at GPT-2's sizes, and a compiled trainer run.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import json
 import math
 import multiprocessing
 import os
@@ -122,15 +127,20 @@ def error_bounds(z: torch.Tensor, t: torch.Tensor, block: int, cap: float,
 
 
 def check_against_reference(x: torch.Tensor, t: torch.Tensor, block: int | None = None,
-                            cap: float = 0.0, grad_out: float = 0.37) -> None:
+                            cap: float = 0.0, grad_out: float = 0.37,
+                            expected: float | None = None) -> None:
     """The kernels' mean loss and its gradient (times grad_out) against float64's
     F.cross_entropy of the same fp32 logits, within error_bounds(); `block`: the kernels'
-    columns a step (default: theirs)."""
+    columns a step (default: theirs); `expected`: the forward mode, expecting that incoming
+    gradient (None: the backward mode)."""
     fce = kernels()
     block = block or fce.BLOCK
     a = x.clone().requires_grad_()
-    loss = fce.cross_entropy(a, t, cap, block=block)
+    guess = None if expected is None else fce.expected_grad("cpu", expected)
+    loss = fce.cross_entropy(a, t, cap, block=block, expected_grad=guess)
     loss.backward(torch.tensor(grad_out))
+    if guess is not None:
+        assert guess.item() == pytest.approx(grad_out, rel=1e-7)  # the next call's expectation
     z = x.double().requires_grad_()
     ref = F.cross_entropy(cap * torch.tanh(z / cap) if cap else z, t)
     ref.backward(torch.tensor(grad_out, dtype=torch.float64))
@@ -141,6 +151,11 @@ def check_against_reference(x: torch.Tensor, t: torch.Tensor, block: int | None 
         return
     n = int(counted.sum())
     e_loss, e_grad = error_bounds(x.double(), t, block, cap, grad_out / n)
+    if expected is not None and expected != grad_out:
+        # the forward wrote each entry for `expected` and the backward rescaled it by
+        # grad_out / expected: that ratio's rounding, the product's, and the other scale's
+        # rounding, each relative to an entry of at most |scale| (|p - onehot| x slope <= 1)
+        e_grad = e_grad + 4 * U * abs(grad_out / n)
     # the mean: each counted row within its bound, then torch's sum of the rows (n - 1
     # additions of terms up to the largest row's loss) and the division, rounded
     rows = torch.where(counted, e_loss, torch.zeros_like(e_loss))
@@ -159,13 +174,20 @@ def logits(n: int, v: int, seed: int, scale: float = 3.0) -> torch.Tensor:
 # the kernels, under Triton's interpreter
 
 
+# the backward mode; the forward mode expecting the incoming gradient it gets (the
+# checks' 0.37), and expecting another (1.0, what expected_grad() starts from: rescaled)
+MODES = {"backward": None, "forward": 0.37, "forward, rescaled": 1.0}
+
+
 @needs_triton
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("n, v, block", [(7, 33, 16), (7, 33, 8), (5, 33, 64), (3, 1, 16),
                                          (6, 100, 32)])
 def test_odd_shapes_and_blocks_that_do_not_divide_the_vocabulary(interpreted: Worker, n: int,
-                                                                v: int, block: int) -> None:
+                                                                v: int, block: int,
+                                                                mode: str) -> None:
     t = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(n + v))
-    interpreted(check_against_reference, logits(n, v, seed=v), t, block)
+    interpreted(check_against_reference, logits(n, v, seed=v), t, block, expected=MODES[mode])
 
 
 @needs_triton
@@ -180,8 +202,9 @@ def test_large_logits_are_taken_relative_to_their_row_max(interpreted: Worker) -
 
 
 @needs_triton
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("ignored", ["some", "all but one", "all"])
-def test_ignored_positions_count_for_nothing(interpreted: Worker, ignored: str) -> None:
+def test_ignored_positions_count_for_nothing(interpreted: Worker, ignored: str, mode: str) -> None:
     t = torch.randint(0, 40, (9,), generator=torch.Generator().manual_seed(4))
     if ignored == "some":
         t[[0, 4, 5]] = -100
@@ -189,27 +212,29 @@ def test_ignored_positions_count_for_nothing(interpreted: Worker, ignored: str) 
         t[torch.arange(9) != 6] = -100
     else:
         t[:] = -100
-    interpreted(check_against_reference, logits(9, 40, seed=5), t, block=16)
+    interpreted(check_against_reference, logits(9, 40, seed=5), t, block=16, expected=MODES[mode])
 
 
 @needs_triton
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("cap", [5.0, 30.0])
-def test_the_soft_cap(interpreted: Worker, cap: float) -> None:
+def test_the_soft_cap(interpreted: Worker, cap: float, mode: str) -> None:
     t = torch.randint(0, 33, (7,), generator=torch.Generator().manual_seed(6))
     t[2] = -100
-    interpreted(check_against_reference, logits(7, 33, seed=7, scale=6.0), t, block=16, cap=cap)
+    interpreted(check_against_reference, logits(7, 33, seed=7, scale=6.0), t, block=16, cap=cap,
+                expected=MODES[mode])
 
 
 @needs_triton
-@pytest.mark.parametrize("cap", [0.0, 30.0])
-def test_gpt2s_padded_vocabulary(interpreted: Worker, cap: float) -> None:
+@pytest.mark.parametrize("cap, mode", [(0.0, "backward"), (30.0, "backward"), (30.0, "forward")])
+def test_gpt2s_padded_vocabulary(interpreted: Worker, cap: float, mode: str) -> None:
     """50,257 token ids in 50,304 columns, as GPT.logits makes them: the padded columns are
     not masked there (their weights learn to keep them improbable), so they take part here
     too, and get a gradient; 50,304 is not a multiple of the kernels' block (4,096)."""
     x = logits(4, 50304, seed=8)
     x[:, 50257:] += 2.0  # mass the padded columns must be seen to carry
     t = torch.tensor([0, 50256, 17, -100])
-    interpreted(check_against_reference, x, t, cap=cap)
+    interpreted(check_against_reference, x, t, cap=cap, expected=MODES[mode])
 
 
 def written_over_the_logits() -> None:
@@ -234,6 +259,69 @@ def written_over_the_logits() -> None:
 @needs_triton
 def test_the_gradient_is_written_over_the_logits_when_asked(interpreted: Worker) -> None:
     interpreted(written_over_the_logits)
+
+
+def the_forward_mode_is_the_backward_modes_gradient_written_early() -> None:
+    """Expecting the incoming gradient it gets, the forward mode's loss and gradient are the
+    backward mode's bit for bit (the same arithmetic on each entry, in the same order); the
+    gradient is there when the forward returns (over the logits, in place); a call expecting
+    another gradient is rescaled by its backward and leaves the one it got as the next
+    call's expectation; a forward that wants no gradient writes none."""
+    fce = kernels()
+    x, t = logits(6, 37, seed=11), torch.tensor([1, 2, -100, 4, 36, 0])
+    for cap in (0.0, 15.0):
+        a = x.clone().requires_grad_()
+        backward = fce.cross_entropy(a, t, cap, block=16)
+        backward.backward(torch.tensor(0.25))
+        guess = fce.expected_grad("cpu", 0.25)
+        z = x.clone().requires_grad_() * 1.0  # as the head's output
+        before = z._version
+        forward = fce.cross_entropy(z, t, cap, inplace=True, block=16, expected_grad=guess)
+        assert z._version > before and torch.equal(z.detach(), a.grad)  # written, in the forward
+        forward.backward(torch.tensor(0.25))
+        assert torch.equal(forward, backward) and torch.equal(z.detach(), a.grad)
+        # expecting 1 (a loop's first call), getting 0.25: rescaled, and 0.25 kept
+        guess = fce.expected_grad("cpu")
+        b = x.clone().requires_grad_()
+        fce.cross_entropy(b, t, cap, block=16, expected_grad=guess).backward(torch.tensor(0.25))
+        assert guess.item() == 0.25
+        assert torch.allclose(b.grad, a.grad, rtol=4 * U, atol=0)  # see check_against_reference
+        c = x.clone().requires_grad_()
+        fce.cross_entropy(c, t, cap, block=16, expected_grad=guess).backward(torch.tensor(0.25))
+        assert torch.equal(c.grad, a.grad)  # the second call expected right: no second rounding
+    # two forwards before their backwards (two losses summed): each checked against what it
+    # was written for, not what the other's backward left
+    guess = fce.expected_grad("cpu", 0.5)
+    d, e = x.clone().requires_grad_(), x.clone().requires_grad_()
+    (fce.cross_entropy(d, t, block=16, expected_grad=guess)
+     + 3 * fce.cross_entropy(e, t, block=16, expected_grad=guess)).backward()
+    ref = x.clone().requires_grad_()
+    fce.cross_entropy(ref, t, block=16).backward()
+    assert torch.allclose(d.grad, ref.grad, rtol=4 * U, atol=0)
+    assert torch.allclose(e.grad, 3 * ref.grad, rtol=4 * U, atol=0)
+    # a zero incoming gradient: a zero gradient, and the expectation kept (a forward that
+    # wrote its gradient times zero could not be rescaled by the next backward)
+    guess = fce.expected_grad("cpu", 0.25)
+    f = x.clone().requires_grad_()
+    fce.cross_entropy(f, t, block=16, expected_grad=guess).backward(torch.tensor(0.0))
+    assert (f.grad == 0).all() and guess.item() == 0.25
+    g, h = x.clone().requires_grad_(), x.clone().requires_grad_()
+    fce.cross_entropy(g, t, block=16, expected_grad=guess).backward(torch.tensor(0.25))
+    fce.cross_entropy(h, t, block=16).backward(torch.tensor(0.25))
+    assert torch.equal(g.grad, h.grad)  # written for 0.25, as expected: no rescaling
+    # no gradient wanted (validation): nothing written over the logits
+    y = x.clone()
+    with torch.no_grad():
+        loss = fce.cross_entropy(y, t, inplace=True, block=16, expected_grad=guess)
+    assert torch.equal(y, x)
+    assert torch.equal(loss, fce.cross_entropy(x.clone(), t, block=16).detach())
+    with pytest.raises(ValueError, match="expected_grad must be one float on the logits' device"):
+        fce.cross_entropy(x.clone(), t, expected_grad=torch.ones(2))
+
+
+@needs_triton
+def test_the_forward_mode_writes_the_backward_modes_gradient_early(interpreted: Worker) -> None:
+    interpreted(the_forward_mode_is_the_backward_modes_gradient_written_early)
 
 
 def gpt_loss_is_the_kernels_on_the_heads_logits(cap: float) -> None:
@@ -322,14 +410,20 @@ signatures = {
     fused_ce._lse_kernel: {"x_ptr": "*bf16", "x_stride": "i32", "t_ptr": "*i64", "loss_ptr": "*fp32",
                            "lse_ptr": "*fp32"},
     fused_ce._grad_kernel: {"x_ptr": "*bf16", "x_stride": "i32", "g_ptr": "*bf16", "g_stride": "i32",
-                            "t_ptr": "*i64", "lse_ptr": "*fp32", "scale_ptr": "*fp32"}}
-for kernel, signature in signatures.items():
-    for cap in (False, True):
-        src = ASTSource(fn=kernel, signature={**signature, **common},
-                        constexprs={"SOFTCAP": cap, "BLOCK": fused_ce.BLOCK})
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": fused_ce.NUM_WARPS})
-        assert compiled.asm["cubin"], kernel
+                            "t_ptr": "*i64", "lse_ptr": "*fp32", "scale_ptr": "*fp32"},
+    fused_ce._loss_grad_kernel: {"x_ptr": "*bf16", "x_stride": "i32", "g_ptr": "*bf16",
+                                 "g_stride": "i32", "t_ptr": "*i64", "loss_ptr": "*fp32",
+                                 "scale_ptr": "*fp32"}}
+rescale = {"g_ptr": "*bf16", "g_stride": "i32", "got_ptr": "*fp32", "want_ptr": "*fp32", "V": "i32",
+           "BLOCK": "constexpr"}
+compiles = [(k, {**sig, **common}, {"SOFTCAP": cap, "BLOCK": fused_ce.BLOCK})
+            for k, sig in signatures.items() for cap in (False, True)]
+compiles.append((fused_ce._rescale_kernel, rescale, {"BLOCK": fused_ce.BLOCK}))
+for kernel, signature, constexprs in compiles:
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": fused_ce.NUM_WARPS})
+    assert compiled.asm["cubin"], kernel
 print("compiled")
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -340,6 +434,30 @@ print("compiled")
     if "No module named 'triton.backends.nvidia'" in proc.stderr:
         pytest.skip("this Triton has no NVIDIA backend")
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+
+
+@needs_triton
+@pytest.mark.slow
+def test_the_gpu_loss_bench_runs_both_modes_under_the_interpreter(tmp_path: Path) -> None:
+    """The GPU acceptance's loss-bench cell (gpt/bench/gpu/loss_bench.py), every variant
+    run, on a CPU under Triton's interpreter, so that its GPU minutes are not the first to
+    run the fused modes' code there: each one's loss and gradient beside the whole logits'
+    loss's, in fp32, within the kernels' fp32 error (error_bounds: far below 1e-5 here)."""
+    out = tmp_path / "loss_bench.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "gpt.bench.gpu.loss_bench", "--out", str(out),
+                           "--device", "cpu", "--rows", "16", "--vocab", "200", "--no-compile",
+                           "--warmup", "0", "--repeats", "1"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    variants = json.loads(out.read_text())["variants"]
+    assert [(v["variant"], v["softcap"]) for v in variants] == [
+        (name, cap) for cap in (0.0, 15.0) for name in ("compiled", "fused-backward", "fused-forward",
+                                                         "fused-forward, expected wrong")]
+    for v in variants:
+        assert v["status"] == "ok" and v["total_ms"] > 0, v
+        if v["variant"] != "compiled":
+            assert v["loss_rel_diff"] < 1e-5 and v["grad_max_diff_over_max"] < 1e-5, v
 
 
 # ---------------------------------------------------------------------------------------
@@ -391,6 +509,7 @@ def test_the_trainer_refuses_it_on_cpu_before_building_anything(tmp_path: Path) 
 # on a GPU
 
 
+@needs_triton  # a CUDA torch brings it; --fake-cuda (tests/cuda_checks.py) may run without
 @pytest.mark.cuda
 @pytest.mark.parametrize("cap", [0.0, 15.0])
 def test_on_cuda_in_bf16_it_equals_the_whole_logits(cap: float) -> None:

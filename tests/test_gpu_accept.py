@@ -8,9 +8,11 @@ timeout killing its whole process group."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -21,6 +23,7 @@ import torch
 from gpt.bench import runs
 from gpt.bench.cli import main as bench_main
 from gpt.bench.gpu import accept as gpu
+from gpt.bench.gpu import cell_run
 from gpt.bench.gpu import inputs as gpu_inputs
 from gpt.bench.gpu import plan as gpu_plan
 from gpt.bench.gpu import stages as gpu_stages
@@ -40,7 +43,7 @@ def refuse_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a cell ran")
 
-    monkeypatch.setattr(gpu, "run_group", refuse)
+    monkeypatch.setattr(cell_run, "run_group", refuse)
     monkeypatch.setattr(gpu, "run_stages", refuse)
 
 
@@ -64,7 +67,8 @@ def test_plan_lists_every_stage_its_cells_and_estimates(capsys, monkeypatch) -> 
     assert plan["total_s"] == sum(s["estimate_s"] for s in stages)
     by_name = {s["stage"]: s for s in stages}
     assert by_name["throughput"]["needs"] == ["nanogpt"] and by_name["tokens"]["needs"] == ["corpus"]
-    assert by_name["fp8"]["requires"] == ["torchao"] and not by_name["fp8"]["measured"]
+    assert by_name["fp8"]["optional_packages"] == ["torchao"] and not by_name["fp8"]["measured"]
+    assert not any(s["requires"] for s in stages)  # a missing package skips cells, not stages
     assert [c["name"] for c in by_name["throughput"]["cells"]] == [
         "ours-b64-default", "build-nanogpt-b64", "ours-b32-default", "build-nanogpt-b32",
         "ours-b16-default", "build-nanogpt-b16"]
@@ -81,7 +85,7 @@ def test_plan_for_a_choice_of_stages_under_a_budget(capsys, monkeypatch) -> None
     assert [s["stage"] for s in plan["stages"]] == ["xl", "throughput"] and plan["budget_s"] == 300
     used, fits = 0, []
     for cell in (c for s in plan["stages"] for c in s["cells"]):  # in order, as a run skips them
-        fits.append(used + cell["estimate_s"] <= 300)
+        fits.append(used + cell["estimate_s"] <= 300 - gpu_plan.RESERVE_S)  # as the run keeps back
         used += cell["estimate_s"] if fits[-1] else 0
     assert [c["fits"] for s in plan["stages"] for c in s["cells"]] == fits
     assert True in fits and False in fits  # the choice is such that some fit and some do not
@@ -164,7 +168,7 @@ def argv_of(cell: gpu_stages.Cell) -> str:
 
 def test_fp8_speedrun_and_loss_check_cells_are_these_command_lines() -> None:
     full = gpu_stages.FULL
-    bf16, tensorwise, rowwise = gpu_stages.stage_cells("fp8", full, NOWHERE)
+    bf16, tensorwise, rowwise = gpu_stages.stage_cells("fp8", full, NOWHERE)[:3]  # then XL's
     assert [c.name for c in (bf16, tensorwise, rowwise)] == [
         "ours-b64-default", "ours-b64-default-fp8-tensorwise", "ours-b64-default-fp8-rowwise"]
     assert "--fp8" not in bf16.cmd and tensorwise.cmd[-2:] == ["--compile-mode", "default"]
@@ -226,13 +230,10 @@ def test_a_stage_without_its_input_fails_in_one_line_running_nothing(tmp_path, c
     (tmp_path / "corpus").mkdir()
     err = one_line_error(capsys, ["tokens", "--out", str(out), "--corpus", str(tmp_path / "corpus")])
     assert f"stage tokens: --corpus {tmp_path / 'corpus'}: no train_* shards" in err
-    monkeypatch.setattr(gpu_inputs, "importable", lambda module: False)
-    err = one_line_error(capsys, ["fp8", "--out", str(out), "--wheels", str(tmp_path)])
-    assert "stage fp8 needs torchao" in err and f"no torchao-*.whl in {tmp_path}" in err
-    assert "--wheels DIR" in err
     assert not out.exists()
-    if not torch.cuda.is_available():  # bf16's cell alone needs no torchao: past the checks
-        err = one_line_error(capsys, ["fp8", "--out", str(out), "--only", "ours-b64-default"], 2)
+    if not torch.cuda.is_available():  # no package stops a stage: past the checks
+        monkeypatch.setattr(gpu_inputs, "importable", lambda module: False)
+        err = one_line_error(capsys, ["fp8", "--out", str(out), "--wheels", str(tmp_path)], 2)
         assert "no CUDA device" in err
 
 
@@ -316,8 +317,10 @@ def test_a_wheel_that_does_not_install_or_import_is_one_line(tmp_path, monkeypat
 
 
 def test_the_budget_skips_the_cells_that_no_longer_fit(tmp_path, capsys, monkeypatch) -> None:
-    """The clock advances by each cell's estimate as it runs: a budget of 150 s runs the
-    throughput stage's first two cells (72 + 64 s) and skips the rest, saying why."""
+    """The clock advances by each cell's estimate as it runs: a budget of 165 s, less the
+    15 s kept for stopping a cell and writing, runs the throughput stage's first two cells
+    (72 + 64 s) and skips the rest, saying why; each cell may run only as long as leaves
+    that reserve."""
     now = [1000.0]
     limits = []
 
@@ -330,20 +333,22 @@ def test_the_budget_skips_the_cells_that_no_longer_fit(tmp_path, capsys, monkeyp
     monkeypatch.setattr(gpu, "clock", lambda: now[0])
     monkeypatch.setattr(gpu, "run_cell", fake_cell)
     out = tmp_path / "out"
-    assert bench_main(["gpu", "throughput", "--smoke", "--budget", "150", "--out", str(out)]) == 1
+    assert bench_main(["gpu", "throughput", "--smoke", "--budget", "165", "--out", str(out)]) == 1
     report = json.loads((out / "gpu_throughput.json").read_text())
     cells = report["cells"]
     assert [c["status"] for c in cells] == ["failed", "failed", "skipped", "skipped", "skipped", "skipped"]
     est = [c.estimate_s for c in gpu_stages.stage_cells("throughput", SMOKE, NOWHERE)]
-    assert limits == pytest.approx([150, 150 - est[0]]) and report["budget_s"] == 150
-    left = 150 - est[0] - est[1]
-    assert cells[2]["reason"] == (f"budget: {left:.0f} s left of 150, the cell needs about {est[2]:.0f}; "
-                                  "run it with --only ours-b4-default")
+    reserve = gpu_plan.RESERVE_S
+    assert limits == pytest.approx([165 - reserve, 165 - reserve - est[0]]) and report["budget_s"] == 165
+    left = 165 - est[0] - est[1]
+    assert cells[2]["reason"] == (f"budget: {left:.0f} s left of 165 ({reserve:.0f} kept for stopping "
+                                  f"and writing), the cell needs about {est[2]:.0f}; run it with "
+                                  "--only ours-b4-default")
     assert report["schema"] == gpu.SCHEMA and report["stage"] == "throughput"
 
 
 def test_a_budget_too_small_for_any_cell_runs_none_and_keeps_earlier_results(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(gpu, "run_group", lambda *a, **k: pytest.fail("a cell ran"))
+    monkeypatch.setattr(cell_run, "run_group", lambda *a, **k: pytest.fail("a cell ran"))
     for n in (1, 2):
         assert bench_main(["gpu", "xl", "cuda-tests", "--smoke", "--budget", "5", "--out", str(tmp_path)]) == 0
     for stem in ("gpu_xl", "gpu_xl-2", "gpu_cuda-tests", "gpu_cuda-tests-2"):
@@ -352,6 +357,175 @@ def test_a_budget_too_small_for_any_cell_runs_none_and_keeps_earlier_results(tmp
         for cell in report["cells"]:
             assert cell["status"] == "skipped" and cell["reason"].startswith("budget: 5 s left of 5")
         assert (tmp_path / f"{stem}.md").read_text().startswith("# GPU acceptance, stage ")
+
+
+def fake_cells(ran: list[str], then=None):
+    """A run_cell that runs nothing: records the cell, calls `then(cell)`, reports it
+    skipped (no figures to compare)."""
+    def fake_cell(cell, limit_s, sizes, tokens, nanogpt_path, tmp, log, packages=None):
+        ran.append(cell.name)
+        if then is not None:
+            then(cell)
+        return {"name": cell.name, "kind": cell.kind, "params": cell.params,
+                "estimate_s": round(cell.estimate_s), "status": "skipped", "reason": "not run here"}
+    return fake_cell
+
+
+def test_stages_run_in_the_order_given(tmp_path, monkeypatch) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(gpu, "run_cell", fake_cells(ran))
+    assert bench_main(["gpu", "speedrun", "xl", "--smoke", "--out", str(tmp_path)]) == 0
+    assert ran == ["recipe-gpt2-b8", "recipe-speedrun-b8", "tiny-fsdp-ac-1gpu", "tiny-auto-1gpu"]
+
+
+def test_each_cells_results_are_on_disk_before_the_next_runs(tmp_path, monkeypatch) -> None:
+    """Written after every cell: a run killed outright (SIGKILL, a machine taken back)
+    leaves every finished cell's figures and the summary of what ran."""
+    seen: list[list[str]] = []
+
+    def look(cell) -> None:
+        path = tmp_path / "gpu_xl.json"
+        seen.append([c["name"] for c in json.loads(path.read_text())["cells"]] if path.exists() else [])
+
+    monkeypatch.setattr(gpu, "run_cell", fake_cells([], look))
+    assert bench_main(["gpu", "xl", "--smoke", "--out", str(tmp_path)]) == 0
+    assert seen == [[], ["tiny-fsdp-ac-1gpu"]]
+    report = json.loads((tmp_path / "gpu_xl.json").read_text())
+    assert report["finished"] and len(report["cells"]) == 2
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                    reason="Python takes signals in the main thread only")
+def test_sigterm_stops_the_cell_and_writes_what_there_is(tmp_path, capsys, monkeypatch) -> None:
+    """SIGTERM while a cell runs (what a time limit sends): that cell is recorded as stopped
+    (run_group kills its process group on the way out), every cell left as not run, and
+    every stage's files are written; exit 1. The signal is delivered by calling the
+    handler the run installed, as Python does when the signal arrives."""
+    def term(cell) -> None:
+        if cell.name == "tiny-auto-1gpu":
+            handler = signal.getsignal(signal.SIGTERM)
+            assert callable(handler)  # the run's, not the default
+            handler(signal.SIGTERM, None)
+
+    ran: list[str] = []
+    monkeypatch.setattr(gpu, "run_cell", fake_cells(ran, term))
+    before = signal.getsignal(signal.SIGTERM)
+    assert bench_main(["gpu", "xl", "speedrun", "--smoke", "--out", str(tmp_path)]) == 1
+    assert signal.getsignal(signal.SIGTERM) == before  # put back
+    assert ran == ["tiny-fsdp-ac-1gpu", "tiny-auto-1gpu"]
+    xl = json.loads((tmp_path / "gpu_xl.json").read_text())["cells"]
+    assert [c["status"] for c in xl] == ["skipped", "stopped"]
+    assert xl[1]["reason"].startswith("stopped by SIGTERM after ")
+    for cell in json.loads((tmp_path / "gpu_speedrun.json").read_text())["cells"]:
+        assert cell["status"] == "skipped"
+        assert cell["reason"].startswith("not run: the invocation was stopped (SIGTERM) at ")
+    assert (tmp_path / "gpu_speedrun.md").is_file()
+
+
+def test_a_missing_optional_package_skips_its_cells_not_the_call(tmp_path, capsys, monkeypatch) -> None:
+    """torchao missing (the GPU machines' image lacks it) and no wheel: each FP8 cell is
+    skipped with the reason, the bf16 cells beside them run; the run says so once."""
+    monkeypatch.setattr(gpu_inputs, "importable", lambda module: module != "torchao")
+    missing = gpu_inputs.prepare(["fp8"], None, tmp_path / "site")
+    assert set(missing.missing) == {"torchao"}
+    for cell in gpu_stages.stage_cells("fp8", gpu_stages.FULL, NOWHERE):
+        record = gpu.run_cell(cell, 60, gpu_stages.FULL, gpu.make_tokens(10, 10), None, tmp_path,
+                              None, missing) if cell.params["fp8"] != "off" else None
+        if record is not None:
+            assert record["status"] == "skipped" and record["reason"] == missing.missing["torchao"]
+    monkeypatch.setattr(gpu, "run_cell", fake_cells(ran := []))
+    assert bench_main(["gpu", "fp8", "--smoke", "--out", str(tmp_path / "out")]) == 0
+    assert "torchao: torchao is not importable and no --wheels DIR was given" in capsys.readouterr().out
+    assert ran  # the stage ran
+
+
+def test_fp8_at_xl_fused_compile_and_loss_bench_cells_are_these_command_lines() -> None:
+    full = gpu_stages.FULL
+    names = [c.name for c in gpu_stages.stage_cells("fp8", full, NOWHERE)]
+    assert names[3:] == ["gpt2-xl-auto-1gpu", "gpt2-xl-auto-1gpu-fp8-tensorwise"]
+    bf16, fp8 = gpu_stages.stage_cells("fp8", full, NOWHERE)[3:]
+    # the xl stage's own cell: measured once in an invocation that runs both
+    assert gpu_stages.same_command(bf16) == gpu_stages.same_command(gpu_stages.stage_cells("xl", full, NOWHERE)[1])
+    assert argv_of(fp8).endswith("--parallel auto --activation-checkpointing auto --fp8 tensorwise "
+                                 "--warmup-steps 10 --compile-mode default")
+    assert fp8.params["fp8"] == "tensorwise" and fp8.estimate_s > bf16.estimate_s
+    cells = gpu_stages.stage_cells("fused-compile", full, NOWHERE)
+    assert [c.name for c in cells] == [
+        "ours-b64-default-unchunked-cap15", "ours-b64-default-fused-cap15",
+        "ours-b64-reduce-overhead-fused-cap15", "ours-b64-max-autotune-fused-cap15"]
+    assert all("--logit-softcap 15" in argv_of(c) and c.params["softcap"] == 15.0 for c in cells)
+    assert argv_of(cells[2]).endswith("--compile-mode reduce-overhead")
+    bench = gpu_stages.stage_cells("loss-kernels", full, NOWHERE)[0]
+    assert bench.name == "loss-bench" and bench.kind == "loss-bench"
+    assert bench.cmd[1:3] == ["-m", "gpt.bench.gpu.loss_bench"] and "--rows" in bench.cmd
+    assert bench.cmd[bench.cmd.index("--rows") + 1] == str(64 * 1024)  # the 124M cells' micro-batch
+
+
+def test_the_loss_bench_on_a_cpu_times_the_whole_logits_loss_and_skips_the_fused_modes(
+        tmp_path, capsys) -> None:
+    """gpt/bench/gpu/loss_bench.py as --smoke runs it: the whole logits' loss, without and
+    with the cap, timed; the fused modes skipped with the reason (CUDA, or the
+    interpreter: tests/test_fused_ce.py runs them there)."""
+    from gpt.bench.gpu import loss_bench
+
+    out = tmp_path / "loss_bench.json"
+    assert loss_bench.main(["--out", str(out), "--device", "cpu", "--rows", "8", "--vocab", "50",
+                            "--no-compile", "--warmup", "0", "--repeats", "2"]) == 0
+    report = json.loads(out.read_text())
+    assert (report["rows"], report["vocab"], report["compile_mode"]) == (8, 50, "eager")
+    for v in report["variants"]:
+        if v["variant"] == "compiled":
+            assert v["status"] == "ok" and v["total_ms"] > 0 and v["traffic_logits"] == 3
+        else:
+            assert v["status"] == "skipped" and "CUDA" in v["reason"]
+    assert [v["softcap"] for v in report["variants"]] == [0.0] * 4 + [15.0] * 4
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            loss_bench.main(["--out", str(out)])
+        assert "--device cuda: no CUDA device here" in capsys.readouterr().err
+
+
+PREPARED_CELLS = ["loss-bench", "ours-b64-default", "build-nanogpt-b64", "ours-b64-default-fp8-tensorwise",
+                  "gpt2-xl-auto-1gpu", "gpt2-xl-auto-1gpu-fp8-tensorwise", "recipe-gpt2-b64",
+                  "recipe-speedrun-b64"]  # the issue's priority order
+
+
+def doc_command(start: str) -> list[str]:
+    """The command of benchmarks/gpu/README.md's code that starts with `start`, its
+    continued lines joined."""
+    lines = DOC.read_text().splitlines()
+    i = next(n for n, line in enumerate(lines) if start in line)
+    words = lines[i][lines[i].index(start):].rstrip("\\").split()
+    while lines[i].endswith("\\"):
+        i += 1
+        words += lines[i].rstrip("\\").split()
+    return words
+
+
+def test_the_prepared_call_runs_its_cells_in_priority_order_within_its_budget(capsys, monkeypatch) -> None:
+    """benchmarks/gpu/README.md's one prepared call (about 8 minutes of an H100 or H200):
+    its cells in the issue's priority order; by the estimates (--plan), the first ones and
+    the recipes fit its --budget, XL's two cells wait for a faster run or the second call,
+    as the guide says, with the figures it quotes."""
+    refuse_to_run(monkeypatch)
+    command = doc_command("python -m gpt.bench gpu loss-kernels throughput fp8 xl speedrun")
+    stages = command[4:command.index("--budget")]
+    budget = float(command[command.index("--budget") + 1])
+    only = command[command.index("--only") + 1:]
+    assert stages == ["loss-kernels", "throughput", "fp8", "xl", "speedrun"] and only == PREPARED_CELLS
+    assert bench_main(["gpu", "--plan", *stages, "--budget", str(budget), "--only", *only, "--json"]) == 0
+    cells = [c for s in json.loads(capsys.readouterr().out)["stages"] for c in s["cells"]]
+    run = [c["name"] for c in cells if not c.get("same_as")]
+    assert run == [*PREPARED_CELLS[:6], "gpt2-xl-auto-1gpu", *PREPARED_CELLS[6:]]  # in order
+    fits = [c["name"] for c in cells if c["fits"] and not c.get("same_as")]
+    assert fits == [*PREPARED_CELLS[:4], *PREPARED_CELLS[6:]]
+    used = sum(c["estimate_s"] for c in cells if c["fits"])
+    xl = [c["estimate_s"] for c in cells if c["name"].startswith("gpt2-xl")][:2]
+    doc = " ".join(DOC.read_text().split())
+    assert f"{used} s of the {budget - gpu_plan.RESERVE_S:.0f} the budget leaves its cells" in doc
+    assert f"XL's two cells ({xl[0]} and {xl[1]} s:" in doc
+    second = doc_command("python -m gpt.bench gpu fp8 xl --budget")
+    assert second[second.index("--only") + 1:] == PREPARED_CELLS[4:6]
 
 
 # ---------------------------------------------------------------------------------------
@@ -434,6 +608,12 @@ def test_max_autotune_ladder_and_tokens_smoke(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_loss_kernels_smoke(tmp_path: Path) -> None:
     cells = run_stage("loss-kernels", tmp_path)
+    bench = cells.pop("loss-bench")
+    variants = bench["result"]["variants"]
+    assert [(v["variant"], v["softcap"]) for v in variants if v["status"] == "ok"] == [
+        ("compiled", 0.0), ("compiled", 15.0)]  # the fused modes are CUDA's
+    assert all(v["forward_ms"] > 0 for v in variants if v["status"] == "ok")
+    assert "| - fused-forward, cap 15 | skipped" in (tmp_path / "gpu_loss-kernels.md").read_text()
     assert [c["params"]["loss"] for c in cells.values()] == ["unchunked", "liger", "cce", "fused"]
     assert cells["ours-b8-default-unchunked"]["status"] == "ok"
     for name, kernel in (("ours-b8-default-liger", "liger"), ("ours-b8-default-cce", "cce"),
@@ -451,7 +631,8 @@ def test_fp8_and_speedrun_smoke(tmp_path: Path) -> None:
         cells = run_stage(stage, tmp_path)
         fp8 = [c for c in cells.values() if c["params"]["fp8"] != "off"]
         bf16 = [c for c in cells.values() if c["params"]["fp8"] == "off"]
-        assert len(bf16) == 1 and bf16[0]["status"] == "ok" and fp8
+        assert len(bf16) == {"fp8": 2, "fp8-loss": 1}[stage] and fp8  # fp8: at 124M and XL
+        assert all(c["status"] == "ok" for c in bf16)
         assert all(c["status"] == "skipped" and "--fp8" in c["reason"] for c in fp8)
     cells = run_stage("speedrun", tmp_path)
     assert list(cells) == ["recipe-gpt2-b8", "recipe-speedrun-b8"]
@@ -507,4 +688,5 @@ def test_a_cell_leaves_no_process_behind(leader_s: float, status: str, tmp_path:
 def test_without_a_budget_a_cell_is_stopped_only_when_hung() -> None:
     cell = gpu_stages.ours_cell(gpu_stages.FULL, NOWHERE, 64)
     assert gpu.cell_limit(cell, None, smoke=False) == max(600, 5 * cell.estimate_s)
-    assert gpu.cell_limit(cell, 30.0, smoke=False) == 60.0 and gpu.cell_limit(cell, 400.0, False) == 400.0
+    # under a budget: what is left of it (the reserve already taken off), never more
+    assert gpu.cell_limit(cell, 30.0, smoke=False) == 30.0 and gpu.cell_limit(cell, 400.0, False) == 400.0

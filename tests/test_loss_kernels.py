@@ -235,12 +235,30 @@ print("equal")
 # ---- on a GPU
 
 
+def skip_without(kernel: str) -> None:
+    """Skip, with the trainer's own one line, where the library kernel cannot run: its
+    package (each of the modules it imports, loss_kernels.PACKAGES) missing or broken."""
+    try:
+        loss_kernels.check(kernel, "cuda")
+    except UserError as e:
+        pytest.skip(str(e))
+
+
+def test_a_missing_library_skips_its_cuda_tests_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the GPU tests below do first: with the package missing, a skip naming it (not
+    an error: the GPU machines' image has neither library)."""
+    for module in ("liger_kernel", "cut_cross_entropy"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing it now fails
+    for kernel, package in (("liger", "liger-kernel"), ("cce", "cut-cross-entropy")):
+        with pytest.raises(pytest.skip.Exception, match=f"--loss-kernel {kernel} needs {package}, "
+                           "which is not installed"):
+            skip_without(kernel)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("kernel", ["liger", "cce"])
 def test_a_library_kernel_on_cuda_equals_ours(kernel: str) -> None:
-    module = loss_kernels.PACKAGES[kernel][0]
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed ({loss_kernels.PACKAGES[kernel][1]})")
+    skip_without(kernel)
     g = torch.Generator(device="cuda").manual_seed(0)
     h = torch.randn(4, 1024, 768, device="cuda", generator=g)
     w = torch.randn(50304, 768, device="cuda", generator=g) * 0.02
@@ -261,9 +279,7 @@ def test_a_library_kernel_on_cuda_equals_ours(kernel: str) -> None:
 @pytest.mark.cuda
 @pytest.mark.parametrize("kernel", ["liger", "cce"])
 def test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_losses(kernel: str, tmp_path: Path) -> None:
-    module = loss_kernels.PACKAGES[kernel][0]
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed ({loss_kernels.PACKAGES[kernel][1]})")
+    skip_without(kernel)
     runs = cuda_run_losses(tmp_path, {"whole": ["--no-chunked-loss"],
                                       kernel: ["--loss-kernel", kernel]}, 512)
     assert runs[kernel][0] == pytest.approx(runs["whole"][0], rel=2e-2)

@@ -1,6 +1,7 @@
 """Where a profiled step's time goes (gpt/bench/trace_summary.py): on a trace written in
-torch.profiler's Chrome format by hand, whose answers are known, and on a real CPU trace
-of the trainer's --torch-profile."""
+torch.profiler's Chrome format by hand, whose answers are known (the H100 baseline's 124M
+trace among them: five micro-batches in two profiler steps), and on a real CPU trace of
+the trainer's --torch-profile."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def test_busy_time_shares_and_top_kernels_of_a_known_trace() -> None:
     ]
     s = trace_summary.summarize({"traceEvents": events})
     assert s["device"] == "cuda" and s["steps"] == 2 and s["kernels"] == 7
+    assert s["micro_batches"] is None and s["per_step_from"] == "profiler steps"  # no loss kernel
     assert s["gpu_span_ms_per_step"] == pytest.approx(1.0 / 2)  # 0 .. 1000 us over two steps
     assert s["gpu_busy_ms_per_step"] == pytest.approx(0.85 / 2)  # all but the two gaps
     assert s["busy_fraction"] == pytest.approx(0.85)
@@ -98,3 +100,67 @@ def test_a_cuda_trace_counts_each_step_once_though_the_gpu_rows_repeat_it() -> N
     assert s["steps"] == 2
     assert s["gpu_span_ms_per_step"] == pytest.approx(0.98 / 2)  # 10 .. 990 us over two steps
     assert s["kinds"]["matmul"]["ms_per_step"] == pytest.approx(0.48)
+
+
+# inductor's kernels of GPT-2 124M's whole-logits loss, as the H100 baseline's trace names them
+LOSS_FORWARD = "triton_red_fused__log_softmax_prepare_softmax_online_18"
+LOSS_BACKWARD = ("triton_red_fused__log_softmax__log_softmax_backward_data__to_copy_arange_eq_"
+                 "expand_nll_loss_backward_nll_loss_forward_scalar_tensor_view_where_0")
+
+
+def micro_batch_kernels(t0: float, loss: tuple[str, str] = (LOSS_FORWARD, LOSS_BACKWARD)) -> list[dict]:
+    """One micro-batch of GPT-2 124M at 64 x 1024 on the H100, as its trace shows it: 133 ms
+    of kernels, the loss's forward 4.63 ms and backward 4.82 ms among them."""
+    return [kernel("nvjet_sm90_tst_192x192_64x3_2x1_v_bz_coopB_NNN", t0, 118_550),
+            kernel("triton_poi_fused_gelu_view_9", t0 + 118_550, 5_000),
+            kernel(loss[0], t0 + 123_550, 4_630),
+            kernel(loss[1], t0 + 128_180, 4_820)]
+
+
+def test_micro_batches_are_counted_from_the_loss_kernels_not_the_profiler_steps() -> None:
+    """The H100 baseline's 124M trace: two profiler steps of two micro-batches each hold
+    five micro-batches' kernels (the GPU was still running the step before the first
+    traced one when tracing began). Dividing its span by the steps made a 266 ms step 333
+    ms, and the loss's 9.45 ms a micro-batch 11.8; counted by the loss's kernels, a
+    micro-batch is 133 ms and a step of two 266 ms."""
+    events = [annotation("ProfilerStep#11", 66_500, 266_000, "user_annotation"),
+              annotation("ProfilerStep#12", 332_500, 266_000, "user_annotation")]
+    for mb in range(5):
+        events += micro_batch_kernels(mb * 133_000)
+    s = trace_summary.summarize({"traceEvents": events}, per_step=2)
+    assert s["steps"] == 2 and s["micro_batches"] == 5 and s["micro_batches_counted_from"] == LOSS_BACKWARD
+    assert s["per_step_from"] == "micro-batches" and s["micro_batches_per_step"] == 2
+    assert s["gpu_span_ms_per_micro_batch"] == pytest.approx(133.0)
+    assert s["gpu_span_ms_per_step"] == pytest.approx(266.0)
+    top = {t["name"]: t for t in s["top"]}
+    assert top[LOSS_FORWARD]["ms_per_micro_batch"] + top[LOSS_BACKWARD]["ms_per_micro_batch"] \
+        == pytest.approx(9.45)
+    assert top[LOSS_FORWARD]["calls"] == 5 and top[LOSS_FORWARD]["ms_per_step"] == pytest.approx(9.26)
+    assert s["kinds"]["triton"]["ms_per_step"] == pytest.approx(2 * (5.0 + 4.63 + 4.82))
+    # without a step's micro-batches: per micro-batch only, no per-step figure guessed
+    s = trace_summary.summarize({"traceEvents": events})
+    assert s["gpu_span_ms_per_step"] is None and s["per_step_from"] is None
+    assert s["gpu_span_ms_per_micro_batch"] == pytest.approx(133.0)
+    assert s["kinds"]["matmul"]["ms_per_step"] is None
+
+
+@pytest.mark.parametrize("loss", [("nll_loss_forward_reduce_cuda_kernel_2d",
+                                   "nll_loss_backward_reduce_cuda_kernel_2d"),  # eager
+                                  ("_lse_kernel", "_grad_kernel"),  # --loss-kernel fused
+                                  ("_loss_grad_kernel", "_rescale_kernel")])  # its forward mode
+def test_every_whole_logits_loss_is_counted(loss: tuple[str, str]) -> None:
+    events = [k for mb in range(3) for k in micro_batch_kernels(mb * 133_000, loss)]
+    events.append(kernel("triton_poi_fused_nll_loss_backward_1", 0, 1))  # once in all: not the count
+    s = trace_summary.summarize({"traceEvents": events}, per_step=3)
+    assert s["micro_batches"] == 3 and s["gpu_span_ms_per_step"] == pytest.approx(3 * 133.0)
+
+
+def test_the_command_takes_the_micro_batches_a_step(tmp_path: Path, capsys) -> None:
+    trace = tmp_path / "t.pt.trace.json"
+    trace.write_text(json.dumps({"traceEvents": [k for mb in range(4) for k in micro_batch_kernels(mb * 133_000)]}))
+    assert trace_summary.main([str(trace), "--micro-batches-per-step", "4"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["micro_batches"] == 4 and s["gpu_span_ms_per_step"] == pytest.approx(4 * 133.0)
+    with pytest.raises(SystemExit):
+        trace_summary.main([str(tmp_path / "missing.json")])
+    assert "missing.json" in capsys.readouterr().err

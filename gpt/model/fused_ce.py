@@ -1,34 +1,31 @@
-"""The whole logits' cross-entropy as two Triton kernels for CUDA (--loss-kernel fused):
-the mean over rows of cross_entropy(softcap(logits), targets), as F.cross_entropy
-computes it, and its gradient with respect to the logits, without a second logits-sized
-buffer and without an fp32 copy of the logits.
+"""The whole logits' cross-entropy as Triton kernels for CUDA (--loss-kernel fused): the
+mean over rows of cross_entropy(softcap(logits), targets), as F.cross_entropy computes it,
+and its gradient with respect to the logits, without a second logits-sized buffer and
+without an fp32 copy of the logits.
 
 The head's matmul stays cuBLAS's (F.linear in GPT.loss, under autocast); these kernels
 take its (N, V) logits in their own dtype (bf16 on the GPU), do all of their arithmetic
 in fp32, and write the gradient back in the logits' dtype, as autocast's F.cross_entropy
-path rounds it.
+path rounds it. One program per row, the row in blocks of BLOCK columns, in one of two
+modes:
 
-Passes over the logits, one program per row, the row in blocks of BLOCK columns:
-- forward (_lse_kernel): each logit read once. An online softmax (the block's max, the
-  running sum rescaled whenever the max grows) gives the row's log-sum-exp; the target's
-  logit is read again on its own (one element a row). Out: the row's loss and its
-  log-sum-exp, N floats each. The forward writes nothing logits-sized.
-- backward (_grad_kernel): each logit read once more and written once, with
-  (softmax - one-hot) x (the soft cap's slope) x grad_output / (rows counted), in place
-  over the logits where the caller says nothing else reads them (GPT.loss does).
-So each logit is read twice and written once in all, and what the step holds between the
-passes is the logits themselves (which the head's output is anyway) and each row's
-log-sum-exp (4 bytes a row).
-
-llm.c's fused classifier writes the gradient during the forward instead, the second
-pass over a row finding it in L2, which needs the loss's incoming gradient known
-beforehand (there, 1 / tokens). Here it is not: the trainer divides the loss by the
-accumulation steps, and GradScaler multiplies it, after the model returns. Writing
-(softmax - one-hot) / n in the forward would leave the backward a multiplication by
-grad_output, one more read and write of every logit (4 logits' worth of traffic, against
-3 here); deferring the gradient's pass to the backward folds that factor in for free (read
-from a device scalar: no host sync). llm.c's order would beat this one only if the
-trainer handed the loss its 1 / accumulation steps before the forward (2 logits' worth).
+- the backward mode (what --loss-kernel fused runs): the forward (_lse_kernel) reads each
+  logit once, an online softmax (the block's max, the running sum rescaled whenever the
+  max grows) giving the row's loss and log-sum-exp (4 bytes a row kept); the backward
+  (_grad_kernel) reads each logit again and writes (softmax - one-hot) x (the soft cap's
+  slope) x grad_output / (rows counted), over the logits where the caller says nothing
+  else reads them (GPT.loss does). Each logit read twice and written once: 3 logits'
+  worth of traffic, as inductor's compiled loss makes.
+- the forward mode (llm.c's fused classifier; `expected_grad`): one kernel
+  (_loss_grad_kernel) reads a row for its log-sum-exp, then reads it again, from L2 (a
+  row is 100 KB in bf16), and writes its gradient, for the incoming gradient the caller
+  expects (the trainer's is 1 / accumulation steps, known before the forward): each logit
+  read once and written once from memory, 2 logits' worth. The backward (_rescale_kernel)
+  reads two scalars on the device, no host sync: the incoming gradient and the one
+  expected; only where they differ (the first call of a loop, GradScaler's scale moving
+  in fp16) does it read and write the gradient once more, times their ratio (rounded a
+  second time then: within 3 fp32 roundings of the backward mode's, in tests). The
+  gradient exists from the forward on: in place, the logits are gone once it returns.
 
 What it matches: the model's whole logits (GPT.logits then F.cross_entropy). GPT-2's
 vocabulary is padded from 50,257 to 50,304 columns and the model does not mask the
@@ -42,23 +39,25 @@ gradient zero, as F.cross_entropy's mean gives. A target outside [0, V) that is 
 ignore index gives a NaN loss (F.cross_entropy raises; a kernel cannot).
 
 Bytes, GPT-2 124M at micro-batch 64 x 1024 in bf16 (N = 65,536 rows, V = 50,304): the
-logits are 6.6 GB; forward reads 6.6 GB, backward reads 6.6 and writes 6.6: 19.8 GB a
-micro-batch, two a step at 2^17 tokens. Inductor's fused loss over the whole logits (the
-CUDA default) makes the same passes: the profile of benchmarks/gpu/2026-11-27-h100 has an
-online-softmax reduction in the forward (5.8 ms a micro-batch: 1.1 TB/s) and one kernel
-reading the logits and writing their gradient in the backward (6.0 ms: 2.2 TB/s), 7.2% of
-the step's kernel time. So the lever here is bandwidth, not fewer bytes. PREDICTED for an
-H100 (not measured): at 2.5-3 TB/s in both passes, 6.6-7.9 ms a micro-batch against
-11.8, so 8-10 ms (3-4%) off the 266.5 ms step, if the graph break below costs nothing
-else. With the soft cap each logit also takes a sigmoid (an exp and a reciprocal) in both
-passes, which may bind the kernels to the special-function units rather than memory;
-eagerly, the whole logits' path then also makes an fp32 copy of the capped logits (13 GB
-a micro-batch), which this one never does. `python -m gpt.bench gpu loss-kernels` measures it
-(cell ours-b64-default-fused), without the cap.
+logits are 6.6 GB; the backward mode and inductor's compiled loss over the whole logits
+(the CUDA default) move 19.8 GB a micro-batch, the forward mode 13.2, two micro-batches a
+step at 2^17 tokens. The profile of benchmarks/gpu/2026-11-27-h100 (5 micro-batches in
+its trace) has inductor's loss as an online-softmax reduction in the forward, 4.63 ms a
+micro-batch (1.4 TB/s), and one kernel reading the logits and writing their gradient in
+the backward, 4.82 ms (2.7 TB/s, near what an H100 moves): 9.45 ms a micro-batch, 7.2% of
+the step's kernel time. PREDICTED for an H100 (not measured), at 2.8 TB/s: the backward
+mode 7.1 ms a micro-batch (its forward as fast as the backward), 4.7 ms a step off the
+266 ms step (1.8%) if the graph break below costs nothing else; the forward mode 4.7 ms a
+micro-batch, 9.5 ms a step (3.6%). With the soft cap each logit also takes a sigmoid (an
+exp and a reciprocal) in every pass, which may bind the kernels to the special-function
+units rather than memory; eagerly, the whole logits' path then also makes an fp32 copy of
+the capped logits (13 GB a micro-batch), which this one never does. `python -m gpt.bench
+gpu loss-kernels` measures the modes against the compiled loss, with and without the cap
+(its cell loss-bench, gpt/bench/gpu/loss_bench.py), and the backward mode in the trainer.
 
 torch.compile: cross_entropy() is a graph break (torch.compiler.disable, as
-gpt/model/loss_kernels.py's library kernels are). The backward writes over the logits, an
-output of the compiled graph that no compiled code reads afterwards; registered as a
+gpt/model/loss_kernels.py's library kernels are). The gradient is written over the logits,
+an output of the compiled graph that no compiled code reads afterwards; registered as a
 custom op that mutates its input, functionalization would copy the logits first,
 which is the buffer this saves. The compiled graph ends at the head's matmul; the
 kernels run eagerly between it and the compiled backward.
@@ -95,10 +94,11 @@ def _capped(x, softcap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def _lse_kernel(x_ptr, x_stride, t_ptr, loss_ptr, lse_ptr, V, ignore_index, softcap,
-                SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # int64: N x V passes 2^31 at GPT-2's sizes
-    x_row = x_ptr + row * x_stride
+def _row_loss(x_row, t_ptr, row, loss_ptr, V, ignore_index, softcap, SOFTCAP: tl.constexpr,
+              BLOCK: tl.constexpr):
+    """One row's pass for its loss: its log-sum-exp by an online softmax (the block's max, the
+    running sum rescaled whenever the max grows), each logit read once, then the target's
+    logit on its own; stores the row's loss, returns (log-sum-exp, target)."""
     offs = tl.arange(0, BLOCK)
     m = float("-inf")  # the running max and the sum of exp(z - m) so far
     d = 0.0
@@ -117,18 +117,15 @@ def _lse_kernel(x_ptr, x_stride, t_ptr, loss_ptr, lse_ptr, V, ignore_index, soft
     z_t, _ = _capped(tl.load(x_row + tl.where(valid, target, 0)).to(tl.float32), softcap, SOFTCAP)
     loss = tl.where(valid, lse - z_t, float("nan"))
     tl.store(loss_ptr + row, tl.where(target == ignore_index, 0.0, loss))
-    tl.store(lse_ptr + row, lse)
+    return lse, target
 
 
 @triton.jit
-def _grad_kernel(x_ptr, x_stride, g_ptr, g_stride, t_ptr, lse_ptr, scale_ptr, V, ignore_index,
-                 softcap, SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * x_stride
-    g_row = g_ptr + row * g_stride  # may be x_row: each block is read before it is written
-    target = tl.load(t_ptr + row)
-    lse = tl.load(lse_ptr + row)
-    scale = tl.load(scale_ptr)  # grad_output / rows counted
+def _row_grad(x_row, g_row, target, lse, scale, V, ignore_index, softcap, SOFTCAP: tl.constexpr,
+              BLOCK: tl.constexpr):
+    """One row's pass for its gradient: each logit read and (softmax - one-hot) x (the soft
+    cap's slope) x scale written, in the gradient's dtype; g_row may be x_row, each block
+    read before it is written."""
     counted = target != ignore_index
     offs = tl.arange(0, BLOCK)
     for start in range(0, V, BLOCK):
@@ -141,26 +138,102 @@ def _grad_kernel(x_ptr, x_stride, g_ptr, g_stride, t_ptr, lse_ptr, scale_ptr, V,
             g = g * (4.0 * s * (1.0 - s))
         # an ignored row: zero, also when no row counts (scale is then inf)
         g = tl.where(counted, g * scale, 0.0)
-        tl.store(g_row + cols, g.to(g_ptr.dtype.element_ty), mask=inside)
+        tl.store(g_row + cols, g.to(g_row.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _lse_kernel(x_ptr, x_stride, t_ptr, loss_ptr, lse_ptr, V, ignore_index, softcap,
+                SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
+    """The forward of the backward mode: each row's loss and log-sum-exp."""
+    row = tl.program_id(0).to(tl.int64)  # int64: N x V passes 2^31 at GPT-2's sizes
+    lse, _ = _row_loss(x_ptr + row * x_stride, t_ptr, row, loss_ptr, V, ignore_index, softcap,
+                       SOFTCAP, BLOCK)
+    tl.store(lse_ptr + row, lse)
+
+
+@triton.jit
+def _grad_kernel(x_ptr, x_stride, g_ptr, g_stride, t_ptr, lse_ptr, scale_ptr, V, ignore_index,
+                 softcap, SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
+    """The backward of the backward mode: each row's gradient from its saved log-sum-exp."""
+    row = tl.program_id(0).to(tl.int64)
+    _row_grad(x_ptr + row * x_stride, g_ptr + row * g_stride, tl.load(t_ptr + row),
+              tl.load(lse_ptr + row), tl.load(scale_ptr), V, ignore_index, softcap, SOFTCAP, BLOCK)
+
+
+@triton.jit
+def _loss_grad_kernel(x_ptr, x_stride, g_ptr, g_stride, t_ptr, loss_ptr, scale_ptr, V,
+                      ignore_index, softcap, SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
+    """The forward mode's one kernel: each row's loss, then its gradient for the incoming
+    gradient expected (scale_ptr: expected / rows counted), the row read again while it is
+    in L2 (100 KB in bf16 at GPT-2's vocabulary)."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * x_stride
+    lse, target = _row_loss(x_row, t_ptr, row, loss_ptr, V, ignore_index, softcap, SOFTCAP, BLOCK)
+    _row_grad(x_row, g_ptr + row * g_stride, target, lse, tl.load(scale_ptr), V, ignore_index,
+              softcap, SOFTCAP, BLOCK)
+
+
+@triton.jit
+def _rescale_kernel(g_ptr, g_stride, got_ptr, want_ptr, V, BLOCK: tl.constexpr):
+    """The forward mode's backward: nothing but two scalars read, unless the incoming
+    gradient (got) is not the one the forward wrote the gradient for (want); then each
+    row's gradient times got / want."""
+    got = tl.load(got_ptr)
+    want = tl.load(want_ptr)
+    if got != want:
+        row = tl.program_id(0).to(tl.int64)
+        g_row = g_ptr + row * g_stride
+        ratio = got / want
+        offs = tl.arange(0, BLOCK)
+        for start in range(0, V, BLOCK):
+            cols = start + offs
+            inside = cols < V
+            g = tl.load(g_row + cols, mask=inside, other=0.0).to(tl.float32) * ratio
+            tl.store(g_row + cols, g.to(g_ptr.dtype.element_ty), mask=inside)
 
 
 class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, softcap: float,
-                ignore_index: int, inplace: bool, block: int) -> torch.Tensor:
+                ignore_index: int, inplace: bool, block: int,
+                expected: torch.Tensor | None) -> torch.Tensor:
         n, v = logits.shape
         losses = torch.empty(n, dtype=torch.float32, device=logits.device)
-        lse = torch.empty_like(losses)
-        if n:
-            _lse_kernel[(n,)](logits, logits.stride(0), targets, losses, lse, v, ignore_index,
-                              softcap, SOFTCAP=bool(softcap), BLOCK=block, num_warps=NUM_WARPS)
         counted = (targets != ignore_index).sum()  # on the device: no sync
-        ctx.save_for_backward(logits, targets, lse, counted)
+        common = dict(SOFTCAP=bool(softcap), BLOCK=block, num_warps=NUM_WARPS)
         ctx.softcap, ctx.ignore_index, ctx.inplace, ctx.block = softcap, ignore_index, inplace, block
+        ctx.expected = expected if ctx.needs_input_grad[0] else None
+        if ctx.expected is not None:  # the forward mode, where a gradient is wanted
+            used = expected.detach().float().reshape(1).clone()  # as this forward wrote it
+            grad = logits if inplace else torch.empty_like(logits)
+            if n:
+                _loss_grad_kernel[(n,)](logits, logits.stride(0), grad, grad.stride(0), targets,
+                                        losses, used / counted, v, ignore_index, softcap, **common)
+            if inplace:
+                # the logits now hold their gradient: a backward that saved them fails
+                # loudly on the changed version instead of reading the gradient as logits
+                torch.autograd.graph.increment_version(logits)
+            ctx.save_for_backward(grad, used)
+        else:
+            lse = torch.empty_like(losses)
+            if n:
+                _lse_kernel[(n,)](logits, logits.stride(0), targets, losses, lse, v, ignore_index,
+                                  softcap, **common)
+            ctx.save_for_backward(logits, targets, lse, counted)
         return losses.sum() / counted  # 0 / 0 = NaN with every row ignored, as F.cross_entropy
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[Any, ...]:
+        if ctx.expected is not None:
+            grad, used = ctx.saved_tensors
+            got = grad_loss.detach().float().reshape(1)
+            if grad.shape[0]:
+                _rescale_kernel[(grad.shape[0],)](grad, grad.stride(0), got, used, grad.shape[1],
+                                                  BLOCK=ctx.block, num_warps=NUM_WARPS)
+            # the next forward expects what this backward got; not a zero (a forward that
+            # wrote zeros could not be rescaled) nor a NaN or inf: those keep the last one
+            ctx.expected.copy_(torch.where((got != 0) & got.isfinite(), got, ctx.expected))
+            return grad, None, None, None, None, None, None
         logits, targets, lse, counted = ctx.saved_tensors
         n, v = logits.shape
         scale = (grad_loss.float() / counted).reshape(1)
@@ -170,10 +243,8 @@ class _FusedCrossEntropy(torch.autograd.Function):
                                v, ctx.ignore_index, ctx.softcap, SOFTCAP=bool(ctx.softcap),
                                BLOCK=ctx.block, num_warps=NUM_WARPS)
         if ctx.inplace:
-            # the logits now hold their gradient: any other backward that saved them fails
-            # loudly on the changed version instead of reading the gradient as logits
-            torch.autograd.graph.increment_version(logits)
-        return grad, None, None, None, None, None
+            torch.autograd.graph.increment_version(logits)  # as in the forward mode's forward
+        return grad, None, None, None, None, None, None
 
 
 def interpreted() -> bool:
@@ -184,20 +255,41 @@ def interpreted() -> bool:
 
 @torch.compiler.disable  # Triton launches and an in-place write: eager (see the docstring)
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0,
-                  ignore_index: int = -100, inplace: bool = False,
-                  block: int = BLOCK) -> torch.Tensor:
+                  ignore_index: int = -100, inplace: bool = False, block: int = BLOCK,
+                  expected_grad: torch.Tensor | None = None) -> torch.Tensor:
     """F.cross_entropy(softcap(logits), targets, ignore_index=ignore_index) (the mean over
     counted rows, fp32), with softcap(z) = cap * tanh(z / cap) when `softcap` is not 0.
     logits: (N, V), any float dtype (fp32 only under the interpreter); targets: (N,).
-    `inplace`: the backward writes the gradient over the logits (their version is bumped),
-    for a caller that never reads them again."""
+    `inplace`: the gradient is written over the logits (their version is bumped), for a
+    caller that never reads them again.
+    `expected_grad`: the forward mode (see the module's docstring), a one-element float
+    tensor on the logits' device: the loss's incoming gradient the caller expects (1 / the
+    accumulation steps, say). Where a gradient is wanted, the forward writes it, for that
+    incoming gradient (over the logits, with `inplace`: from the forward on they are gone);
+    the backward checks on the device that the incoming gradient is that one, rescales
+    the gradient where it is not, and stores it in `expected_grad`, the next call's
+    expectation. None: the backward mode, the gradient written in the backward."""
     if logits.dim() != 2 or targets.shape != logits.shape[:1]:
         raise ValueError(f"cross_entropy takes logits (N, V) and targets (N,), got "
                          f"{tuple(logits.shape)} and {tuple(targets.shape)}")
     if logits.device.type != "cuda" and not interpreted():
         raise ValueError(f"the fused cross-entropy's kernels run on CUDA, and these logits are "
                          f"on {logits.device.type} (on a CPU only under TRITON_INTERPRET=1)")
+    if expected_grad is not None and (expected_grad.numel() != 1
+                                      or expected_grad.device != logits.device
+                                      or not expected_grad.is_floating_point()):
+        raise ValueError(f"expected_grad must be one float on the logits' device "
+                         f"({logits.device}), got {expected_grad.numel()} "
+                         f"{expected_grad.dtype} on {expected_grad.device}")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     return _FusedCrossEntropy.apply(logits, targets.contiguous(), float(softcap), int(ignore_index),
-                                    bool(inplace), int(block))
+                                    bool(inplace), int(block), expected_grad)
+
+
+def expected_grad(device: torch.device | str, value: float = 1.0) -> torch.Tensor:
+    """A forward mode's expectation of the incoming gradient (`expected_grad`), to pass to
+    every call of a loop: each backward leaves in it what it got, so every call after the
+    first finds the gradient it wrote right (the trainer's 1 / accumulation steps, times
+    GradScaler's scale in fp16, change seldom)."""
+    return torch.full((1,), float(value), dtype=torch.float32, device=device)

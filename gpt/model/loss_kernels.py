@@ -21,7 +21,10 @@ so every kernel computes the same gradients to rounding.
 --loss-kernel fused is not a chunked loss: the head's matmul makes the whole logits as
 without --chunked-loss, and gpt/model/fused_ce.py's Triton kernels (CUDA only) compute their
 cross-entropy reading them twice and writing their gradient once, in place, with no fp32
-copy. It is measured beside the others in `gpu loss-kernels` before it is anyone's default.
+copy. It is measured beside the others in `gpu loss-kernels` before it is anyone's default,
+and so is those kernels' forward mode (the gradient written in the forward, one pass over
+the logits fewer; gpt/model/fused_ce.py), which only that bench runs for now: the one that
+measures faster becomes what --loss-kernel fused runs.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The GPU acceptance run, `python -m gpt.bench gpu`: the command that runs stages of cells
-(accept.py), the stages and their cells (stages.py), the plan `--plan` prints (plan.py), each
-cell's estimated seconds (estimates.py), what the stages need from the user (inputs.py),
-build-nanogpt as the baseline (nanogpt.py), and the figures read from each cell's output
-(results.py)."""
+(accept.py), one cell run (cell_run.py), the stages by name (catalog.py) and their cells
+(stages.py), the plan `--plan` prints (plan.py), each cell's estimated seconds
+(estimates.py), what the stages need from the user (inputs.py), build-nanogpt as the
+baseline (nanogpt.py), the whole logits' loss timed on its own (loss_bench.py), and the
+figures read from each cell's output (results.py)."""

@@ -12,17 +12,24 @@ build-nanogpt at micro-batch 64, 32, 16), xl, loss-kernels, profile, fp8, fp8-lo
 speedrun, max-autotune, ladder, tokens; `all` names them all. They run in the order named.
 
 Every cell runs as a subprocess in a process group of its own. With --budget SECONDS the
-invocation's cells share that time, in order: a cell whose estimate no longer fits is
-recorded as skipped with the reason (run it later with --only CELL), and a cell that runs
-past what is left is stopped, its whole group killed (torchrun's workers, pytest's trainer
-runs), and recorded as a timeout. Without --budget, a cell is stopped only past
-HANG_FACTOR times its estimate (at least 10 minutes): hung. A stage that lacks what it
-needs (--nanogpt, --corpus, a package) fails at once, running nothing. A cell whose command
-an earlier stage of the invocation ran takes that measurement ("same_as"). Results, per stage,
-under --out: `gpu_<stage>.json` (the machine, versions, commit, command, every cell's raw
-figures and estimate, the comparisons, each trainer cell's predicted peak memory beside
-the measured one), `gpu_<stage>.md` (its summary) and `gpu_<stage>.log` (every cell's
-output); an earlier run's files are kept, the new ones numbered (`gpu_<stage>-2.json`).
+whole invocation, from its start, fits in that time, its cells in order: RESERVE_S of it
+are kept for stopping a cell and writing the results; a cell whose estimate no longer fits
+is recorded as skipped with the reason (run it later with --only CELL), and a cell that
+runs past what is left is stopped, its whole group killed (torchrun's workers, pytest's
+trainer runs), and recorded as a timeout. Without --budget, a cell is stopped only past
+HANG_FACTOR times its estimate (at least 10 minutes): hung. SIGTERM (a time limit's) or
+Ctrl-C stops the cell running the same way, records the cells left as not run, writes
+every stage's files and exits 1. A stage that lacks an input it needs (--nanogpt,
+--corpus) fails at once, running nothing; a cell whose optional package is missing (Liger
+Kernel, Cut Cross-Entropy, torchao), neither importable nor in --wheels, is skipped with
+the reason, in one line, and the others run. A cell whose command an earlier stage of the
+invocation ran takes that measurement ("same_as"). Results, per stage, under --out:
+`gpu_<stage>.json` (the machine, versions, commit, command, every cell's raw figures and
+estimate, the comparisons, each trainer cell's predicted peak memory beside the measured
+one), `gpu_<stage>.md` (its summary) and `gpu_<stage>.log` (every cell's output), the
+JSON and summary written again after every cell, so a run killed outright (SIGKILL) still
+leaves every finished cell's figures; an earlier run's files are kept, the new ones
+numbered (`gpu_<stage>-2.json`).
 Step times come from the trainer's own per-step log (synchronised at every step here);
 the first WARMUP steps (compilation, autotuning, allocator warm-up) are left out of the
 medians, and compile time is the first step's time minus the median. Bench cells write no
@@ -37,10 +44,8 @@ import argparse
 import json
 import socket
 import subprocess
-import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +53,15 @@ import numpy as np
 import torch
 
 from gpt.bench.args import standalone_parser
-from gpt.bench.gpu import inputs, nanogpt
+from gpt.bench.gpu import inputs
+from gpt.bench.gpu.cell_run import Signals, Stopped, cell_limit, not_run, run_cell
 from gpt.bench.gpu.inputs import Packages
-from gpt.bench.gpu.plan import plan, render_plan
-from gpt.bench.gpu.results import RESULTS, comparisons_of, predicted_memory, summary, with_measured
-from gpt.bench.gpu.stages import (CUDA_ONLY_LOSSES, FULL, LOSS_PACKAGES, LR_WARMUP_STEPS, NOWHERE,
-                                  STAGES, Cell, Sizes, Where, pytest_workers, same_command,
-                                  stage_cells)
-from gpt.bench.record import REPO, command_line, git_commit, now, write_json, write_text
+from gpt.bench.gpu.plan import RESERVE_S, plan, render_plan
+from gpt.bench.gpu.results import comparisons_of, summary
+from gpt.bench.gpu.stages import (FULL, NOWHERE, STAGES, Cell, Sizes, Where, pytest_workers,
+                                  same_command, stage_cells)
+from gpt.bench.record import command_line, git_commit, now, write_json, write_text
 from gpt.bench.report import machine
-from gpt.bench.runs import run_group
 from gpt.core.cli import finite_float
 from gpt.runtime.device import device_name
 from gpt.core.errors import UserError
@@ -65,9 +69,10 @@ from gpt.report.flops import peak_tflops
 from gpt.data.shards import write_shard
 
 # 4: stages by name ("stage" is a name), budget_s per invocation (null: none), params fp8
-# and recipe, fp8_comparison, recipe_comparison, packages, mean loss differences
-SCHEMA = 4
-HANG_FACTOR, HANG_MIN_S = 5.0, 600.0  # without --budget: a cell this far past its estimate is hung
+# and recipe, fp8_comparison, recipe_comparison, packages, mean loss differences.
+# 5: "finished" (whether the stage ran to its end), cells "stopped", the loss-bench cell,
+# params softcap, profiles per micro-batch (gpt/bench/trace_summary.py)
+SCHEMA = 5
 
 
 class NoGPU(UserError):
@@ -78,74 +83,6 @@ class NoGPU(UserError):
 
 def clock() -> float:
     return time.perf_counter()
-
-
-# ---------------------------------------------------------------------------------------
-# running cells (each in a process group of its own: gpt.bench.runs.run_group)
-
-
-def skip_reason(cell: Cell, sizes: Sizes, packages: Packages) -> str | None:
-    loss, fp8 = cell.params.get("loss"), cell.params.get("fp8", "off")
-    if sizes.smoke and loss in CUDA_ONLY_LOSSES:
-        return f"--smoke: --loss-kernel {loss} runs Triton kernels on CUDA only"
-    if sizes.smoke and fp8 != "off":
-        return f"--smoke: --fp8 {fp8} runs FP8 matmuls on CUDA only"
-    if sizes.smoke and cell.kind == "nanogpt":
-        return "--smoke: build-nanogpt's model is fixed at GPT-2 124M, too big for a CPU check"
-    module = LOSS_PACKAGES.get(loss or "")
-    if module in packages.missing:
-        return packages.missing[module]
-    return None
-
-
-def run_cell(cell: Cell, limit_s: float, sizes: Sizes, tokens: tuple[np.ndarray, np.ndarray],
-             nanogpt_path: Path | None, tmp: Path, log: Any,
-             packages: Packages | None = None) -> dict[str, Any]:
-    packages = packages or Packages()
-    record: dict[str, Any] = {"name": cell.name, "kind": cell.kind, "params": cell.params,
-                              "estimate_s": round(cell.estimate_s)}
-    reason = skip_reason(cell, sizes, packages)
-    if reason:
-        return {**record, "status": "skipped", "reason": reason}
-    if cell.kind == "trainer":  # predicted before it runs: an out-of-memory cell keeps it
-        record["memory"] = predicted_memory(cell)
-    env = dict(packages.env)
-    if cell.kind == "nanogpt":
-        try:
-            if nanogpt_path is None:
-                raise nanogpt.MissingBaseline("no --nanogpt PATH was given")
-            script = nanogpt.prepare(nanogpt_path, tmp / cell.name, *tokens,
-                                     batch_size=cell.params["batch_size"],
-                                     total_batch_tokens=sizes.tokens_per_step, max_steps=cell.params["steps"],
-                                     warmup_steps=LR_WARMUP_STEPS)
-        except (nanogpt.MissingBaseline, ValueError) as e:
-            return {**record, "status": "failed", "reason": str(e)}
-        cell.cmd = [sys.executable, str(script)]
-        env.update(nanogpt.tiktoken_env(tmp / "tiktoken_cache"))
-    record["command"] = " ".join(cell.cmd)
-    t0 = time.perf_counter()
-    cwd = tmp / cell.name if cell.kind == "nanogpt" else REPO
-    code, stdout, stderr = run_group(cell.cmd, cwd, limit_s, env=env)
-    record["seconds"] = round(time.perf_counter() - t0, 1)
-    if code is None:
-        log.write(f"\n===== {cell.name}: timed out after {limit_s:.0f} s\n$ {record['command']}\n"
-                  f"{stdout}{stderr}")
-        return {**record, "status": "timeout",
-                "reason": f"ran past its {limit_s:.0f} s; its process group was killed"}
-    log.write(f"\n===== {cell.name} (exit {code}, {record['seconds']} s)\n"
-              f"$ {record['command']}\n{stdout}{stderr}")
-    proc = subprocess.CompletedProcess(cell.cmd, code, stdout, stderr)
-    try:
-        record["result"] = RESULTS[cell.kind](cell, proc, sizes, tmp)
-    except (OSError, ValueError, KeyError, StopIteration, ET.ParseError) as e:
-        record["result"] = {"error": f"{type(e).__name__}: {e}"}
-    if "memory" in record:
-        record["memory"] = with_measured(record["memory"], record["result"])
-    ok = code == 0 and "error" not in record["result"]
-    if not ok:
-        tail = (stderr or stdout).strip().splitlines()[-5:]
-        record["reason"] = f"exit {code}: " + " | ".join(tail)
-    return {**record, "status": "ok" if ok else "failed"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -186,6 +123,7 @@ def chosen_stages(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    t0 = clock()  # --budget counts from here: the wheels' installation is part of it
     names = chosen_stages(args)
     if args.plan:
         check_only(args, names, [c.name for n in names for c in stage_cells(n, FULL, NOWHERE)])
@@ -209,7 +147,9 @@ def run(args: argparse.Namespace) -> int:
             raise NoGPU("no CUDA device; run on a GPU machine, or use --smoke to check the "
                         "plumbing on the CPU")
         packages = inputs.prepare(list(stages), inputs.wheels_dir(args), tmp / "site")
-        return run_stages(args, sizes, stages, device, tmp, packages)
+        for module, why in packages.missing.items():  # once here; each cell says it again
+            print(f"{module}: {why}; its cells are skipped", flush=True)
+        return run_stages(args, sizes, stages, device, tmp, packages, t0)
 
 
 def check_only(args: argparse.Namespace, names: list[str], known: list[str]) -> None:
@@ -220,19 +160,20 @@ def check_only(args: argparse.Namespace, names: list[str], known: list[str]) -> 
                           f"(their cells: {', '.join(dict.fromkeys(known))})")
 
 
-def cell_limit(cell: Cell, left: float | None, smoke: bool) -> float:
-    """How long a cell may run: what is left of the budget (at least a minute), else until
-    it is plainly hung."""
-    if left is not None:
-        return max(60.0, left)
-    return HANG_MIN_S if smoke else max(HANG_MIN_S, HANG_FACTOR * cell.estimate_s)
+def write_stage(out: Path, stem: str, report: dict[str, Any], started: float) -> None:
+    """The stage's JSON and summary as they stand: after every cell, so that whatever ends
+    the run, every finished cell's figures are on disk."""
+    report["seconds"] = round(clock() - started, 1)
+    report.update(comparisons_of(report["cells"]))
+    write_json(out / f"{stem}.json", report, indent=1)
+    write_text(out / f"{stem}.md", summary(report))
 
 
 def run_stages(args: argparse.Namespace, sizes: Sizes, stages: dict[str, list[Cell]],
-               device: torch.device, tmp: Path, packages: Packages) -> int:
+               device: torch.device, tmp: Path, packages: Packages, t0: float | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = clock()
+    t0 = clock() if t0 is None else t0
     env = environment(args, device)
     # random tokens for every cell but those of --corpus (all of them in --smoke)
     steps = max(sizes.steps, sizes.loss_steps if sizes.smoke else 0)
@@ -245,51 +186,73 @@ def run_stages(args: argparse.Namespace, sizes: Sizes, stages: dict[str, list[Ce
     write_shard(data / "val_000000.bin", tokens[1])
     failed = []
     measured: dict[str, tuple[str, dict[str, Any]]] = {}  # a command run: its stage, result
-    for name, cells in stages.items():
-        stem = free_stem(out, f"gpu_{name}")
-        report: dict[str, Any] = {
-            "schema": SCHEMA, "stage": name, "title": STAGES[name].title, "smoke": args.smoke,
-            "command": command_line(args.argv), "started": now(), "budget_s": args.budget,
-            "estimates": "each cell's estimate_s is gpt/bench/gpu/estimates.py's for one H100, not "
-                         "measured; beside its seconds (what it took) it says how far off it is",
-            "env": env, "packages": {m: packages.status.get(m, "missing") for m in
-                                     (*STAGES[name].requires, *STAGES[name].optional)},
-            "cells": [],
-        }
-        started = clock()
-        with open(out / f"{stem}.log", "w", encoding="utf-8") as log:
-            for cell in cells:
-                earlier = measured.get(same_command(cell))
-                if earlier is not None:  # the same command ran in an earlier stage: its figures
-                    report["cells"].append({**earlier[1], "same_as": earlier[0]})
-                    print(f"[{clock() - t0:6.0f} s] {name}: {cell.name}: as measured in stage "
-                          f"{earlier[0]}", flush=True)
-                    continue
-                left = None if args.budget is None else args.budget - (clock() - t0)
-                if left is not None and (left < cell.estimate_s or left <= 0):
-                    report["cells"].append({
-                        "name": cell.name, "kind": cell.kind, "params": cell.params,
-                        "estimate_s": round(cell.estimate_s), "status": "skipped",
-                        "reason": f"budget: {max(0.0, left):.0f} s left of {args.budget:.0f}, the cell "
-                                  f"needs about {cell.estimate_s:.0f}; run it with --only {cell.name}"})
-                    continue
-                print(f"[{clock() - t0:6.0f} s] {name}: {cell.name} ...", flush=True)
-                result = run_cell(cell, cell_limit(cell, left, args.smoke), sizes, tokens,
-                                  Path(args.nanogpt) if args.nanogpt else None, tmp, log, packages)
-                report["cells"].append(result)
-                if result["status"] == "ok":
-                    measured[same_command(cell)] = (name, result)
-                print(f"[{clock() - t0:6.0f} s] {name}: {cell.name}: {result['status']}"
-                      + (f" ({result['reason']})" if result.get("reason") else ""), flush=True)
-                log.flush()
-        report["seconds"] = round(clock() - started, 1)
-        report.update(comparisons_of(report["cells"]))
-        write_json(out / f"{stem}.json", report, indent=1)
-        write_text(out / f"{stem}.md", summary(report))
-        print(summary(report))
-        print(f"wrote {out / stem}.json, .md and .log")
-        failed += [c["name"] for c in report["cells"] if c["status"] in ("failed", "timeout")]
-    return 1 if failed else 0
+    with Signals() as signals:
+        for name, cells in stages.items():
+            stem = free_stem(out, f"gpu_{name}")
+            report: dict[str, Any] = {
+                "schema": SCHEMA, "stage": name, "title": STAGES[name].title, "smoke": args.smoke,
+                "command": command_line(args.argv), "started": now(), "budget_s": args.budget,
+                "estimates": "each cell's estimate_s is gpt/bench/gpu/estimates.py's for one H100, "
+                             "not measured; beside its seconds (what it took) it says how far off it is",
+                "env": env, "packages": {m: packages.status.get(m, "missing") for m in
+                                         (*STAGES[name].requires, *STAGES[name].optional)},
+                "cells": [], "finished": False,
+            }
+            started = clock()
+            with open(out / f"{stem}.log", "w", encoding="utf-8") as log:
+                for cell in cells:
+                    report["cells"].append(run_one(args, cell, name, sizes, tokens, tmp, log,
+                                                   packages, measured, signals, t0))
+                    log.flush()
+                    write_stage(out, stem, report, started)
+            report["finished"] = True
+            write_stage(out, stem, report, started)
+            print(summary(report))
+            print(f"wrote {out / stem}.json, .md and .log")
+            failed += [c["name"] for c in report["cells"]
+                       if c["status"] in ("failed", "timeout", "stopped")]
+    return 1 if failed or signals.received else 0
+
+
+def run_one(args: argparse.Namespace, cell: Cell, stage: str, sizes: Sizes,
+            tokens: tuple[np.ndarray, np.ndarray], tmp: Path, log: Any, packages: Packages,
+            measured: dict[str, tuple[str, dict[str, Any]]], signals: Signals,
+            t0: float) -> dict[str, Any]:
+    """One cell's record: as measured earlier in the invocation, not run (a signal came,
+    the budget has no room for it), or run, within what is left of the budget."""
+    elapsed = clock() - t0
+    if signals.received:
+        return not_run(cell, f"not run: the invocation was stopped ({signals.received}) at "
+                             f"{elapsed:.0f} s")
+    earlier = measured.get(same_command(cell))
+    if earlier is not None:  # the same command ran in an earlier stage: its figures
+        print(f"[{elapsed:6.0f} s] {stage}: {cell.name}: as measured in stage {earlier[0]}",
+              flush=True)
+        return {**earlier[1], "same_as": earlier[0]}
+    left = None if args.budget is None else args.budget - elapsed - RESERVE_S
+    if left is not None and left < cell.estimate_s:
+        return not_run(cell, f"budget: {max(0.0, args.budget - elapsed):.0f} s left of "
+                             f"{args.budget:.0f} ({RESERVE_S:.0f} kept for stopping and writing), "
+                             f"the cell needs about {cell.estimate_s:.0f}; run it with --only "
+                             f"{cell.name}")
+    print(f"[{elapsed:6.0f} s] {stage}: {cell.name} ...", flush=True)
+    began = clock()
+    signals.armed = True
+    try:
+        result = run_cell(cell, cell_limit(cell, left, args.smoke), sizes, tokens,
+                          Path(args.nanogpt) if args.nanogpt else None, tmp, log, packages)
+    except Stopped as e:  # run_group killed the cell's process group on the way out
+        result = {**not_run(cell, ""), "status": "stopped", "seconds": round(clock() - began, 1),
+                  "reason": f"stopped by {e} after {clock() - began:.0f} s; its process group "
+                            f"was killed"}
+        log.write(f"\n===== {cell.name}: {result['reason']}\n")
+    finally:
+        signals.armed = False
+    if result["status"] == "ok":
+        measured[same_command(cell)] = (stage, result)
+    print(f"[{clock() - t0:6.0f} s] {stage}: {cell.name}: {result['status']}"
+          + (f" ({result['reason']})" if result.get("reason") else ""), flush=True)
+    return result
 
 
 def free_stem(out: Path, stem: str) -> str:

@@ -7,11 +7,12 @@ seconds it took, so a run says how far off they are.
 Where a constant comes from a measurement, the comment names it: the H200 run of
 2026-11-26 and the H100 run of 2026-11-27 (benchmarks/gpu/), whose 124M cells took 23-85 s
 (most 40-47 s), XL 72 s and the CUDA tests 181-182 s. The stages none of those runs had
-(max-autotune, ladder, tokens, fp8, fp8-loss, speedrun) are rougher: `Stage.measured` says
-which, and --plan marks them. Within the measured loss-kernels stage, the cell of
---loss-kernel fused (gpt/model/fused_ce.py) has not run on a GPU yet: its estimate is a guess,
-the same 124M trainer cell's as its neighbours' (which took 40-47 s); and so are the two
-CUDA tests it adds (counted below).
+(max-autotune, ladder, tokens, fp8, fp8-loss, speedrun, fused-compile) are rougher:
+`Stage.measured` says which, and --plan marks them. Within the measured loss-kernels stage,
+the cell of --loss-kernel fused (gpt/model/fused_ce.py) has not run on a GPU yet: its
+estimate is a guess, the same 124M trainer cell's as its neighbours' (which took 40-47 s);
+and so are the two CUDA tests it adds (counted below), the loss-bench cell's (below) and
+the XL cells with FP8 (an XL cell's, its compile FP8_COMPILE_FACTOR longer).
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ LADDER_COMPILED_RUNGS, LADDER_EAGER_RUNGS, LADDER_EAGER_RUNG_S = 5, 3, 20.0
 PLANNER_S = {"gpt2": 3.0, "gpt2-xl": 13.0}
 PROFILE_S = 15.0  # writing and summarising a trace of two steps (the profiled 124M cell took 25 s in all)
 EAGER_SLOWDOWN = 2.0  # an eager step against a compiled one (the tokens stage runs eagerly)
+# gpt/bench/gpu/loss_bench.py (not measured): inductor compiles the whole logits' loss
+# forward and backward once per soft cap (a small graph: two kernels); Triton builds the
+# fused kernels once per mode and cap; 8 variants x 13 iterations of ~20 ms, each after a
+# 6.6 GB copy of the logits
+LOSS_GRAPH_COMPILE_S, LOSS_GRAPHS = 20.0, 2
+TRITON_KERNEL_S, TRITON_KERNELS = 2.0, 8
+LOSS_BENCH_RUN_S = 10.0
 
 
 def step_seconds(model: str, tokens: int, seq_len: int, recompute: bool = False) -> float:
@@ -93,3 +101,10 @@ def tokens_estimate(runs: int, full_runs: float, steps: int, batch_tokens: int) 
     """`python -m gpt.bench tokens` at 124M, eager: `runs` processes doing `full_runs` runs'
     worth of steps."""
     return runs * PROCESS_START_S + full_runs * steps * step_seconds("gpt2", batch_tokens, 1024) * EAGER_SLOWDOWN
+
+
+def loss_bench_estimate() -> float:
+    """`python -m gpt.bench.gpu.loss_bench` at 124M's micro-batch: one process, its compiles
+    and its timed iterations."""
+    return (PROCESS_START_S + LOSS_GRAPHS * LOSS_GRAPH_COMPILE_S + TRITON_KERNELS * TRITON_KERNEL_S
+            + LOSS_BENCH_RUN_S)

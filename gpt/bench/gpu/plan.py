@@ -10,14 +10,20 @@ import dataclasses
 from typing import Any
 
 from gpt.bench.gpu.stages import FULL, NOWHERE, PYTEST_WORKERS, STAGES, same_command, stage_cells
+from gpt.bench.runs import KILL_GRACE_S
+
+# Of a --budget: stopping a cell (SIGTERM, its grace, SIGKILL) and writing the results,
+# which the run keeps back from its cells
+RESERVE_S = KILL_GRACE_S + 5.0
 
 
 def plan(stages: list[str], budget_s: float | None, workers: int = PYTEST_WORKERS,
          only: list[str] | None = None) -> dict[str, Any]:
     """The chosen stages in order, their cells (those of `only`, if given) with their
     estimates, what each stage needs, and, under a budget, which cells would be skipped
-    (the estimates taken as the times). A cell whose command an earlier stage's cell runs
-    takes no time: the run reuses that measurement."""
+    (the estimates taken as the times, RESERVE_S of the budget kept back as the run keeps
+    it). A cell whose command an earlier stage's cell runs takes no time: the run reuses
+    that measurement."""
     where = dataclasses.replace(NOWHERE, workers=workers)
     out: list[dict[str, Any]] = []
     used = 0.0
@@ -33,7 +39,7 @@ def plan(stages: list[str], budget_s: float | None, workers: int = PYTEST_WORKER
                 cells.append({"name": c.name, "estimate_s": 0, "fits": True,
                               "same_as": planned[key]})
                 continue
-            fits = budget_s is None or used + c.estimate_s <= budget_s
+            fits = budget_s is None or used + c.estimate_s <= budget_s - RESERVE_S
             used += c.estimate_s if fits else 0.0
             if fits:
                 planned[key] = name
@@ -69,6 +75,8 @@ def render_plan(p: dict[str, Any]) -> str:
                   for c in s["cells"]]
     if p["budget_s"] is not None:
         left = sum(c["estimate_s"] for s in p["stages"] for c in s["cells"] if not c["fits"])
+        used = sum(c["estimate_s"] for s in p["stages"] for c in s["cells"] if c["fits"])
         lines += ["", f"--budget {p['budget_s']:.0f}: " + (
-            "every cell fits" if not left else f"{left} s of cells would not fit and be skipped")]
+            "every cell fits" if not left else f"{left} s of cells would not fit and be skipped")
+            + f" ({used} s of cells, {RESERVE_S:.0f} s kept for stopping a cell and writing)"]
     return "\n".join(lines) + "\n"

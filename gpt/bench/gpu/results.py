@@ -62,8 +62,9 @@ def trainer_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, 
                compile=header["compile"], fused_adamw=header["fused_adamw"], dtype=header["dtype"],
                params=header["params"], trainer_mfu=[r["mfu"] for r in steps],
                layout=header.get("layout"), grad_accum=header.get("grad_accum"))
-    if cell.params.get("profile_dir"):  # the profile stage
-        out["profile"] = trace_summary.summarize_dir(Path(cell.params["profile_dir"]))
+    if cell.params.get("profile_dir"):  # the profile stage: per micro-batch, and per step of the run's
+        out["profile"] = trace_summary.summarize_dir(Path(cell.params["profile_dir"]),
+                                                     per_step=header.get("grad_accum"))
     return out
 
 
@@ -98,8 +99,15 @@ def tokens_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, t
     return json.loads((tmp / "tokens" / "tokens.json").read_text())
 
 
+def loss_bench_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes,
+                      tmp: Path) -> dict[str, Any]:
+    """gpt/bench/gpu/loss_bench.py's JSON: each variant's forward and backward times, its
+    traffic over its time, its peak memory and its distance from the compiled loss."""
+    return json.loads(Path(cell.params["out"]).read_text())
+
+
 RESULTS = {"trainer": trainer_result, "nanogpt": nanogpt_result, "pytest": pytest_result,
-           "ladder": ladder_result, "tokens": tokens_result}
+           "ladder": ladder_result, "tokens": tokens_result, "loss-bench": loss_bench_result}
 
 
 # ---------------------------------------------------------------------------------------
@@ -289,6 +297,9 @@ def summary(report: dict[str, Any]) -> str:
                              "tokens/s": f"{rung['tokens_per_s']:,.0f}", "MFU": fmt_pct(rung.get("mfu"), "-"),
                              "peak GiB (predicted, ratio)":
                                  f"{mem / 2**30 if mem else float('nan'):.2f}"})
+        elif "variants" in r:  # the loss bench: one variant a row
+            row[STEP] = "see the variants below (forward + backward ms)"
+            rows += [loss_variant_row(v) for v in r["variants"]]
         elif "tests" in r:
             row[STEP] = f"{r['passed']} passed, {r['failed']} failed, {r['skipped']} skipped"
         else:
@@ -300,7 +311,8 @@ def summary(report: dict[str, Any]) -> str:
     budget = f" of a {report['budget_s']:.0f} s budget" if report.get("budget_s") else ""
     lines = [f"# GPU acceptance, stage {report['stage']}{' (smoke, CPU)' if report['smoke'] else ''}", "",
              f"{env['device']} | torch {env['torch']} | CUDA {env['cuda']} | commit {env['commit']} | "
-             f"{report['seconds']} s{budget}", "",
+             f"{report['seconds']} s{budget}"
+             + ("" if report.get("finished", True) else " | partial: the stage has not finished"), "",
              f"`{report['command']}`", "", md_table(rows, SUMMARY_COLUMNS), "",
              "s (est.): seconds the cell took (the plan's estimate); peak GiB: measured "
              "(gpt.plan.memory.plan's prediction, measured / predicted)"]
@@ -310,7 +322,37 @@ def summary(report: dict[str, Any]) -> str:
     for name, (field, _, words) in COMPARED.items():
         if report.get(name):
             lines += ["", words, "", md_table(report[name], side_by_side_columns(field))]
+    lines += [profile_line(c) for c in report["cells"] if (c.get("result") or {}).get("profile")]
     return "\n".join(lines) + "\n"
+
+
+def profile_line(cell: dict[str, Any]) -> str:
+    """A profiled cell's trace in a line: per micro-batch where the trace's micro-batches
+    were counted (gpt/bench/trace_summary.py), per step of the run's."""
+    p = cell["result"]["profile"]
+    if p.get("micro_batches"):
+        step = (f", {p['gpu_span_ms_per_step']:.1f} ms a step of {p['micro_batches_per_step']}"
+                if p.get("gpu_span_ms_per_step") is not None else "")
+        where = (f"{p['micro_batches']} micro-batches in the trace: "
+                 f"{p['gpu_span_ms_per_micro_batch']:.1f} ms of GPU span each{step}")
+    else:
+        where = f"{p['gpu_span_ms_per_step']:.1f} ms of GPU span a profiler step"
+    kinds = ", ".join(f"{k} {v['share']:.1%}" for k, v in p["kinds"].items())
+    return f"\nProfile of {cell['name']}: {where}, busy {p['busy_fraction']:.1%}; {kinds}"
+
+
+def loss_variant_row(v: dict[str, Any]) -> dict[str, str]:
+    """A loss-bench variant as a summary row: its times, its traffic's rate in the tokens/s
+    column's place, its time over the compiled loss's in the ratio's, its peak memory."""
+    row = {"cell": f"- {v['variant']}, cap {v['softcap']:g}", "status": v["status"]}
+    if v["status"] != "ok":
+        return {**row, STEP: v.get("reason", "")}
+    peak = v.get("peak_above_gib")
+    return {**row, STEP: f"{v['forward_ms']:.2f} + {v['backward_ms']:.2f} = {v['total_ms']:.2f}",
+            "tokens/s": f"{v['gb_per_s']:,.0f} GB/s",
+            "ours / build-nanogpt": (f"{v['total_over_compiled']:.3f}x compiled"
+                                     if "total_over_compiled" in v else "-"),
+            "peak GiB (predicted, ratio)": f"{peak:.2f} above" if peak is not None else "-"}
 
 
 def memory_text(cell: dict[str, Any]) -> str:

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpt.bench.gpu.catalog import STAGES  # the stages by name (their cells are here)
 from gpt.bench.gpu.estimates import (MEASURED_STEPS, PLANNER_S, PROFILE_S, WARMUP, ladder_estimate,
-                                     pytest_estimate, run_estimate, tokens_estimate)
+                                     loss_bench_estimate, pytest_estimate, run_estimate,
+                                     tokens_estimate)
 from gpt.bench.record import REPO
 from gpt.bench.runs import trainer_command
 
@@ -92,61 +94,12 @@ NOWHERE = Where(Path("/nowhere"), Path("/nowhere"), Path("/nowhere"), Path("/now
                 PYTEST_WORKERS)  # for plans and cell names: commands are not shown, paths unused
 
 
-@dataclass(frozen=True)
-class Stage:
-    title: str
-    question: str
-    needs: tuple[str, ...] = ()  # "nanogpt", "corpus": inputs without which it cannot run
-    requires: tuple[str, ...] = ()  # packages it cannot run without (installed from --wheels)
-    optional: tuple[str, ...] = ()  # packages some of its cells use (skipped without)
-    measured: bool = True  # whether a GPU run has checked its estimates
-
-
-STAGES: dict[str, Stage] = {
-    "cuda-tests": Stage("the CUDA tests (pytest -m cuda)", "does the CUDA path work",
-                        optional=("liger_kernel", "cut_cross_entropy")),
-    "throughput": Stage("GPT-2 124M, ours vs build-nanogpt at micro-batch 64, 32 and 16",
-                        "step time, tokens/s, MFU, compile time and memory against the baseline, "
-                        "and whether the losses agree step by step", needs=("nanogpt",)),
-    "xl": Stage("GPT-2 XL on one GPU: FSDP2 with activation checkpointing (torchrun), and "
-                "the layout the trainer chooses itself (--parallel/--activation-checkpointing/"
-                "--batch-size auto)",
-                "does XL train, at what MFU, in how much memory, and what the trainer's own "
-                "choice of layout buys"),
-    "loss-kernels": Stage("GPT-2 124M at micro-batch 64: the whole logits, the chunked loss "
-                          "through Liger Kernel's and Cut Cross-Entropy's kernels, and the whole "
-                          "logits through our fused Triton cross-entropy",
-                          "what each head + loss kernel costs on CUDA against the whole logits, "
-                          "and the memory it saves",
-                          optional=("liger_kernel", "cut_cross_entropy")),
-    "profile": Stage("GPT-2 124M at micro-batch 64 and GPT-2 XL, each with a torch.profiler "
-                     "trace of its last two steps",
-                     "where a step's GPU time goes: each kind of kernel's share, the top "
-                     "kernels, the gaps between them"),
-    "fp8": Stage("GPT-2 124M at micro-batch 64: bf16 vs --fp8 tensorwise and --fp8 rowwise",
-                 "what FP8 matmuls (torchao's float8 training) buy in tokens/s and memory",
-                 requires=("torchao",), measured=False),
-    "fp8-loss": Stage("GPT-2 124M on the user's corpus, 200 steps: bf16 vs --fp8 tensorwise",
-                      "does FP8 train as bf16 does: the loss difference over the steps",
-                      needs=("corpus",), requires=("torchao",), measured=False),
-    "speedrun": Stage("GPT-2 124M at micro-batch 64: the GPT-2 recipe vs the speedrun recipe "
-                      "(configs/gpt2-124m-speedrun.toml)",
-                      "what the speedrun recipe's parts (Muon, rotary, ReLU^2, the untied "
-                      "head, the soft cap ...) cost in tokens/s", measured=False),
-    "max-autotune": Stage("GPT-2 124M at micro-batch 64 under --compile-mode max-autotune",
-                          "what max-autotune's minutes of compiling buy", measured=False),
-    "ladder": Stage("the speed ladder (python -m gpt.bench ladder)",
-                    "where the speed comes from, one optimisation at a time", measured=False),
-    "tokens": Stage("GPT-2 recipe vs the speedrun recipe at 124M on the user's corpus "
-                    "(python -m gpt.bench tokens)",
-                    "how many fewer tokens the new recipe needs at GPU scale",
-                    needs=("corpus",), measured=False),
-}
 # A 124M cell's head + loss: the trainer's default (on CUDA, the whole logits), or, side by
 # side in loss-kernels, the whole logits named (--no-chunked-loss), the chunked loss
 # through Liger Kernel's or Cut Cross-Entropy's kernel (--loss-kernel; ours is not offered
 # on CUDA, gpt/model/loss_kernels.py), and the whole logits' loss in our Triton kernels
-# (--loss-kernel fused, gpt/model/fused_ce.py): its name's suffix and its flags.
+# (--loss-kernel fused, gpt/model/fused_ce.py): its name's suffix and its flags. (The fused
+# kernels' forward mode is measured on its own, in the loss-bench cell: loss_bench.py.)
 LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "default": ("", ()), "unchunked": ("-unchunked", ("--no-chunked-loss",)),
     "liger": ("-liger", ("--loss-kernel", "liger")), "cce": ("-cce", ("--loss-kernel", "cce")),
@@ -157,7 +110,12 @@ KERNEL_LOSSES = ("unchunked", "liger", "cce", "fused")
 # CUDA builds of torch bring Triton)
 CUDA_ONLY_LOSSES = ("liger", "cce", "fused")
 LOSS_PACKAGES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
+FP8_PACKAGE = "torchao"  # every --fp8 cell's (skipped without it)
 FP8_RECIPES = ("tensorwise", "rowwise")  # --fp8: torchao's float8 scaling, per tensor or per row
+SOFTCAP = 15.0  # the speedrun recipe's --logit-softcap (configs/gpt2-124m-speedrun.toml)
+# fused-compile's cells: (compile mode, loss), the whole logits first (the others' baseline)
+FUSED_COMPILE = (("default", "unchunked"), ("default", "fused"), ("reduce-overhead", "fused"),
+                 ("max-autotune", "fused"))
 RECIPES = {"gpt2": "configs/gpt2-124m.toml", "speedrun": "configs/gpt2-124m-speedrun.toml"}
 # The xl stage's auto-layout cell: 2^16 tokens a step, so several micro-batches whatever
 # micro-batch the trainer picks; the trainer's planning before it starts (gpt/plan/layout.py: a
@@ -189,12 +147,15 @@ def stage_cells(stage: str, s: Sizes, w: Where) -> list[Cell]:
         return [c for batch in s.batches for c in (ours_cell(s, w, batch), nanogpt_cell(s, batch))]
     if stage == "xl":
         return [xl_cell(s, w), xl_auto_cell(s, w)]
-    if stage == "loss-kernels":  # the whole logits first, then each kernel beside it
-        return [ours_cell(s, w, b, loss=loss) for loss in KERNEL_LOSSES]
+    if stage == "loss-kernels":  # the loss alone; the whole logits first, then each kernel
+        return [loss_bench_cell(s, w.tmp), *(ours_cell(s, w, b, loss=loss) for loss in KERNEL_LOSSES)]
+    if stage == "fused-compile":
+        return [ours_cell(s, w, b, mode=mode, loss=loss, softcap=SOFTCAP) for mode, loss in FUSED_COMPILE]
     if stage == "profile":
         return [profiled(ours_cell(s, w, b), s), profiled(xl_cell(s, w), s)]
-    if stage == "fp8":  # bf16 first: the others' baseline
-        return [ours_cell(s, w, b), *(ours_cell(s, w, b, fp8=recipe) for recipe in FP8_RECIPES)]
+    if stage == "fp8":  # bf16 first at each size: the others' baseline
+        return [ours_cell(s, w, b), *(ours_cell(s, w, b, fp8=recipe) for recipe in FP8_RECIPES),
+                xl_auto_cell(s, w), xl_auto_cell(s, w, fp8="tensorwise")]
     if stage == "fp8-loss":
         return [loss_cell(s, w, None), loss_cell(s, w, "tensorwise")]
     if stage == "speedrun":
@@ -218,18 +179,20 @@ def pytest_cell(tmp: Path, workers: int) -> Cell:
 
 
 def ours_cell(s: Sizes, w: Where, batch: int, mode: str = "default", loss: str = "default",
-              fp8: str | None = None) -> Cell:
+              fp8: str | None = None, softcap: float = 0.0) -> Cell:
     """The trainer at `s.model`; `loss` (one of LOSSES) picks its head + loss, `fp8` (one
-    of FP8_RECIPES) its FP8 matmuls."""
+    of FP8_RECIPES) its FP8 matmuls, `softcap` its --logit-softcap."""
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {loss!r}")
     suffix, flags = LOSSES[loss]
-    extra = [*flags, *(["--fp8", fp8] if fp8 else [])]
+    extra = [*flags, *(["--fp8", fp8] if fp8 else []), *(["--logit-softcap", f"{softcap:g}"] if softcap else [])]
     estimate = PLANNER_S["gpt2"] + run_estimate(FULL.model, FULL.steps, FULL.tokens_per_step,
                                                 FULL.seq_len, mode=mode, fp8=fp8 is not None)
-    return trainer_cell(f"ours-b{batch}-{mode}{suffix}{f'-fp8-{fp8}' if fp8 else ''}", s, w.data, w.work,
-                        batch=batch, mode=mode, steps=s.steps, estimate=estimate, extra=extra,
-                        loss=loss, fp8=fp8)
+    name = f"ours-b{batch}-{mode}{suffix}{f'-fp8-{fp8}' if fp8 else ''}{f'-cap{softcap:g}' if softcap else ''}"
+    cell = trainer_cell(name, s, w.data, w.work, batch=batch, mode=mode, steps=s.steps,
+                        estimate=estimate, extra=extra, loss=loss, fp8=fp8)
+    cell.params["softcap"] = softcap
+    return cell
 
 
 def loss_cell(s: Sizes, w: Where, fp8: str | None) -> Cell:
@@ -294,18 +257,21 @@ def xl_cell(s: Sizes, w: Where) -> Cell:
     return cell
 
 
-def xl_auto_cell(s: Sizes, w: Where) -> Cell:
+def xl_auto_cell(s: Sizes, w: Where, fp8: str | None = None) -> Cell:
     """GPT-2 XL with the layout left to the trainer (gpt/plan/layout.py: on one GPU no FSDP, the
     least recomputation and the largest micro-batch that fit), XL_AUTO_SEQUENCES sequences a
     step: several micro-batches, so that AdamW's update is spread over them as in training
-    (the FSDP cell updates after every micro-batch of 8)."""
+    (the FSDP cell updates after every micro-batch of 8); `fp8`: with FP8 matmuls (the
+    trainer plans its layout for them), where FP8 is expected to pay (torchao's float8
+    training measured +3.6% at 1.5B, pytorch/ao issue 1297)."""
     sequences = 4 * s.xl_batch if s.smoke else XL_AUTO_SEQUENCES
     estimate = AUTO_LAYOUT_PLANS * PLANNER_S["gpt2-xl"] + run_estimate(
-        FULL.xl_model, FULL.steps, XL_AUTO_SEQUENCES * FULL.seq_len, FULL.seq_len)
-    return trainer_cell(f"{s.xl_model}-auto-1gpu", s, w.data, w.work, batch="auto", mode="default",
-                        steps=s.steps, estimate=estimate, model=s.xl_model,
-                        tokens_per_step=sequences * s.seq_len,
-                        extra=["--parallel", "auto", "--activation-checkpointing", "auto"])
+        FULL.xl_model, FULL.steps, XL_AUTO_SEQUENCES * FULL.seq_len, FULL.seq_len, fp8=fp8 is not None)
+    return trainer_cell(f"{s.xl_model}-auto-1gpu{f'-fp8-{fp8}' if fp8 else ''}", s, w.data, w.work,
+                        batch="auto", mode="default", steps=s.steps, estimate=estimate,
+                        model=s.xl_model, tokens_per_step=sequences * s.seq_len,
+                        extra=["--parallel", "auto", "--activation-checkpointing", "auto",
+                               *(["--fp8", fp8] if fp8 else [])], fp8=fp8)
 
 
 def tokens_cell(s: Sizes, w: Where) -> Cell:
@@ -331,6 +297,20 @@ def tokens_cell(s: Sizes, w: Where) -> Cell:
     return Cell(f"tokens-{s.model}", "tokens",
                 tokens_estimate(TOKENS_RUNS, TOKENS_WORK, TOKENS_STEPS, TOKENS_BATCH_TOKENS), cmd,
                 {"data_dir": str(data), "steps": steps})
+
+
+def loss_bench_cell(s: Sizes, tmp: Path) -> Cell:
+    """The whole logits' loss on its own (gpt/bench/gpu/loss_bench.py): inductor's compiled
+    loss and the fused kernels' two modes, without and with the soft cap, at the 124M cells'
+    micro-batch; tiny and eager in --smoke (the fused modes then skipped: CUDA only)."""
+    out = tmp / "loss_bench.json"
+    cmd = [sys.executable, "-m", "gpt.bench.gpu.loss_bench", "--out", str(out)]
+    if s.smoke:
+        cmd += ["--device", "cpu", "--rows", "64", "--vocab", "500", "--no-compile", "--warmup", "1",
+                "--repeats", "2"]
+    else:
+        cmd += ["--rows", str(s.batches[0] * s.seq_len)]
+    return Cell("loss-bench", "loss-bench", loss_bench_estimate(), cmd, {"out": str(out)})
 
 
 def ladder_cell(s: Sizes, tmp: Path) -> Cell:

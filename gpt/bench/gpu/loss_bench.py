@@ -1,0 +1,204 @@
+"""The whole logits' cross-entropy on its own, the GPU acceptance's loss-bench cell: inductor's
+compiled loss (what the trainer's compiled model runs on the head's logits),
+gpt/model/fused_ce.py's backward mode (--loss-kernel fused: the gradient written in the
+backward) and its forward mode (llm.c's: written in the forward, for the incoming gradient
+expected), each without and with the speedrun recipe's soft cap, at GPT-2 124M's
+micro-batch (64 x 1024 rows of 50,304 columns in bf16, as the head makes them).
+
+    python -m gpt.bench.gpu.loss_bench --out loss_bench.json            # on CUDA
+    python -m gpt.bench.gpu.loss_bench --out x.json --device cpu --rows 64 --vocab 500 --no-compile
+
+Per variant: the forward's and the backward's milliseconds (CUDA events around each, the
+median of --repeats after --warmup iterations; the logits copied fresh before each, outside
+the timing), the logits' traffic each makes at least (3 logits' worth, read twice and
+written once; the forward mode 2) over its time, the peak memory above the logits, and its
+loss and gradient against the compiled loss's on the same logits. The incoming gradient is
+1 / 2 (the trainer's 1 / accumulation steps at 2^17 tokens a step), which the forward mode
+is told to expect; what it costs when it expects wrong (a loop's first call) is its
+variant "expected wrong". Off CUDA the fused modes run only under Triton's interpreter
+(TRITON_INTERPRET=1), otherwise they are recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+GRAD_OUT = 0.5  # the trainer's 1 / accumulation steps: 2^17 tokens a step in 64 x 1024 rows
+SOFTCAPS = (0.0, 15.0)  # none (the GPT-2 recipe), the speedrun recipe's (configs/gpt2-124m-speedrun.toml)
+# (name, the logits' traffic it makes at least, in logits' worth)
+VARIANTS = (("compiled", 3), ("fused-backward", 3), ("fused-forward", 2),
+            ("fused-forward, expected wrong", 3))
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def whole_logits_loss(cap: float) -> LossFn:
+    """GPT.logits then F.cross_entropy, as the trainer's compiled model runs them on the head's
+    logits: the cap in fp32, the loss in fp32 (autocast's), the gradient back in the logits'
+    dtype."""
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        z = logits.float()
+        return F.cross_entropy(cap * torch.tanh(z / cap) if cap else z, targets)
+
+    return loss
+
+
+def loss_fn(variant: str, cap: float, device: torch.device, compile_mode: str | None) -> LossFn:
+    if variant == "compiled":
+        fn = whole_logits_loss(cap)
+        return torch.compile(fn, mode=compile_mode, dynamic=False) if compile_mode else fn
+    from gpt.model import fused_ce
+
+    if variant == "fused-backward":
+        return lambda z, t: fused_ce.cross_entropy(z, t, cap, inplace=True)
+    guess = fused_ce.expected_grad(device, GRAD_OUT)
+
+    def forward_mode(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if variant.endswith("expected wrong"):
+            guess.fill_(1.0)  # every call a loop's first: its backward rescales
+        return fused_ce.cross_entropy(z, t, cap, inplace=True, expected_grad=guess)
+
+    return forward_mode
+
+
+def skip_reason(variant: str, device: torch.device) -> str | None:
+    if variant == "compiled" or device.type == "cuda":
+        return None
+    try:
+        from gpt.model import fused_ce
+    except ImportError as e:
+        return f"Triton is not importable ({e}); the fused modes run on CUDA"
+    return None if fused_ce.interpreted() else ("the fused modes run on CUDA (on a CPU only "
+                                                "under TRITON_INTERPRET=1)")
+
+
+class Clock:
+    """Marks on the device's timeline: CUDA events where the work is queued, the host's clock
+    elsewhere (where the work is done when the call returns)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> Any:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def ms(self, a: Any, b: Any) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+
+def measure(fn: LossFn, src: torch.Tensor, targets: torch.Tensor, warmup: int,
+            repeats: int) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
+    """Forward and backward times (medians), the peak memory above what was held before,
+    and the last loss and gradient."""
+    device = src.device
+    clock = Clock(device)
+    go = torch.tensor(GRAD_OUT, device=device)
+    marks = []
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        held = torch.cuda.memory_allocated()
+    for _ in range(warmup + repeats):
+        z = src.clone().requires_grad_()  # the head's fresh output: written over in place
+        a = clock.mark()
+        loss = fn(z, targets)
+        b = clock.mark()
+        (grad,) = torch.autograd.grad(loss, [z], grad_outputs=go)
+        c = clock.mark()
+        marks.append((a, b, c))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    fwd = [clock.ms(a, b) for a, b, _ in marks[warmup:]]
+    bwd = [clock.ms(b, c) for _, b, c in marks[warmup:]]
+    out = {"forward_ms": statistics.median(fwd), "backward_ms": statistics.median(bwd),
+           "total_ms": statistics.median(f + b for f, b in zip(fwd, bwd))}
+    if device.type == "cuda":
+        # the fresh copy of the logits is counted: it is what the head's output would be
+        out["peak_above_gib"] = (torch.cuda.max_memory_allocated() - held) / 2**30
+    return out, loss.detach(), grad.detach()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # interpreter: fp32 only
+    g = torch.Generator(device=device).manual_seed(0)
+    src = (torch.randn(args.rows, args.vocab, device=device, generator=g) * 3).to(dtype)
+    targets = torch.randint(0, args.vocab, (args.rows,), device=device, generator=g)
+    logits_gb = src.numel() * src.element_size() / 1e9
+    mode = None if args.no_compile else args.compile_mode
+    results: list[dict[str, Any]] = []
+    for cap in SOFTCAPS:
+        reference: tuple[torch.Tensor, torch.Tensor] | None = None
+        for variant, traffic in VARIANTS:
+            row: dict[str, Any] = {"variant": variant, "softcap": cap, "traffic_logits": traffic}
+            results.append(row)
+            reason = skip_reason(variant, device)
+            if reason:
+                row.update(status="skipped", reason=reason)
+                continue
+            figures, loss, grad = measure(loss_fn(variant, cap, device, mode), src, targets,
+                                          args.warmup, args.repeats)
+            row.update(status="ok", **figures,
+                       gb_per_s=traffic * logits_gb / (figures["total_ms"] / 1e3))
+            if reference is None:
+                reference = (loss, grad)  # the compiled loss: the others' reference
+                continue
+            ref_loss, ref_grad = reference
+            scale = ref_grad.float().abs().max().item() or 1.0
+            row.update(loss_rel_diff=abs(loss.item() - ref_loss.item()) / abs(ref_loss.item()),
+                       grad_max_diff_over_max=(grad.float() - ref_grad.float()).abs().max().item() / scale)
+            del loss, grad
+        del reference
+    base = {r["softcap"]: r for r in results if r["variant"] == "compiled" and r["status"] == "ok"}
+    for r in results:
+        b = base.get(r["softcap"])
+        if r["status"] == "ok" and b is not None and r is not b:
+            r["total_over_compiled"] = r["total_ms"] / b["total_ms"]
+    return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "rows": args.rows, "vocab": args.vocab,
+            "dtype": str(dtype).removeprefix("torch."), "logits_gb": logits_gb,
+            "grad_out": GRAD_OUT, "compile_mode": mode or "eager",
+            "warmup": args.warmup, "repeats": args.repeats, "variants": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpt.bench.gpu.loss_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="the JSON file to write")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--rows", type=int, default=64 * 1024, help="rows of logits (tokens a micro-batch)")
+    p.add_argument("--vocab", type=int, default=50304, help="columns (GPT-2's padded vocabulary)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--compile-mode", default="default",
+                   choices=["default", "reduce-overhead", "max-autotune"],
+                   help="torch.compile's mode for the compiled loss")
+    p.add_argument("--no-compile", action="store_true", help="the whole logits' loss eagerly")
+    args = p.parse_args(argv)
+    if min(args.rows, args.vocab, args.repeats) < 1 or args.warmup < 0:
+        p.error("--rows, --vocab and --repeats must be at least 1, --warmup at least 0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device here (--device cpu runs the compiled loss alone)")
+    report = run(args)
+    Path(args.out).write_text(json.dumps(report, indent=1), encoding="utf-8")
+    for r in report["variants"]:
+        figures = (f"{r['forward_ms']:.2f} + {r['backward_ms']:.2f} = {r['total_ms']:.2f} ms"
+                   if r["status"] == "ok" else f"skipped: {r['reason']}")
+        print(f"cap {r['softcap']:>4}: {r['variant']:<30} {figures}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
