@@ -19,13 +19,16 @@ model cannot score) is then one line, as in this package's other commands.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
+from gpt.core import network
 from gpt.core.errors import UserError
-from gpt.eval.harness_tasks import HarnessError, load_tasks, require_lm_eval
+from gpt.core.text import one_line
+from gpt.eval.harness_tasks import HarnessError, load_tasks, require_lm_eval, task_files
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         args = cli.parse_args()  # the harness's own parser: its errors are its one-liners
         if getattr(args, "command", None) == "run":  # also the form without "run"
             check_run(args)
-        cli.execute(args)
+        # Without network the harness's datasets read their cache alone (check_run has
+        # loaded every task from it), not after a minute of retries for each
+        with network.offline_hub() if network.hub_unreachable() else contextlib.nullcontext():
+            cli.execute(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
@@ -57,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
 def check_run(args: argparse.Namespace) -> None:
     """What `run` needs, checked before the harness builds a model or loads a task: --limit
     above 0, --tasks naming tasks that exist (names, or patterns such as arc_*) and whose
-    data loads, --include_path a folder. Task YAML files and folders named in --tasks are
-    the harness's to read. Values may come from --config's YAML file, as the harness
-    merges them (the command line first)."""
+    data loads, --include_path a folder whose every task file can be read (as every folder
+    named in --tasks). Task YAML files named in --tasks are the harness's to read. Values
+    may come from --config's YAML file, as the harness merges them (the command line
+    first)."""
     from_file: dict[str, Any] = {}
     if getattr(args, "config", None):
         from lm_eval.config.evaluate_config import EvaluatorConfig
@@ -67,7 +74,8 @@ def check_run(args: argparse.Namespace) -> None:
         try:
             from_file = EvaluatorConfig.load_yaml_config(args.config)
         except (OSError, ValueError, TypeError) as e:
-            raise HarnessError(f"--config {args.config}: {' '.join(str(e).split())}") from None
+            raise HarnessError(f"--config {args.config}: "
+                               f"{one_line(' '.join(str(e).split()))}") from None
 
     def given(name: str) -> Any:
         value = getattr(args, name, None)
@@ -85,7 +93,10 @@ def check_run(args: argparse.Namespace) -> None:
                            "(`gpt2-lm-eval ls tasks` lists them)")
     items = [t.strip() for x in ([tasks] if isinstance(tasks, str) else tasks)
              for t in str(x).split(",")]
-    # Task YAML files and folders of them: the harness reads those itself
+    # Task YAML files and folders of them: the harness reads those itself (a folder's
+    # entries checked readable first, as --include_path's are: it passes over one in silence)
+    for folder in (t for t in items if t and Path(t).is_dir()):
+        task_files(folder, "--tasks")
     names = [t for t in items if t and not t.endswith(".yaml") and not Path(t).is_dir()]
     if names or not any(items):
         _, failed = load_tasks(",".join(names) if names else ",".join(items),

@@ -9,7 +9,10 @@ gpt/report/metrics_reader.py's. The trainer draws the same figure into its run f
 it goes (gpt/train/run_curves.py).
 
 matplotlib is an optional dependency (the plot extra: ``pip install -e ".[plot]"``); reading the
-file (``load_metrics``) needs only the standard library.
+file (``load_metrics``) needs only the standard library. A long log is read in one pass and
+each series drawn with a bounded number of points (gpt/report/curves.py says how); the
+learning rate is the schedule's at every step, from the log's header records
+(gpt/train/run_curves.py's read_run).
 
 metrics.jsonl holds one JSON object per line with a "type": "run" (written at every
 start, with "start_step" when resumed), "train" (step, loss, lr, grad_norm, ms,
@@ -23,10 +26,43 @@ checkpoint). A line cut short by a crash is skipped and counted."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from gpt.core.cli import OneLineParser, finite_float
+from gpt.core.file_checks import REPLACED, entry_problem, folder_problem
 from gpt.report.curves import MATPLOTLIB_HINT, _import_pyplot, plot_runs
-from gpt.report.metrics_reader import load_metrics, resolve_path, run_title
+from gpt.report.metrics_reader import resolve_path, run_title
+from gpt.train.run_curves import read_run
+
+
+def output_problem(output: Path, given: bool = True) -> str | None:
+    """Why the figure cannot be written at `output` (written beside it and renamed over
+    it, its folder made if missing), in words naming -o where it was `given`; None where
+    it can. Writes nothing: asked before the logs are read as well as before drawing."""
+    label = f"-o {output}" if given else str(output)
+    found = folder_problem(output.parent)
+    if found is not None:
+        where, problem = found
+        return (f"{label}: cannot write there: {where} {problem}; name an image file in a "
+                f"folder you can write (-o PATH)")
+    problem = entry_problem(output, REPLACED)
+    if problem is not None:
+        return (f"{label}: it {problem}; name an image file (-o PATH), e.g. "
+                f"-o {output / 'curves.png'}")
+    return None
+
+
+def _format_problem(output: Path, label: str) -> str | None:
+    """Why matplotlib cannot write an image of `output`'s kind (its suffix: png where it
+    has none), or None."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kind = output.suffix.lstrip(".").lower() or "png"
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if kind in kinds:
+        return None
+    return (f"{label}: matplotlib cannot write .{kind} images; name a file ending in one of "
+            f"{', '.join('.' + k for k in sorted(kinds))} (-o PATH)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,16 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 0.0 <= args.smooth < 1.0:
         p.error("--smooth must be in [0, 1)")
+    if args.output is not None and (problem := output_problem(Path(args.output))):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     runs = []
     for m in args.metrics:
         path = resolve_path(m)
         if not path.is_file():
             print(f"error: {path}: no such file", file=sys.stderr)
             return 2
-        run = load_metrics(path)
+        run = read_run(path)  # with the learning rate its schedule set at every step
         if run.bad_lines:
             print(f"note: {path}: skipped {run.bad_lines} unreadable line(s)", file=sys.stderr)
-        if not any(run.records.values()):
+        if run.empty:
             print(f"note: {path}: no train/val/hellaswag records", file=sys.stderr)
         runs.append(run)
     try:
@@ -61,7 +100,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     output = args.output or runs[0].path.parent / "curves.png"
     title = args.title if args.title is not None else run_title(runs[0]) if len(runs) == 1 else None
-    out = plot_runs(runs, output, smooth=args.smooth, title=title, log_loss=args.log_loss)
+    label = f"-o {output}" if args.output is not None else str(output)
+    problem = output_problem(Path(output), given=args.output is not None) or _format_problem(
+        Path(output), label)
+    try:
+        if problem is None:
+            out = plot_runs(runs, output, smooth=args.smooth, title=title, log_loss=args.log_loss)
+    except OSError as e:  # what no check can foresee: the disk filling as it writes
+        problem = (f"{label}: cannot write it ({e.strerror or e}); name an image file in a "
+                   f"folder you can write (-o PATH)")
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     print(f"wrote {out}")
     return 0
 

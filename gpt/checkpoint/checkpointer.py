@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from gpt.checkpoint.files import (SCHEMA_KEY, CheckpointError, check_resume_config, checkpoint_path,
                                   choose, find_latest, load, rotate, save_atomic)
+from gpt.checkpoint.run_folder import LOCK_WHAT, check_run_folder
 from gpt.core.config import SCHEMA_VERSION, CheckpointConfig, Config, ConfigError
 from gpt.core.config_io import to_dict
 from gpt.core.errors import UserError
@@ -78,13 +79,14 @@ class Checkpointer:
         self.runtime = runtime
         self.last_saved: Path | None = None  # this run's newest checkpoint
         self.resumed_from: Path | None = None  # the checkpoint open() chose
-        self._lock = FolderLock(out_dir, "training run")
+        self._lock = FolderLock(out_dir, LOCK_WHAT)
 
     # ---- opening the run folder, and where to start
 
     def open(self, config: Config) -> tuple[Path | None, dict[str, Any] | None]:
-        """Take the run folder (rank 0: create it, prove it writable, lock it for this run,
-        remove dead writers' temporary files) and choose the checkpoint to continue from.
+        """Take the run folder (rank 0: judge it and the files the run opens there as the
+        preflight did, create it, prove it writable, lock it for this run, remove dead
+        writers' temporary files) and choose the checkpoint to continue from.
         Returns it and its contents, or (None, None) for a fresh start. Every rank then
         reads that file (the run folder is on storage every node sees, as multi-node
         training needs anyway). A start that fails leaves no empty folder behind."""
@@ -92,6 +94,8 @@ class Checkpointer:
         ckpt = None
         if self.runtime.is_master:
             try:
+                check_run_folder(self.out_dir, config.train.tensorboard,
+                                 bool(config.train.wandb_project))
                 self._take_folder()
                 path, ckpt, notes = choose(self.out_dir, self.cfg.resume)
                 for note in notes:

@@ -8,8 +8,15 @@ the code that raises it.
 
 from __future__ import annotations
 
+from gpt.core.text import one_line
+
 
 class UserError(Exception):
     """A problem the user can fix; the message names the file, flag or value."""
 
     exit_code = 1
+
+    def __str__(self) -> str:
+        # One line, whatever the message quotes (a file's text, a value from a TOML file,
+        # a library's error of several lines): control characters escaped, never printed
+        return one_line(super().__str__(), limit=None)

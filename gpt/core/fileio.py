@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Sequence
 
 from gpt.core.errors import UserError
+from gpt.core.file_checks import LOCKED, entry_problem
+from gpt.core.text import one_line
 
 
 LOCK_NAME = ".lock"
@@ -36,6 +38,11 @@ except ImportError:  # pragma: no cover - Windows
 
 class FolderInUse(UserError):
     """Another live process holds the folder; the message names it."""
+
+
+class BadLockFile(UserError):
+    """What stands at a folder's lock file is not one the lock can be taken on (a folder,
+    a symlink, a FIFO, a file that cannot be opened for reading and writing)."""
 
 
 def fsync_dir(folder: Path) -> None:
@@ -176,14 +183,41 @@ def remove_dead_temp_files(folder: Path) -> list[Path]:
     return removed
 
 
+def _holder_text(fd: int) -> str:
+    """What the lock file open at `fd` says of its holder, as one printable line: the
+    file is anyone's to write, so its text may hold newlines or terminal escapes."""
+    return one_line(os.read(fd, 1000).decode("utf-8", errors="replace")) or "another process"
+
+
+def _in_use(folder: Path, what: str, holder: str) -> str:
+    return (f"{folder} is in use by {holder}: one {what} per folder; wait for it to finish, "
+            f"stop it, or choose another folder")
+
+
+def _bad_lock(folder: Path, what: str, problem: str) -> str:
+    return (f"{folder / LOCK_NAME}: cannot lock {folder} there (one {what} at a time): it "
+            f"{problem}; remove it")
+
+
+def lock_problem(folder: Path, what: str) -> UserError | None:
+    """Why FolderLock(folder, what).acquire() would refuse now, in its words: the entry at
+    its lock file's name is not one a lock can be taken on (BadLockFile), or a live process
+    holds it (FolderInUse); None where it would take the lock. Writes nothing."""
+    problem = entry_problem(folder / LOCK_NAME, LOCKED)
+    if problem is not None:
+        return BadLockFile(_bad_lock(folder, what, problem))
+    holder = lock_holder(folder)
+    return None if holder is None else FolderInUse(_in_use(folder, what, holder))
+
+
 def lock_holder(folder: Path) -> str | None:
     """Who holds `folder`'s FolderLock now (what its holder wrote: pid, host, start time,
-    command), or None when no live process does. Only reads: a folder without a lock file
-    gets none. (Probing takes a shared lock for an instant.)"""
+    command, as one printable line), or None when no live process does. Only reads: a
+    folder without a lock file gets none. (Probing takes a shared lock for an instant.)"""
     if fcntl is None:  # pragma: no cover - no flock (Windows)
         return None
-    try:
-        fd = os.open(folder / LOCK_NAME, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:  # never through a symlink, never waiting for a FIFO's writer
+        fd = os.open(folder / LOCK_NAME, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -192,7 +226,7 @@ def lock_holder(folder: Path) -> str | None:
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 return None
-            return os.read(fd, 1000).decode("utf-8", errors="replace").strip() or "another process"
+            return _holder_text(fd)
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
@@ -218,6 +252,11 @@ class FolderLock:
         return self.folder / LOCK_NAME
 
     def acquire(self) -> "FolderLock":
+        """Take the lock (making the folder if need be), or FolderInUse naming its live
+        holder, or BadLockFile where the entry at the lock's name cannot be one."""
+        problem = entry_problem(self.path, LOCKED)
+        if problem is not None:
+            raise BadLockFile(_bad_lock(self.folder, self.what, problem))
         if not self.folder.exists():
             self.folder.mkdir(parents=True)
             self.created_folder = True
@@ -232,13 +271,11 @@ class FolderLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
-                holder = os.read(fd, 1000).decode("utf-8", errors="replace").strip() or "another process"
+                holder = _holder_text(fd)
                 os.close(fd)
                 if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                     raise
-                raise FolderInUse(f"{self.folder} is in use by {holder}: one {self.what} per "
-                                  f"folder; wait for it to finish, stop it, or choose another "
-                                  f"folder") from None
+                raise FolderInUse(_in_use(self.folder, self.what, holder)) from None
             if self._names(fd):
                 break
             os.close(fd)  # its holder removed that file as it let go: lock the new one

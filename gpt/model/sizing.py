@@ -10,6 +10,13 @@ the weights the file holds with the parameters its config describes (check_weigh
 before it builds the model those weights are checked against, and the model with the
 device's memory before it allocates it (check_weights_fit_memory). An absurd size is
 refused in milliseconds, whichever way it arrives.
+
+Parameters are not the whole cost: building a model, and the memory planner's tracing of
+its step, cost time and host memory per block whatever its width (about 13 modules a
+block; the planner traces each block's operators one by one on fake tensors, the larger
+cost by far). So a model of more than MAX_LAYERS blocks, thin enough to pass every
+parameter bound, is refused by the same checks (check_build_cost, after the parameter
+bound): 80,000 blocks 2 wide take minutes and gigabytes to build, and far longer to plan.
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ from gpt.model import value_embeds
 
 GiB = 2**30
 HEAD = "lm_head.weight"  # a tied head shares the embedding's storage and counts once
+# Blocks a model may have: real models have up to a few hundred (GPT-2 XL 48, GPT-3 96).
+# Building and planning time grow in proportion to the blocks: a model of this many is
+# built in seconds, but ten times deeper ones keep a dry run or a reader busy for hours.
+MAX_LAYERS = 1000
 
 
 def param_count(m: ModelConfig) -> int:
@@ -79,6 +90,26 @@ def most_memory(device_type: str, gpus: Iterable[int]) -> tuple[int | None, str]
     return max([*gpus, *visible]), "the largest GPU planned for"
 
 
+def build_cost_problem(m: ModelConfig, field: str = "--n-layer") -> str | None:
+    """Why building the model would cost more than any real model's (more than MAX_LAYERS
+    blocks), naming `field` (the flag, or a file's field); None where it would not.
+    Arithmetic: nothing is built."""
+    if m.n_layer <= MAX_LAYERS:
+        return None
+    fix = (f"choose --n-layer {MAX_LAYERS} or fewer" if field.startswith("--") else
+           "the config was changed, or is not of a model this package trains")
+    return (f"{field} {m.n_layer}: a model of more than {MAX_LAYERS:,} blocks cannot be "
+            f"built or planned in reasonable time (each block is about 13 modules to build, "
+            f"and the memory planner traces each block's operations; GPT-2 XL has 48): {fix}")
+
+
+def check_build_cost(m: ModelConfig, field: str = "--n-layer") -> None:
+    """build_cost_problem as a ConfigError."""
+    problem = build_cost_problem(m, field)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
 def _model_words(m: ModelConfig) -> str:
     return (f"--n-layer {m.n_layer} --n-embd {m.n_embd} --vocab-size {m.vocab_size}: "
             f"{param_count(m):,} parameters")
@@ -86,9 +117,11 @@ def _model_words(m: ModelConfig) -> str:
 
 def check_fits(cfg: Config, world_size: int, capacity: int | None, where: str) -> None:
     """A ConfigError if what training's parameters alone need (least_bytes) exceeds
-    capacity: the judgement of a config to train."""
+    capacity, or else if the model costs too much to build (check_build_cost): the
+    judgement of a config to train."""
     need = least_bytes(cfg, world_size)
     if capacity is None or need <= capacity:
+        check_build_cost(cfg.model)  # thin enough to fit, and still too deep to build
         return
     raise ConfigError(
         f"the model ({_model_words(cfg.model)}) needs at least {need / GiB:,.1f} GiB per "
@@ -99,11 +132,12 @@ def check_fits(cfg: Config, world_size: int, capacity: int | None, where: str) -
 
 def check_weights_fit_memory(m: ModelConfig, capacity: int | None, where: str,
                              source: str) -> None:
-    """A ConfigError naming `source` if the model's fp32 weights alone exceed capacity:
-    the judgement of a config to read (generate, evaluate, export), before the model is
-    allocated on the device."""
+    """A ConfigError naming `source` if the model's fp32 weights alone exceed capacity,
+    or else if it costs too much to build (check_build_cost): the judgement of a config
+    to read (generate, evaluate, export), before the model is built."""
     need = 4 * param_count(m)
     if capacity is None or need <= capacity:
+        check_build_cost(m, f"{source}: n_layer")  # thin enough to fit, too deep to build
         return
     raise ConfigError(f"{source}: the model ({_model_words(m)}) needs {need / GiB:,.1f} GiB "
                       f"for its weights alone, and {where} has {capacity / GiB:,.1f} GiB: "
@@ -115,7 +149,8 @@ def check_weights_size(m: ModelConfig, weights: Mapping[str, torch.Tensor]) -> N
     weights hold (a tied head, listed or not, counts once): an edited config, refused by
     arithmetic. Within that bound a reader may build the config's model (on the meta
     device) to compare names and shapes, which then says exactly what differs: building
-    it costs at most twice what building the weights' own model does."""
+    it costs at most twice what building the weights' own model does, and no more than
+    check_build_cost allows."""
     held = sum(v.numel() for k, v in weights.items() if m.untied_head or k != HEAD)
     expected = param_count(m)
     if expected > 2 * held:
@@ -123,3 +158,6 @@ def check_weights_size(m: ModelConfig, weights: Mapping[str, torch.Tensor]) -> N
                          f"model of {expected:,} (--n-layer {m.n_layer} --n-embd {m.n_embd} "
                          f"--vocab-size {m.vocab_size}): the config or the weights were "
                          f"changed")
+    problem = build_cost_problem(m, "its config's n_layer")  # within the size, too deep
+    if problem is not None:
+        raise ValueError(problem)

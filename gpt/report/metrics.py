@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt.core.errors import UserError
+from gpt.core.file_checks import APPENDED, entry_problem
 from gpt.core.units import format_duration, human_count
 from gpt.report.trackers import Tracker
 from gpt.runtime.device import synchronize
@@ -110,6 +111,18 @@ def repair_tail(path: Path) -> str | None:
                 f"that failed); the records before it are intact")
 
 
+def check_log_path(path: Path) -> None:
+    """A MetricsError, in MetricsLog's words, where what stands at `path` cannot be opened
+    as the log (a folder, a FIFO, which would block, a symlink to nothing, which would
+    write elsewhere, a file that cannot be read and written). MetricsLog asks it as it
+    opens, and the trainer's check of its run folder before a run (gpt/checkpoint/run_folder.py)
+    asks the same. Writes nothing."""
+    problem = entry_problem(path, APPENDED)
+    if problem is not None:
+        raise MetricsError(f"{path}: cannot open the metrics log for appending: it {problem}; "
+                           f"remove or rename it")
+
+
 class MetricsLog:
     """Append-only JSONL file: one JSON object per line (a header record, then one per event).
 
@@ -128,6 +141,7 @@ class MetricsLog:
         self._fh = None
         self.trackers = list(trackers)  # every record goes to these as well (not closed here)
         if enabled:
+            check_log_path(self.path)
             try:
                 note = repair_tail(self.path)
                 self._fh = open(self.path, "ab", buffering=0)

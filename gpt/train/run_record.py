@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import torch
 
+from gpt.checkpoint.run_folder import CONFIG_NAME, METRICS_NAME
 from gpt.core.cli import to_toml
 from gpt.core.config import ConfigError
 from gpt.core.config_io import describe, to_dict
@@ -40,10 +41,10 @@ def open_log(run: Run) -> Iterator[MetricsLog]:
         text = ("# the resolved config of this run: python train_gpt2.py --config config.toml "
                 "--out-dir NEW_FOLDER repeats it\n" + to_toml(recipe))
         try:
-            atomic_write(run.out_dir / "config.toml", lambda fh: fh.write(text.encode()))
+            atomic_write(run.out_dir / CONFIG_NAME, lambda fh: fh.write(text.encode()))
         except OSError as e:
-            raise ConfigError(f"{run.out_dir / 'config.toml'}: cannot write it ({e.strerror or e})") from None
-    run.log = MetricsLog(run.out_dir / "metrics.jsonl", enabled=run.runtime.is_master,
+            raise ConfigError(f"{run.out_dir / CONFIG_NAME}: cannot write it ({e.strerror or e})") from None
+    run.log = MetricsLog(run.out_dir / METRICS_NAME, enabled=run.runtime.is_master,
                          trackers=run.trackers)
     try:
         run.log.write(banner(run))
