@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import site
 import sys
 import tempfile
 from pathlib import Path
@@ -15,9 +16,9 @@ import pytest
 from helpers import QUIET, SHAKESPEARE, SHARED_DATA, TINY, run_cli, write_random_shards
 from tiers import torch_api
 
+pytest_plugins = ["cuda_checks"]  # --fake-cuda, and cuda tests that must stay compiled
 TIKTOKEN_CACHE = SHARED_DATA / "tiktoken_cache"
 _HOME_ROOT = pytest.StashKey[Path]()
-_HOME_BEFORE = pytest.StashKey[set]()
 
 
 CUDA_SKIP = ("needs an NVIDIA GPU: torch.cuda.is_available() is False here; run "
@@ -89,12 +90,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-# Every place the package and the libraries it drives (datasets, lm-eval, matplotlib, W&B,
-# Triton) would write under the user's home, pointed into one temporary folder for the
-# whole test run: tests write into temporary folders only, never into ~/.cache or ~/.config.
-# Set before any of those libraries is imported (datasets reads its cache path at import),
-# and inherited by every subprocess a test starts.
+# The tests, and every process they start, have a home of their own: HOME and every place
+# the package and the libraries it drives (datasets, lm-eval, matplotlib, W&B, Triton)
+# would write under it, pointed into one temporary folder for the whole test run, so they
+# never write into the user's ~/.cache or ~/.config. Set before any of those libraries is
+# imported (datasets reads its cache path at import), and inherited by every subprocess a
+# test starts (pytest-xdist's workers too). What other processes on the machine do to the
+# real home is none of the suite's business; a test that leaves these variables changed
+# fails the run (pytest_sessionfinish).
 HOME_WRITES = {
+    "HOME": "home",                   # ~ itself: Path.home(), expanduser, any library's default
     "XDG_CACHE_HOME": "cache",        # gpt.eval.hellaswag's downloads, and most libraries'
     "XDG_CONFIG_HOME": "config",
     "XDG_DATA_HOME": "data",
@@ -107,15 +112,9 @@ HOME_WRITES = {
     "WANDB_CACHE_DIR": "wandb/cache",
     "WANDB_DATA_DIR": "wandb/data",
 }
-# What those libraries would create in the home when the variables above were missed: the
-# run fails at its end if one of these appears there during it.
-HOME_PATHS = [".cache/huggingface", ".cache/gpt2-trainer", ".cache/matplotlib",
-              ".config/matplotlib", ".config/wandb", ".cache/wandb", ".triton"]
-
-
-def _home_paths() -> set[str]:
-    home = Path.home()
-    return {p for p in HOME_PATHS if (home / p).exists()}
+# The machine's load, which the trainer warns of on a CPU (gpt/runtime/machine_load.py), is
+# left out: the tests' output must not depend on what else the machine runs.
+QUIET_ENV = {"GPT2_TRAINER_IGNORE_LOAD": "1"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -125,10 +124,13 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["TIKTOKEN_CACHE_DIR"] = str(TIKTOKEN_CACHE)
     root = Path(tempfile.mkdtemp(prefix="gpt2-trainer-tests-home-"))
     config.stash[_HOME_ROOT] = root
-    config.stash[_HOME_BEFORE] = _home_paths()
+    # packages installed with pip --user stay importable by the subprocesses: Python finds
+    # them under the home, which is about to move (set once, by the first process)
+    os.environ.setdefault("PYTHONUSERBASE", site.getuserbase())
     for name, sub in HOME_WRITES.items():
         (root / sub).mkdir(parents=True, exist_ok=True)
         os.environ[name] = str(root / sub)
+    os.environ.update(QUIET_ENV)
     _start_recording(root)
     # Under pytest-xdist (the dev extra; `-n auto` in pyproject.toml) each worker, and each
     # trainer it starts, gets its share of the cores: N workers each running torch on every
@@ -143,11 +145,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    created = _home_paths() - session.config.stash.get(_HOME_BEFORE, set())
-    if created:
-        print(f"\nthe tests wrote into the home folder: {sorted(created)} under {Path.home()}; "
-              "point that library's cache at the temporary folder in tests/conftest.py",
-              file=sys.stderr)
+    moved = home_moved(session.config.stash.get(_HOME_ROOT, None))
+    if moved:
+        print(f"\na test changed the environment and did not put it back: {'; '.join(moved)}; "
+              "the tests after it wrote outside their own home (a test sets a variable "
+              "with monkeypatch.setenv, which restores it)", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     _record_imports()
     if not hasattr(session.config, "workerinput") and _whole_tier(session.config):
@@ -185,6 +187,15 @@ def _start_recording(root: Path) -> None:
     os.environ[IMPORTS] = str(folder)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def home_moved(root: Path | None) -> list[str]:
+    """The home variables that no longer point where this process set them, each as
+    NAME=value (a test that changed one and did not restore it)."""
+    if root is None:
+        return []
+    return [f"{name}={os.environ.get(name, '(unset)')}" for name, sub in HOME_WRITES.items()
+            if os.environ.get(name) != str(root / sub)]
 
 
 def _record_imports() -> None:
@@ -258,6 +269,18 @@ def restore_global_flags():
     cuda.allow_tf32, cudnn.allow_tf32, cudnn.benchmark = saved[:3]
     torch.set_float32_matmul_precision(saved[3])
     torch.use_deterministic_algorithms(saved[4])
+
+
+@pytest.fixture(autouse=True)
+def network_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test touches the network: every host answers, as far as gpt/core/network.py's
+    probe is told (the tests stand in for the downloads themselves), and no answer is
+    kept from one test to the next. A test of a machine without network stands in for
+    the probe with one that fails (tests/test_network.py)."""
+    from gpt.core import network
+
+    monkeypatch.setattr(network, "_probe", lambda host, port, timeout_s: None)
+    monkeypatch.setattr(network, "_answers", {})
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ def test_its_saved_config_and_metrics_read_as_they_did() -> None:
     cfg = parse_args(["--config", str(FIXTURE / "config.toml")])
     assert (cfg.model.n_layer, cfg.model.n_embd, cfg.model.vocab_size) == (1, 16, 64)
     metrics = load_metrics(FIXTURE / "metrics.jsonl")
-    assert sorted(metrics.records["train"]) == [0, 1] and metrics.bad_lines == 0
+    assert metrics.steps("train") == [0, 1] and metrics.bad_lines == 0
 
 
 def test_it_evaluates(tmp_path: Path, capsys) -> None:

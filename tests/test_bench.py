@@ -465,7 +465,7 @@ def test_prepare_bench_writes_to_the_scratch_folder_unless_told() -> None:
     from gpt.bench.prepare.throughput import default_out
 
     assert default_out(None, 2) == Path("runs") / "bench" / "prepare_cpu2.json"
-    assert default_out("benchmarks/prepare_cpu2.json", 2) == Path("benchmarks/prepare_cpu2.json")
+    assert default_out("benchmarks", 2) == Path("benchmarks/prepare_cpu2.json")
 
 
 def test_a_failed_trainer_run_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -482,9 +482,9 @@ def test_prepare_bench_records_the_command_typed(tmp_path: Path,
     """Its record said the interpreter and sys.argv: under `python -m gpt.bench` the path of
     __main__.py, in-process whatever the caller's argv was."""
     argv = ["prepare", "--mb", "0.02", "--repeats", "1", "--scale", "0", "--inputs", "paragraphs",
-            "--out", str(tmp_path / "p.json")]
+            "--out", str(tmp_path)]
     assert cli.main(argv) == 0
-    data = json.loads((tmp_path / "p.json").read_text())
+    data = json.loads((tmp_path / "prepare_cpu2.json").read_text())  # --out: a folder
     assert data["command"] == "python -m gpt.bench " + " ".join(argv)
     assert "commit" in data and data["inputs"]["paragraphs"]["same_tokens"]
     assert "| paragraphs |" in capsys.readouterr().out

@@ -25,7 +25,8 @@ def refuse_to_measure(monkeypatch: pytest.MonkeyPatch) -> None:
     def measured(*args: object, **kwargs: object) -> None:
         raise AssertionError("the subcommand ran before its --out was checked")
 
-    for name in ("gpu.accept", "step.memory", "step.model", "tokens.newton_schulz", "step.malloc"):
+    for name in ("gpu.accept", "step.memory", "step.model", "tokens.newton_schulz", "step.malloc",
+                 "prepare.throughput"):
         module = bench_cli._module(next(k for k, (m, _) in bench_cli.SUBCOMMANDS.items() if m == name))
         for attr in ("run", "run_model", "main"):
             if hasattr(module, attr):
@@ -36,6 +37,7 @@ def refuse_to_measure(monkeypatch: pytest.MonkeyPatch) -> None:
     (["model", "--out", "{file}"], "is a file, not a folder: name a folder for model's JSON"),
     (["newton-schulz", "--out", "{file}/below"], "cannot be used as a folder"),
     (["cpu-malloc", "--out", "{file}"], "is a file, not a folder"),
+    (["prepare", "--out", "{file}"], "is a file, not a folder: name a folder for prepare_cpu"),
     (["gpu", "throughput", "--smoke", "--out", "{file}"], "name a folder for each stage's JSON"),
     (["memory", "--model", "tiny", "--out", "{folder}"], "is a folder: name a file for the plan's JSON"),
     (["memory", "--model", "tiny", "--out", "{file}/plan.json"], "its folder cannot be written"),

@@ -166,13 +166,14 @@ def test_compiles_as_one_graph_with_the_eager_loss_and_gradients() -> None:
 def test_compiled_the_chunk_loop_is_one_op_inductor_cannot_reorder() -> None:
     # Unrolled into the graph, inductor reordered the chunks and held about all their
     # gradients at once on CUDA (5.7 GiB over the plan at GPT-2 124M, micro-batch 64)
+    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     graphs = []
 
     def keep(gm: torch.fx.GraphModule, _: object):
         graphs.append(gm)
-        return gm.forward
+        return make_boxed_func(gm.forward)  # AOTAutograd calls it with a list of its inputs
 
     h, w, t = inputs(seed=4)
     expected = loss_and_grads(lambda *a: linear_cross_entropy(*a, rows=7), h, w, t)

@@ -32,6 +32,10 @@ def test_a_dry_run_reports_the_run_and_writes_nothing(tmp_path: Path) -> None:
     assert "1 val shard(s), 3,000 tokens" in text
     assert f"start:      fresh, in {out}" in text
     assert "peak per device" in text and "memory:     fits cpu" in text
+    # what the plan counts, against what the log's mem counts on a CPU; no GPU's sizes
+    assert "the log's mem on cpu is the process's peak resident memory" in text
+    assert "24GB" not in text and "params:     3,321,600 (tiny preset, block size 32; " \
+        "3,318,592 with GPT-2's 50,257 tokens" in text
     assert text.rstrip().endswith("dry run: the run would start")
     assert not out.exists()  # no folder, no lock, no log
     assert sorted(p.name for p in data.iterdir()) == before
@@ -62,6 +66,8 @@ def test_a_dry_run_says_which_checkpoint_it_would_resume(tmp_path: Path, no_laun
     text = capsys.readouterr().out
     assert code == 0
     assert f"start:      would resume from {ckpt} at step 2" in text
+    # what it would train is counted from there: 2 steps of 256 tokens, not 4
+    assert "expect:     512 tokens (2 steps x 256, steps 2 to 4)" in text
     assert sorted(p.name for p in out.iterdir()) == files  # no lock taken, nothing added
     assert ckpt.stat().st_mtime_ns == stamp
     # --resume none over the same folder: the error the real run would give

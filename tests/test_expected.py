@@ -12,7 +12,7 @@ import torch
 from gpt.plan import expected
 from gpt.core.cli import parse_args
 
-from helpers import REPO
+from helpers import QUIET, REPO, TINY, run_cli, write_random_shards
 
 RECIPE = ["--config", str(REPO / "configs" / "gpt2-124m.toml")]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -33,7 +33,7 @@ def test_the_124m_recipe_on_one_h100_takes_the_measured_time() -> None:
 
 
 @pytest.mark.parametrize("case", ["8 gpus", "other gpu", "chunked", "fp8", "cpu", "xl"])
-def test_anything_not_measured_is_said_to_be_unmeasured(case: str) -> None:
+def test_anything_the_gpu_bench_did_not_measure_is_not_given_its_time(case: str) -> None:
     flags, device, gpu, world = [], CUDA, H100, 1
     if case == "8 gpus":
         world = 8
@@ -48,7 +48,7 @@ def test_anything_not_measured_is_said_to_be_unmeasured(case: str) -> None:
     elif case == "xl":
         flags = ["--model", "gpt2-xl"]
     line = expected.lines(parse_args([*RECIPE, *flags]), device, gpu, world)[1]
-    assert line.startswith("            time: not measured for this recipe on "), line
+    assert line.startswith("            time: not timed on "), line  # no timing given
     assert "tokens/s" not in line
 
 
@@ -92,3 +92,48 @@ def test_disk_names_the_data_the_checkpoints_and_free_space(tmp_path: Path) -> N
     assert "does not exist yet" in expected.lines(none, CUDA, H100, 1)[2]
     assert "no checkpoints (--no-save-checkpoints)" in expected.lines(none, CUDA, H100, 1)[2]
     assert expected.checkpoints_at_once(parse_args([*RECIPE, "--max-steps", "1500"])) == 2
+
+
+def test_a_resume_is_expected_to_train_and_keep_what_is_left(tmp_path: Path) -> None:
+    cfg = parse_args([*RECIPE, "--max-steps", "3000", "--out-dir", str(tmp_path / "run")])
+    fresh, resumed = (expected.lines(cfg, CUDA, H100, 1, start_step=s) for s in (0, 2500))
+    assert fresh[0] == "expect:     1.57B tokens (3,000 steps x 524,288)"
+    assert resumed[0] == "expect:     262.14M tokens (500 steps x 524,288, steps 2,500 to 3,000)"
+    # 3,000 x 524,288 tokens at 493,276 tokens/s, and the last 500 steps of them
+    assert "time: about 53m08s of training" in fresh[1]
+    assert "time: about 8m51s of training" in resumed[1]
+    # saves at 1,000, 2,000 and 3,000 from the start; from step 2,500, only 3,000's
+    assert expected.checkpoints_at_once(cfg) == 3
+    assert expected.checkpoints_at_once(cfg, 2500) == 1
+    assert expected.checkpoints_at_once(cfg, 3000) == 0  # nothing left to train
+
+
+def test_a_shortfall_of_disk_stops_the_run_and_its_dry_run_alike(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_launch_env) -> None:
+    """Checkpoints that will not fit the free space are a problem before anything is
+    written, named once by the dry run and by the run: --out-dir, the need, the space."""
+    (tmp_path / "data").mkdir()
+    data = write_random_shards(tmp_path / "data", seed=0, train=(10_000,))
+    out = tmp_path / "run"
+    flags = [*TINY, *QUIET, "--max-steps", "4", "--checkpoint-every", "2",
+             "--data-dir", str(data), "--out-dir", str(out)]
+    each = expected.checkpoint_bytes(parse_args(flags))
+    monkeypatch.setattr(expected, "free_bytes", lambda folder: each)  # room for one of two
+    line = (f"--out-dir {out}: the run needs about {expected.human_bytes(2 * each)} of disk "
+            f"for up to 2 checkpoint(s) of {expected.human_bytes(each)} at once and "
+            f"{expected.human_bytes(each)} is free there")
+    dry = run_cli(*flags, "--dry-run")
+    assert dry.returncode != 0 and f"error: {line}" in dry.stderr
+    assert "the run would not start" in dry.stderr and "would start" not in dry.stdout
+    run = run_cli(*flags)
+    assert run.returncode != 0 and run.stderr.strip() == f"error: {line}: free some space, " \
+        "name a folder on a larger disk, lower --keep-checkpoints, or pass --no-save-checkpoints"
+    assert not out.exists()  # refused before the run folder was made
+    ok = run_cli(*flags, "--no-save-checkpoints", "--dry-run")  # nothing to keep: no need
+    assert ok.returncode == 0, ok.stderr
+    # what the folder holds already (a resume's checkpoints) is on the disk: only the rest
+    out.mkdir()
+    with open(out / "ckpt_000002.pt", "wb") as fh:
+        fh.truncate(each)  # sparse: its size counts, not its blocks
+    assert expected.disk_needed(parse_args(flags)) == (each, 2, each)
+    expected.check_disk(parse_args(flags))  # one more fits the free space

@@ -233,3 +233,94 @@ def test_the_planners_tracker_defers_to_torch_where_its_state_is_named_otherwise
     tracker = type("Planned", (memory_trace._StepPeak, Tracker), {})()
     tracker._update_peak_stats("PEAK_FW")
     assert calls == ["PEAK_FW"]
+
+
+# ---- what the plan says: the model named by its preset, the GPUs' fits only for CUDA
+
+
+def test_a_preset_with_a_field_changed_is_named_by_the_preset_and_the_change() -> None:
+    assert memory.model_name(parse_args(["--model", "gpt2"])) == "gpt2"
+    tiny = parse_args(["--model", "tiny", "--block-size", "32", "--seq-len", "32"])
+    assert memory.model_name(tiny) == "tiny preset, block size 32"
+    assert memory.model_name(parse_args(["--model", "tiny", "--rotary", "--block-size", "32",
+                                         "--seq-len", "32"])) == \
+        "tiny preset, block size 32, rotary"
+    other = parse_args(["--model", "tiny", "--n-layer", "3"])  # not the preset's shape
+    assert memory.model_name(other) == "custom: 3 layers, 2 heads, 64 wide"
+
+
+def test_the_gpus_fit_lines_are_said_for_a_cuda_plan_only() -> None:
+    cfg = parse_args([*SMALL, "--total-batch-tokens", "256"])
+    assert "24GB: fits" in memory.plan(cfg, device_type="cuda").table()
+    cpu = memory.plan(cfg, device_type="cpu").table()
+    assert "peak per device" in cpu and "GB:" not in cpu
+
+
+def test_the_dry_run_counts_gpt2s_parameters_with_and_without_the_padded_vocabulary() -> None:
+    from gpt.plan import dry_run
+
+    line = dry_run.params_words(parse_args(["--model", "gpt2"]))
+    # the README's 124,439,808 is GPT-2's; the padded vocabulary adds 47 rows of 768
+    assert line.startswith("124,475,904 (gpt2 model; 124,439,808 with GPT-2's 50,257 tokens")
+    assert "padded to 50,304" in line and "+36,096" in line
+    assert "padded" not in dry_run.params_words(parse_args(SMALL))  # vocabulary 512: none
+
+
+# ---- a long search says what it is doing
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_long_search_says_what_it_plans_every_few_seconds_and_a_short_one_nothing(capsys
+                                                                                   ) -> None:
+    clock = Clock()
+    say = memory.Progress("the layout (auto)", clock=clock)
+    say("--batch-size 8")  # at once: a short search says nothing
+    clock.now += memory.Progress.FIRST_S
+    say("--batch-size 7")
+    clock.now += 1.0
+    say("--batch-size 6")  # a second later: not yet again
+    clock.now += memory.Progress.EVERY_S
+    say("--batch-size 5")
+    assert capsys.readouterr().err.splitlines() == [
+        "planning the layout (auto): --batch-size 7 (2 s so far)",
+        "planning the layout (auto): --batch-size 5 (8 s so far)"]
+
+
+def test_one_slow_plan_is_not_silent_either(capsys) -> None:
+    """Open as a context, a thread says the candidate still being planned when the time
+    comes, with no new candidate to prompt it (the stand-in clock jumps; the thread looks
+    every POLL_S)."""
+    import time
+
+    clock = Clock()
+    with memory.Progress("the memory", clock=clock) as say:
+        say("--batch-size 64")
+        clock.now += memory.Progress.FIRST_S  # then nothing calls it again
+        for _ in range(200):  # its next look: within POLL_S, however busy the machine
+            if say.last == clock.now:
+                break
+            time.sleep(0.05)
+    assert capsys.readouterr().err == "planning the memory: --batch-size 64 (2 s so far)\n"
+
+
+def test_the_searches_report_each_candidate_they_plan() -> None:
+    from gpt.plan import layout
+
+    seen: list[str] = []
+    cfg = parse_args([*SMALL, "--total-batch-tokens", "512"])
+    capacity = memory.RESERVE + 2**30
+    memory.largest_batch(cfg, capacity, device_type="cpu", limit=2, progress=seen.append)
+    assert seen == ["--batch-size 1", "--batch-size 2"]
+    seen.clear()
+    auto = parse_args([*SMALL, "--total-batch-tokens", "512", "--batch-size", "auto"])
+    tiny_plan = memory.MemoryPlan(1, {}, 0, {})  # fits anything: a stand-in for speed
+    layout.settle(auto, 1, "cpu", capacity, progress=seen.append,
+                  planner=lambda cfg, world, device: tiny_plan)
+    assert seen and seen[0] == "--parallel ddp, --activation-checkpointing none, --batch-size 1"

@@ -65,3 +65,25 @@ def test_the_planner_figures_it_quotes_are_what_the_planner_prints():
     for flags, figure in (([], quoted.group(1)), (["--chunked-loss"], quoted.group(2))):
         plan = memory.plan(parse_args([*recipe, *flags]), device_type="cuda")
         assert f"{plan.peak_bytes / 2**30:.1f}" == figure
+
+
+@pytest.mark.slow
+def test_its_torchrun_line_for_a_cpu_runs_as_written(tmp_path):
+    """Section 6's two processes on a CPU: the line as printed (a literal `...` once ended
+    it), on section 2's data, shortened by flags after it (which win)."""
+    import shlex
+
+    from helpers import read_metrics, run_torchrun, write_random_shards
+
+    line = next(line for line in README.splitlines()
+                if line.startswith("torchrun ") and "--nproc_per_node=2" in line)
+    argv = shlex.split(line)
+    assert argv[:4] == ["torchrun", "--standalone", "--nproc_per_node=2", "train_gpt2.py"], line
+    assert "..." not in argv and (REPO / "configs" / "cpu-demo.toml").is_file()
+    data = write_random_shards(tmp_path, seed=0, train=(30_000,), val=(5_000,))
+    out = tmp_path / "run"
+    proc = run_torchrun(*argv[4:], "--data-dir", str(data), "--out-dir", str(out),
+                        "--max-steps", "2", "--sample-every", "0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_metrics(out, "run")[0]["world_size"] == 2
+    assert [r["step"] for r in read_metrics(out, "train")][-1] == 1

@@ -4,10 +4,12 @@ to get them). In-process tiny runs of a few steps."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,7 +61,7 @@ def test_a_finished_run_ends_on_its_summary_and_the_commands_that_follow(
     ckpt = shlex.quote(m.group(7))
     assert sample == f"  sample:   python -m gpt.generate --checkpoint {ckpt} --prompt 'It'\"'\"'s a'"
     assert evaluate == (f"  evaluate: python -m gpt.evaluate --checkpoint {ckpt} --data-dir "
-                        f"{random_data_dir}")
+                        f"{random_data_dir} --val-steps 1 --batch-size 4 --device cpu")
     # every figure of the line is in the metrics log too
     record = read_metrics(out_dir, "summary")[-1]
     assert record["stopped_by"] is None and record["tokens"] == 1024 == record["tokens_seen"]
@@ -67,6 +69,57 @@ def test_a_finished_run_ends_on_its_summary_and_the_commands_that_follow(
     assert record["tokens_per_s"] == pytest.approx(1024 / record["wall_s"], rel=0.05)
     assert record["step_tokens_per_s"] >= record["tokens_per_s"]  # evaluation left out
     assert not (out_dir / ".lock").exists()  # the run let go of its folder
+
+
+def test_the_evaluate_command_it_prints_scores_what_the_run_scored_last(
+        random_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The summary's evaluate command, run as printed (gpt.evaluate's main in this
+    process), gives the run's last validation loss: the same batches of the same size, on
+    the same device and precision (gpt.evaluate's defaults, 20 batches of 8, gave another
+    figure). Compared exactly: it is the same computation (the same weights, read back from
+    the checkpoint saved after that validation, the same fp32 kernels on the same tokens in
+    the same order, in the same process), so it gives the same bits."""
+    from gpt.evaluate import main as evaluate_main
+
+    out_dir = tmp_path / "r"
+    code, out, _ = run([*ARGS, "--max-steps", "2", "--val-steps", "3", "--device", "cpu",
+                        "--data-dir", str(random_data_dir), "--out-dir", str(out_dir)], capsys)
+    assert code == 0
+    evaluate = summary_lines(out)[2]
+    argv = shlex.split(evaluate.split(":", 1)[1])
+    assert argv[:3] == ["python", "-m", "gpt.evaluate"] and "--val-steps" in argv
+    assert evaluate_main([*argv[3:], "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    last = read_metrics(out_dir, "val")[-1]
+    assert last["step"] == 2 and scored["val_loss"] == last["val_loss"]
+    assert scored["val_tokens"] == 3 * 4 * 32  # --val-steps x --batch-size x --seq-len
+
+
+def test_the_summary_times_the_training_not_the_drawing_of_its_curves(
+        random_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A figure that takes long to draw (a long log) does not lower the tokens/s the run
+    reports. The drawing here moves the clock on by a day instead of taking time."""
+    clock = {"offset": 0.0}
+    real = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: real() + clock["offset"])
+
+    def slow_drawing(self):
+        clock["offset"] += 86_400.0
+        return None
+
+    monkeypatch.setattr(run_curves.RunCurves, "_drawn", slow_drawing)
+    monkeypatch.setattr(run_curves, "have", lambda module: True)
+    monkeypatch.setattr(run_curves, "MIN_INTERVAL_S", 0.0)  # drawn after each validation too
+    monkeypatch.setattr(run_curves, "COST_FACTOR", 0.0)  # however long the last one took
+    out_dir = tmp_path / "r"
+    code, out, _ = run([*ARGS, "--max-steps", "4", "--data-dir", str(random_data_dir),
+                        "--out-dir", str(out_dir)], capsys)
+    assert code == 0 and clock["offset"] == 3 * 86_400.0  # after steps 0 and 2, and at the end
+    record = read_metrics(out_dir, "summary")[-1]
+    assert record["wall_s"] < 86_400.0, record  # a few seconds of training, not days
+    assert record["tokens_per_s"] == pytest.approx(1024 / record["wall_s"], rel=0.05)
+    assert "1.02k tokens in 1d" not in summary_lines(out)[0]
 
 
 def test_stop_at_step_says_where_it_stopped_and_how_to_resume(
@@ -129,6 +182,7 @@ def test_a_run_draws_its_curves_titled_with_its_folder_and_recipe(
     import gpt.report.curves as plot
 
     monkeypatch.setattr(run_curves, "MIN_INTERVAL_S", 0.0)  # no pacing: every validation
+    monkeypatch.setattr(run_curves, "COST_FACTOR", 0.0)
     drawn: list[tuple[list[int], str]] = []
     real = plot.plot_runs
 
@@ -206,3 +260,19 @@ def test_a_figure_that_fails_is_one_warning_and_the_run_goes_on(
     assert warnings == [f"warning: {out_dir / 'curves.png'}: not drawn (OSError: [Errno 28] No "
                         f"space left on device); training goes on without it (python -m gpt.plot "
                         f"{out_dir} draws it later)"]
+
+
+def test_a_figure_that_costs_more_is_redrawn_less_often(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a validation the figure is redrawn once a minute has passed, or COST_FACTOR
+    times its last drawing's time where that is longer (a long log's figure)."""
+    drawn: list[float] = []
+    monkeypatch.setattr(run_curves.RunCurves, "_drawn", lambda self: drawn.append(self.cost))
+    curves = run_curves.RunCurves(tmp_path, enabled=True)
+    curves.last = time.monotonic() - 100.0  # drawn 100 s ago
+    curves.cost = 10.0  # in 10 s: the next waits 500 s
+    curves.after_validation()
+    assert drawn == []
+    curves.cost = 1.0  # in 1 s: the next waits the minute
+    curves.after_validation()
+    assert drawn == [1.0]

@@ -213,6 +213,9 @@ def test_the_memory_planner_counts_the_value_tables() -> None:
 
 
 @pytest.mark.numerics
+# Eager on purpose (the mask's values, not the kernel, are under test): torch warns that
+# FlexAttention uncompiled materialises the scores, which the trainer never does.
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile:UserWarning")
 def test_the_flex_attention_block_mask_is_the_sdpa_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     """The BlockMask used under torch.compile on CUDA allows exactly what the boolean mask
     does: forward only here (FlexAttention has no backward on CPU), eager."""

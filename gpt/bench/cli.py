@@ -93,9 +93,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # What --out names, where it is a file (the other subcommands' --out is a folder)
-OUT_FILES = {"memory": "the plan's JSON", "comm": "the JSON result", "prepare": "the result JSON"}
+OUT_FILES = {"memory": "the plan's JSON", "comm": "the JSON result"}
 OUT_FOLDERS = {"tokens": "tokens.json, tokens.md and the run cache",
-               "gpu": "each stage's JSON, markdown and log"}
+               "gpu": "each stage's JSON, markdown and log",
+               "prepare": "prepare_cpu<workers>.json"}
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:

@@ -28,8 +28,10 @@ import torch
 from gpt.checkpoint.model_load import PretrainedError, build_model, load_checkpoint_model
 from gpt.core.config import Config, ModelConfig
 from gpt.core.config_io import flag
+from gpt.core import network
 from gpt.core.fileio import atomic_path
 from gpt.data.tokenizer import GPT2_VOCAB
+from gpt.model import sizing
 from gpt.model.transformer import GPT
 
 
@@ -80,16 +82,22 @@ def download(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
     except ImportError:
         raise PretrainedError(f"--init-from {name}: downloading needs `pip install huggingface-hub`") from None
 
+    # Without network the cache alone is read, at once (not after the library's retries)
+    offline = network.hub_unreachable()
     last_error: Exception | None = None
     for repo in (f"{HUB_ORG}/{name}", name):  # the current repo, then the legacy id
         try:
-            config = hf_hub_download(repo, CONFIG_FILE, cache_dir=cache_dir)
+            config = hf_hub_download(repo, CONFIG_FILE, cache_dir=cache_dir,
+                                     local_files_only=offline is not None)
             for weights in WEIGHT_FILES:
                 try:
-                    hf_hub_download(repo, weights, cache_dir=cache_dir)
+                    hf_hub_download(repo, weights, cache_dir=cache_dir,
+                                    local_files_only=offline is not None)
                     return Path(config).parent
                 except EntryNotFoundError as e:
                     last_error = e
+            if offline is not None:
+                raise FileNotFoundError(repo)  # not cached: said below
             raise PretrainedError(f"--init-from {name}: hub repo {repo} has none of {', '.join(WEIGHT_FILES)}")
         except RepositoryNotFoundError as e:
             last_error = e
@@ -97,6 +105,13 @@ def download(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
         except PretrainedError:
             raise
         except Exception as e:  # network, HTTP and offline-mode errors come in many types
+            if offline is not None:
+                if repo != name:
+                    continue  # the legacy id's cache may hold it
+                raise PretrainedError(
+                    f"--init-from {name}: not in the Hugging Face cache, and the hub cannot be "
+                    f"reached ({offline}): download it once with network, or pass a local "
+                    f"folder with config.json and model.safetensors") from None
             raise PretrainedError(
                 f"--init-from {name}: could not download {repo} from the Hugging Face hub "
                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); offline, "
@@ -161,8 +176,12 @@ def model_config_from_hf(hf: dict[str, Any], source: str, vocab_size: int | None
     if block_size is not None and not 1 <= block_size <= n_positions:
         raise PretrainedError(f"{source}: block_size {block_size} must be in 1..{n_positions} "
                               "(the model's n_positions)")
-    return ModelConfig(block_size=block_size or n_positions, vocab_size=vocab_size or hf_vocab,
-                       n_layer=n_layer, n_head=n_head, n_embd=n_embd, dropout=dropout)
+    cfg = ModelConfig(block_size=block_size or n_positions, vocab_size=vocab_size or hf_vocab,
+                      n_layer=n_layer, n_head=n_head, n_embd=n_embd, dropout=dropout)
+    problem = sizing.build_cost_problem(cfg, f"{source}: n_layer")  # before any reader builds it
+    if problem is not None:
+        raise PretrainedError(problem)
+    return cfg
 
 
 def read_hf_weights(folder: Path) -> tuple[dict[str, torch.Tensor], Path]:

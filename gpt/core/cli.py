@@ -152,8 +152,8 @@ def build_parser(prog: str = TRAINER) -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="FILE", help="TOML file of settings (see README)")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the command and say what it would do (data, resume, "
-                        "tokens per step, predicted peak memory per device), then exit; "
-                        "nothing is built on the device or written")
+                        "tokens per step, its time on this device, predicted peak memory "
+                        "per device), then exit; nothing is written")
     parser.add_argument(
         "--model",
         "--preset",

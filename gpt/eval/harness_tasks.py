@@ -16,10 +16,12 @@ import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
-from gpt.core import extras
+from gpt.core import extras, network
 from gpt.core.errors import UserError
+from gpt.core.file_checks import READ, entry_problem
+from gpt.core.text import one_line
 
 
 class HarnessError(UserError):
@@ -62,6 +64,47 @@ def data_home() -> str:
     return str(config.HF_DATASETS_CACHE)
 
 
+TASK_SUFFIXES = (".yaml", ".yml", ".py")  # the files of a task folder the harness reads
+
+
+def task_files(folder: str, flag: str = "--include-path") -> list[tuple[str, int]]:
+    """(path, modification time) of every task file in `folder` and its subfolders, each
+    one checked readable first: the harness indexes every task YAML there and passes over
+    one it cannot read in silence (its tasks then "no such task"), or waits forever on a
+    FIFO, and the index's stamp would raise on a symlink to nothing. So an entry that
+    cannot be read (a symlink to nothing or in a loop, a FIFO, a file or subfolder this
+    process may not read) is one HarnessError naming `flag`, the folder and the entry."""
+    def refuse(path: str, problem: str) -> NoReturn:
+        raise HarnessError(f"{flag} {folder}: {one_line(path)} {problem}: the harness reads every "
+                           f"task file there; remove or fix it")
+
+    found: list[tuple[str, int]] = []
+
+    def walk(here: str, above: frozenset[str]) -> None:
+        real = os.path.realpath(here)
+        if real in above:
+            refuse(here, "leads back to a folder it is in (a symlink loop)")
+        try:
+            entries = sorted(os.scandir(here), key=lambda e: e.name)
+        except OSError as e:
+            refuse(here, f"cannot be listed ({e.strerror})")
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()  # follows a symlink; False for one to nothing
+            except OSError:
+                is_dir = False
+            if is_dir:
+                walk(entry.path, above | {real})
+            elif entry.name.endswith(TASK_SUFFIXES):
+                problem = entry_problem(Path(entry.path), READ)
+                if problem is not None:
+                    refuse(entry.path, problem)
+                found.append((entry.path, os.stat(entry.path).st_mtime_ns))
+
+    walk(folder, frozenset())
+    return found
+
+
 def _is_pattern(name: str) -> bool:
     """Whether a task name is a pattern the harness matches (arc_*), not a name."""
     return any(c in name for c in "*?[")
@@ -85,8 +128,7 @@ def task_manager(include_path: str | None, names: list[str] | None = None) -> An
     logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its progress chatter
     stamp: tuple[tuple[str, int], ...] = ()
     if include_path is not None:
-        stamp = tuple(sorted((str(f), f.stat().st_mtime_ns) for f in Path(include_path).rglob("*")
-                             if f.suffix in (".yaml", ".yml", ".py")))
+        stamp = tuple(sorted(task_files(include_path)))
         if names and not any(map(_is_pattern, names)):
             own = _manager(include_path, stamp, False)
             if all(n in own.all_subtasks for n in names):
@@ -107,6 +149,8 @@ def check_tasks(text: str | None, include_path: str | None, flag: str = "--tasks
         what = "is not a folder" if Path(include_path).exists() else "no such folder"
         raise HarnessError(f"{include_flag} {include_path}: {what} (the folder of task "
                            f"YAMLs of your own)")
+    if include_path is not None:
+        task_files(include_path, include_flag)  # an entry it cannot read: one line, now
     names = parse_tasks(text)
     if not names:
         raise HarnessError(f"{flag} {text!r} names no task: give a comma-separated list, "
@@ -118,7 +162,7 @@ def check_tasks(text: str | None, include_path: str | None, flag: str = "--tasks
     unknown = [n for n in names if n not in manager.all_tasks]
     if unknown:
         where = f" or in {include_flag} {include_path}" if include_path else ""
-        raise HarnessError(f"{flag} {','.join(unknown)}: no such lm-eval task{where} "
+        raise HarnessError(f"{flag} {one_line(','.join(unknown))}: no such lm-eval task{where} "
                            f"(`lm_eval ls tasks` lists them)")
     return manager, names
 
@@ -132,11 +176,15 @@ def load_tasks(names: list[str] | str, include_path: str | None = None, flag: st
     manager, names = check_tasks(text, include_path, flag, include_flag, patterns)
     tasks: dict[Any, Any] = {}
     failed: list[str] = []
+    # Without network, datasets reads its cache alone: a task cached loads at once, one
+    # that is not fails at once (not after a minute of retries per task)
+    offline = network.hub_unreachable()
     for name in names:
         try:
             with warnings.catch_warnings():  # 0.4.13 prefers load(); older ones lack it
                 warnings.simplefilter("ignore", DeprecationWarning)
-                tasks.update(manager.load_task_or_group([name]))
+                with network.offline_hub() if offline else contextlib.nullcontext():
+                    tasks.update(manager.load_task_or_group([name]))
         except Exception as e:  # noqa: BLE001 - datasets raises many kinds for missing data
             failed.append(load_failure(manager, name, e))
     return tasks, failed
@@ -146,27 +194,33 @@ def load_failure(manager: Any, name: str, e: BaseException) -> str:
     """The line for a task that did not load, saying what is wrong: its template (which
     the harness tries on the first document as it loads), a data file of its own that
     holds no documents or cannot be read, or data from the Hub that is not cached."""
-    reason = " ".join(str(e).split())[:200] or type(e).__name__
+    # the error may quote the task's YAML or data file: one line, control characters escaped
+    reason = one_line(" ".join(str(e).split()), 200) or type(e).__name__
+    shown = one_line(name)  # a name may come from a task's YAML (a pattern's match)
     entry = manager.task_index.get(name) if hasattr(manager, "task_index") else None
     yaml_path = getattr(entry, "yaml_path", None) or (entry.get("yaml_path") if isinstance(
         entry, dict) else None)
     cfg = getattr(entry, "cfg", None)
     dataset = str(cfg.get("dataset_path", "")) if isinstance(cfg, dict) else ""
-    where = f" ({yaml_path})" if yaml_path else ""
+    where = f" ({one_line(str(yaml_path))})" if yaml_path else ""
     if type(e).__module__.split(".")[0] == "jinja2":
-        return (f"task {name}: its template cannot be rendered on its documents "
+        return (f"task {shown}: its template cannot be rendered on its documents "
                 f"({type(e).__name__}: {reason}): fix doc_to_text, doc_to_target or "
                 f"doc_to_choice{where}, or the fields of its data")
     if dataset in LOCAL_BUILDERS or (dataset and Path(dataset).exists()):
         files = (cfg.get("dataset_kwargs") or {}).get("data_files") if isinstance(cfg, dict) else None
         if isinstance(files, dict):
             files = ", ".join(str(f) for f in files.values())
-        source = f" ({files})" if files else where
+        source = f" ({one_line(str(files))})" if files else where
         if isinstance(e, StopIteration):
-            return f"task {name}: its data holds no documents{source}"
-        return f"task {name}: its data could not be read{source}: {type(e).__name__}: {reason}"
-    offline = " (HF_DATASETS_OFFLINE is set)" if os.environ.get("HF_DATASETS_OFFLINE") else ""
-    return (f"task {name}: its data could not be loaded{offline}: {reason}; the harness loads "
+            return f"task {shown}: its data holds no documents{source}"
+        return f"task {shown}: its data could not be read{source}: {type(e).__name__}: {reason}"
+    offline = network.hub_unreachable()
+    if offline:
+        return (f"task {shown}: its data could not be loaded: it is not in Hugging Face "
+                f"datasets' cache ({data_home()}, HF_DATASETS_CACHE) and the Hub cannot be "
+                f"reached ({offline}): run once with network")
+    return (f"task {shown}: its data could not be loaded: {reason}; the harness loads "
             f"it with Hugging Face datasets from the Hub into {data_home()} "
             f"(HF_DATASETS_CACHE): run once with network")
 

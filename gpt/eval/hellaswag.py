@@ -32,7 +32,7 @@ import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,8 +42,10 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt.core import network
 from gpt.core.errors import UserError
 from gpt.core.fileio import atomic_write
+from gpt.core.text import one_line
 from gpt.data.tokenizer import GPT2_EOT, gpt2_tokenizer
 from gpt.model.transformer import unwrap
 from gpt.runtime.device import autocast
@@ -93,6 +95,29 @@ def _download(url: str, dest: Path, timeout_s: float = 60.0) -> None:
                              f"--hellaswag-file FILE to the trainer") from None
 
 
+def cached_path(url: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where `url`'s copy is kept once downloaded."""
+    name = Path(urllib.parse.urlparse(url).path).name or "hellaswag.jsonl"
+    return Path(cache_dir or default_cache_dir()) / name
+
+
+def check_reachable(source: str | None, cache_dir: str | os.PathLike | None = None,
+                    flag: str = "--hellaswag-file") -> None:
+    """A HellaSwag source that must be downloaded (None or "val" for the validation set,
+    or an http(s) address) and is not cached can be: its host answers. Else one line at
+    once, not a download's timeout at the run's first evaluation."""
+    if source is None or (str(source) == "val" and not Path("val").exists()):
+        source = VAL_URL
+    text = str(source)
+    if not text.startswith(("http://", "https://")) or cached_path(text, cache_dir).is_file():
+        return
+    why = network.unreachable(text)
+    if why is not None:
+        raise HellaSwagError(f"HellaSwag: {text} is not cached at {cached_path(text, cache_dir)} "
+                             f"and cannot be downloaded ({why}): pass a local copy with {flag} "
+                             f"FILE, or go online")
+
+
 def fetch(url: str, cache_dir: str | os.PathLike | None = None, rank: int = 0) -> Path:
     """The cached copy of `url`, downloaded once: by rank 0 while the other ranks wait.
 
@@ -100,11 +125,12 @@ def fetch(url: str, cache_dir: str | os.PathLike | None = None, rank: int = 0) -
     A rank that still lacks the file afterwards (another node, no shared disk) fetches
     its own copy; writes are atomic, so racing copies are harmless.
     """
-    name = Path(urllib.parse.urlparse(url).path).name or "hellaswag.jsonl"
-    dest = Path(cache_dir or default_cache_dir()) / name
+    dest = cached_path(url, cache_dir)
     error: str | None = None
     if rank == 0 and not dest.is_file():
         try:
+            check_reachable(url, cache_dir, "--hellaswag FILE to python -m gpt.evaluate, "
+                                            "--hellaswag-file")
             _download(url, dest)
         except HellaSwagError as e:
             error = str(e)
@@ -119,25 +145,56 @@ def fetch(url: str, cache_dir: str | os.PathLike | None = None, rank: int = 0) -
     return dest
 
 
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The validated records of a HellaSwag jsonl file (ctx, endings, label)."""
-    path = Path(path)
+MAX_LINE_BYTES = 2**20  # an example is a few kB: a longer "line" is not HellaSwag's
+CHECKED_EXAMPLES = 20  # what check_file reads: enough to tell the format, in milliseconds
+
+
+def _records(path: Path, limit: int | None = None) -> Iterator[dict[str, Any]]:
+    """The validated records of a HellaSwag jsonl file, in order, the first `limit` of
+    them (None: all); an error names the file and line, quoting nothing of it raw."""
     if not path.is_file():
         raise HellaSwagError(f"{path}: no such HellaSwag file (the validation set is at {VAL_URL})")
-    records = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise HellaSwagError(f"{where}: not valid JSON ({e.msg})") from None
-            records.append(_check_record(rec, where))
-    if not records:
+    found = 0
+    try:
+        with open(path, "rb") as fh:
+            for lineno, raw in enumerate(iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""), 1):
+                where = f"{path}:{lineno}"
+                if len(raw) > MAX_LINE_BYTES:
+                    raise HellaSwagError(f"{where}: a line of over {MAX_LINE_BYTES:,} bytes: not "
+                                         f"HellaSwag's JSONL (one example a line)")
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise HellaSwagError(f"{where}: not UTF-8 text: not HellaSwag's "
+                                         f"JSONL") from None
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise HellaSwagError(f"{where}: not valid JSON ({e.msg})") from None
+                yield _check_record(rec, where)
+                found += 1
+                if limit is not None and found >= limit:
+                    return
+    except OSError as e:
+        raise HellaSwagError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if not found:
         raise HellaSwagError(f"{path}: no examples in the file")
-    return records
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The validated records of a HellaSwag jsonl file (ctx, endings, label)."""
+    return list(_records(Path(path)))
+
+
+def check_file(path: str | os.PathLike) -> None:
+    """A HellaSwagError naming the file and line if the first CHECKED_EXAMPLES examples of
+    a local HellaSwag file are not what the scorer reads (JSON objects with ctx, four
+    endings and a label): before a run (the trainer's preflight, so its dry run too), in
+    milliseconds, whatever the file's size."""
+    for _ in _records(Path(path), CHECKED_EXAMPLES):
+        pass
 
 
 def _check_record(rec: Any, where: str) -> dict[str, Any]:
@@ -154,7 +211,8 @@ def _check_record(rec: Any, where: str) -> dict[str, Any]:
         label = int(label)
     if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < NUM_ENDINGS:
         raise HellaSwagError(f"{where}: 'label' must be an integer 0-{NUM_ENDINGS - 1}, got "
-                             f"{rec.get('label')!r} (the test split has no labels)")
+                             f"{one_line(repr(rec.get('label')), 60)} (the test split has no "
+                             f"labels)")
     return {"ctx": rec["ctx"], "endings": endings, "label": label}
 
 

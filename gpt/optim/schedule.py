@@ -1,14 +1,18 @@
 """What changes from step to step: the learning rate (a linear warm-up, then GPT-2's
 cosine or the speedrun's trapezoid) and Muon's momentum (its warm-up), from the
-optimizer's section of the config and the run's length."""
+optimizer's section of the config and the run's length; and the learning rates a run's
+schedule set at each of its steps, from its metrics log's headers, for the curves'
+figure (gpt/train/run_curves.py, gpt/plot.py hand them to gpt/report/curves.py)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from gpt.core.config import OptimConfig
-from gpt.optim.muon import momentum_at
+from gpt.core.config_io import from_dict
+from gpt.core.errors import UserError
 
 
 def lr_at(step: int, max_lr: float, min_lr_ratio: float, warmup_steps: int, max_steps: int,
@@ -52,4 +56,64 @@ class Schedule:
         o = self.optim
         if o.optimizer != "muon":
             return None
+        from gpt.optim.muon import momentum_at  # torch's import: not for a figure's schedule
+
         return momentum_at(step, o.muon_momentum, o.muon_momentum_warmup)
+
+
+# Steps a learning-rate curve holds at most (besides its corners): a figure's width in
+# pixels is about a thousand, so a curve through this many points is the schedule itself.
+CURVE_POINTS = 2000
+
+
+def schedule_curves(headers: Sequence[Mapping[str, Any]], last_step: int,
+                    points: int = CURVE_POINTS) -> dict[str, tuple[list[int], list[float]]] | None:
+    """The learning rates the schedule set at steps 0 to `last_step` of a run, from its
+    metrics log's header records (one a start, each with its config and "start_step"):
+    "lr", and "muon lr" (Muon's own peak under the same schedule) for the steps a start
+    with --optimizer muon ran. A step follows the last start at or before it (a resume with
+    a longer --max-steps stretches the rest of the cosine). Every step while there are at
+    most `points`; beyond, `points` evenly spaced steps and the schedule's corners (the end
+    of the warm-up, the start of a cooldown, each resume), so a line through them is the
+    schedule's. None where a header lacks what it needs (a log from elsewhere)."""
+    starts: list[tuple[int, Schedule]] = []
+    for head in headers:
+        start, cfg = head.get("start_step", 0 if not starts else None), head.get("config")
+        if isinstance(start, bool) or not isinstance(start, int) or not isinstance(cfg, dict):
+            return None
+        try:
+            config = from_dict(cfg)
+        except (UserError, TypeError, ValueError, KeyError):  # another version's config
+            return None
+        starts = [(s, sched) for s, sched in starts if s < start]
+        starts.append((start, Schedule(config.optim, config.train.max_steps)))
+    if not starts or last_step < 0:
+        return None
+    steps = _curve_steps(starts, last_step, points)
+    lr: tuple[list[int], list[float]] = ([], [])
+    muon: tuple[list[int], list[float]] = ([], [])
+    at = 0
+    for step in steps:
+        while at + 1 < len(starts) and starts[at + 1][0] <= step:
+            at += 1
+        sched = starts[at][1]
+        value = sched.lr(step)
+        lr[0].append(step)
+        lr[1].append(value)
+        o = sched.optim
+        if o.optimizer == "muon":
+            muon[0].append(step)
+            muon[1].append(value * (o.muon_lr / o.max_lr if o.max_lr else 0.0))
+    return {"lr": lr, **({"muon lr": muon} if muon[0] else {})}
+
+
+def _curve_steps(starts: list[tuple[int, Schedule]], last: int, points: int) -> list[int]:
+    if last < points:
+        return list(range(last + 1))
+    picked = {round(i * last / (points - 1)) for i in range(points)}
+    for start, sched in starts:
+        o, n = sched.optim, sched.max_steps
+        cooldown = n - max(1, round(o.cooldown_frac * n))
+        for corner in (start, o.warmup_steps, cooldown, n):
+            picked.update((corner - 1, corner))
+    return sorted(s for s in picked if 0 <= s <= last)

@@ -6,17 +6,20 @@ the resume reads it, and the memory planner's peak per device (gpt.plan.memory) 
 device's memory. This module only prints that plan: the resolved config, the parameter
 count, the device and precision, tokens per step and the accumulation, the data (shards,
 tokens, how many steps one pass covers), fresh start or resume (and from which
-checkpoint), the memory plan, then every problem, one line each. So "the run would
-start" is a promise the run keeps; a planned peak beyond the device's memory is a
-problem too (the run would stop in its first step).
+checkpoint), what to expect (tokens, time and disk from where the run starts), the memory
+plan, then every problem, one line each. So "the run would start" is a promise the run
+keeps; a planned peak beyond the device's memory, or checkpoints beyond the free disk,
+are problems too (the run would stop in its first step, or at its first checkpoint).
 
-It builds no model on the device, starts no process group and writes nothing (the run
-folder's lock is not taken). Under torchrun, rank 0 answers for the world (WORLD_SIZE
+It builds no model on the device but a slice of it, timed for about a second
+(gpt/plan/speed.py), starts no process group and writes nothing (the run folder's lock
+is not taken). Under torchrun, rank 0 answers for the world (WORLD_SIZE
 processes); the others exit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -24,6 +27,7 @@ from gpt.core.config import Config
 from gpt.core.config_io import describe
 from gpt.core.errors import UserError
 from gpt.core.units import human_count
+from gpt.data.tokenizer import GPT2_VOCAB
 from gpt.model import fp8, loss_kernels, sizing
 from gpt.plan import expected, memory
 from gpt.plan.preflight import Plan, WillNotFit, preflight
@@ -43,7 +47,8 @@ def main(cfg: Config) -> int:
         launch = None  # the preflight names it, as the run would
     if launch is not None and launch.rank != 0:
         return 0  # under torchrun rank 0 answers for everyone
-    print("dry run: nothing is built on the device, started or written", flush=True)
+    print("dry run: nothing is started or written (a slice of the model is timed on the "
+          "device, to say how long the run takes)", flush=True)
     plan = preflight(cfg, verify_resume=True, plan_memory=True)
     report(plan)
     sys.stdout.flush()  # in order with what follows on stderr, when both go to one file
@@ -67,7 +72,7 @@ def report(plan: Plan) -> None:
     if plan.layout is not None:
         print(plan.layout.line())
     print(describe(cfg))
-    print(f"params:     {sizing.param_count(cfg.model):,} ({memory.model_name(cfg)} model)")
+    print(f"params:     {params_words(cfg)}")
     if rt is not None:
         device = rt.device
         loss = loss_kernels.describe(cfg.train.chunked_loss_on(device.type),
@@ -84,7 +89,8 @@ def report(plan: Plan) -> None:
               f"{d.total_batch_tokens:,} tokens per step; {cfg.train.max_steps:,} steps = "
               f"{human_count(cfg.train.max_steps * d.total_batch_tokens)} tokens")
     if plan.accum is not None:  # tokens, time where measured, disk (gpt/plan/expected.py)
-        print("\n".join(expected.lines(cfg, rt.device, device_name(rt.device), rt.world_size)))
+        print("\n".join(expected.lines(cfg, rt.device, device_name(rt.device), rt.world_size,
+                                       plan.estimate, plan.start.step if plan.start else 0)))
     if plan.data is not None:
         facts = plan.data
         passes = cfg.train.max_steps * d.total_batch_tokens / max(facts.train_tokens, 1)
@@ -103,4 +109,22 @@ def report(plan: Plan) -> None:
     if plan.memory is not None:
         print("\n".join("            " + line for line in plan.memory.table().splitlines()))
         if plan.capacity is not None and plan.memory.fits(plan.capacity):
-            print(f"memory:     fits {rt.device} ({plan.capacity / GiB:.1f} GiB)")
+            print(f"memory:     fits {rt.device} ({plan.capacity / GiB:.1f} GiB)"
+                  + ("" if rt.device_type == "cuda" else
+                     f": the plan counts the tensors of one training step; the log's mem on "
+                     f"{rt.device_type} is the process's peak resident memory, torch itself "
+                     f"included (about 0.2-0.5 GiB more)"))
+
+
+def params_words(cfg: Config) -> str:
+    """The parameter count, the model, and GPT-2's own count where the vocabulary is
+    padded (the README's figures are GPT-2's)."""
+    n = sizing.param_count(cfg.model)
+    name = memory.model_name(cfg)
+    out = f"{n:,} ({name}{' model' if name == cfg.preset else ''}"
+    if cfg.model.vocab_size > GPT2_VOCAB:
+        gpt2 = sizing.param_count(dataclasses.replace(cfg.model, vocab_size=GPT2_VOCAB))
+        out += (f"; {gpt2:,} with GPT-2's {GPT2_VOCAB:,} tokens: the vocabulary is padded "
+                f"to {cfg.model.vocab_size:,} for faster matmuls, +{n - gpt2:,}, its padded "
+                f"ids never sampled")
+    return out + ")"

@@ -1,12 +1,15 @@
-"""What a run should take, said before it starts (the dry run's "expect:" lines): the
-tokens it trains on, its time where the GPU bench measured this recipe on a GPU like the
-one it would run on, and its disk (the data folder, the checkpoints it keeps at once).
+"""What a run should take, said before it starts (the dry run's "expect:" lines, and the
+time line at the run's start): the tokens it trains on from where it starts (a resume's
+step, not step 0), its time, and its disk (the data folder, the checkpoints it keeps at
+once, against the space free where --out-dir is: a shortfall is a preflight problem,
+check_disk).
 
-A time is only given from a measurement: MEASURED holds the throughput of the GPT-2 124M
+A time is only ever from a measurement: MEASURED holds the throughput of the GPT-2 124M
 recipe as `python -m gpt.bench gpu` measured it (the file of each figure named), matched
-by GPU name, micro-batch and one process. Anything else (another GPU, several GPUs,
-another model or a recipe that changes the step's cost) is said to be unmeasured rather
-than guessed. Evaluation (validation, HellaSwag, samples) and checkpoints come on top.
+by GPU name, micro-batch and one process; any other run in one process is timed on the
+device it is on (gpt/plan/speed.py: the trainer's step on a slice of the model, scaled
+by FLOPs). Several processes are said to be untimed rather than guessed. HellaSwag,
+samples and checkpoints come on top.
 """
 
 from __future__ import annotations
@@ -18,8 +21,10 @@ from pathlib import Path
 
 import torch
 
-from gpt.core.config import Config, model_preset
+from gpt.checkpoint.files import list_checkpoints
+from gpt.core.config import Config, ConfigError, model_preset
 from gpt.core.units import format_duration, human_bytes, human_count
+from gpt.plan import speed
 
 
 WEIGHT_BYTES = 4  # fp32 master weights, whatever the autocast precision
@@ -89,15 +94,44 @@ def checkpoint_bytes(cfg: Config) -> int:
     return total
 
 
-def checkpoints_at_once(cfg: Config) -> int:
+def checkpoints_at_once(cfg: Config, start_step: int = 0) -> int:
     """The most checkpoint files the run folder holds at one time: the newest
-    --keep-checkpoints, the best by validation loss, and the one being written."""
-    c, steps = cfg.checkpoint, cfg.train.max_steps
-    if not c.save_checkpoints:
+    --keep-checkpoints, the best by validation loss, and the one being written, of the
+    saves from `start_step` (a resume's) to the end."""
+    c = cfg.checkpoint
+    steps, _ = speed.run_steps(cfg, start_step)
+    if not c.save_checkpoints or not steps:
         return 0
-    saves = (steps // c.checkpoint_every + (steps % c.checkpoint_every != 0)
-             if c.checkpoint_every else 1)
+    end = start_step + steps
+    every = c.checkpoint_every
+    saves = (end // every - start_step // every + (end % every != 0)) if every else 1
     return min(saves, c.keep_checkpoints + 2)
+
+
+def disk_needed(cfg: Config, start_step: int = 0) -> tuple[int, int, int]:
+    """(bytes the run's checkpoints need beyond what its folder's checkpoints hold now,
+    the checkpoints at once, one checkpoint's bytes)."""
+    n = checkpoints_at_once(cfg, start_step)
+    if not n:
+        return 0, 0, 0
+    each = checkpoint_bytes(cfg)
+    held = sum(p.stat().st_size for _, p in list_checkpoints(Path(cfg.train.out_dir)))
+    return max(n * each - held, 0), n, each
+
+
+def check_disk(cfg: Config, start_step: int = 0) -> None:
+    """The run's checkpoints fit the free space where --out-dir is (or would be made), or
+    a ConfigError naming --out-dir, what they need and what is free: a run that would
+    stop at its first checkpoint does not start."""
+    need, n, each = disk_needed(cfg, start_step)
+    free = free_bytes(Path(cfg.train.out_dir))
+    if not need or free is None or need <= free:
+        return
+    raise ConfigError(
+        f"--out-dir {cfg.train.out_dir}: the run needs about {human_bytes(need)} of disk for "
+        f"up to {n} checkpoint(s) of {human_bytes(each)} at once and {human_bytes(free)} is "
+        f"free there: free some space, name a folder on a larger disk, lower "
+        f"--keep-checkpoints, or pass --no-save-checkpoints")
 
 
 def folder_bytes(folder: Path) -> int | None:
@@ -118,36 +152,49 @@ def free_bytes(folder: Path) -> int | None:
     return None
 
 
-def lines(cfg: Config, device: torch.device, gpu: str, world: int) -> list[str]:
-    """The dry run's lines: tokens, time, disk."""
-    steps, per_step = cfg.train.max_steps, cfg.data.total_batch_tokens
+def lines(cfg: Config, device: torch.device, gpu: str, world: int,
+          estimate: speed.Estimate | None = None, start_step: int = 0) -> list[str]:
+    """The dry run's lines: tokens, time, disk, from `start_step` (a resume's) on."""
+    steps, _ = speed.run_steps(cfg, start_step)
+    per_step = cfg.data.total_batch_tokens
     tokens = steps * per_step
-    out = [f"expect:     {human_count(tokens)} tokens ({steps:,} steps x {per_step:,})"]
-    m = measured_for(cfg, gpu, device.type, world)
-    if m is not None:
-        out.append(f"            time: about {format_duration(tokens / m.tokens_per_s)} of "
-                   f"training at the {m.tokens_per_s:,.0f} tokens/s the GPU bench measured on "
-                   f"one {m.gpu} at micro-batch {m.batch_size} ({m.source}; {m.conditions}); "
-                   f"evaluation and checkpoints come on top")
-    else:
-        where = f"{gpu} x {world}" if device.type == "cuda" else f"{device.type} ({gpu})"
-        out.append(f"            time: not measured for this recipe on {where}; the GPU bench "
-                   f"measured GPT-2 124M's recipe on one "
-                   f"{' and one '.join(dict.fromkeys(x.gpu for x in MEASURED))} (README "
-                   f"section 5); the log's ETA says once the run is going")
+    span = f", steps {start_step:,} to {start_step + steps:,}" if start_step else ""
+    out = [f"expect:     {human_count(tokens)} tokens ({steps:,} steps x {per_step:,}{span})",
+           "            " + time_line(cfg, device, gpu, world, estimate, start_step)]
     data = folder_bytes(Path(cfg.data.data_dir))
     out_dir = Path(cfg.train.out_dir)
-    n = checkpoints_at_once(cfg)
     disk = [f"{cfg.data.data_dir} holds {human_bytes(data)}" if data is not None else
             f"{cfg.data.data_dir} does not exist yet"]
+    need, n, each = disk_needed(cfg, start_step)
     if n:
-        each = checkpoint_bytes(cfg)
         disk.append(f"{out_dir} needs about {human_bytes(n * each)} for up to {n} checkpoint(s) "
                     f"of {human_bytes(each)} at once (--keep-checkpoints "
-                    f"{cfg.checkpoint.keep_checkpoints}, the best, the one being written)")
-    else:
+                    f"{cfg.checkpoint.keep_checkpoints}, the best, the one being written)"
+                    + (f", {human_bytes(need)} more than its checkpoints hold now"
+                       if need < n * each else ""))
+    elif not cfg.checkpoint.save_checkpoints:
         disk.append(f"{out_dir}: no checkpoints (--no-save-checkpoints)")
     free = free_bytes(out_dir)
     out.append("            disk: " + "; ".join(disk)
                + (f"; {human_bytes(free)} free there" if free is not None else ""))
     return out
+
+
+def time_line(cfg: Config, device: torch.device, gpu: str, world: int,
+              estimate: speed.Estimate | None = None, start_step: int = 0) -> str:
+    """How long the run should take from `start_step`: from the GPU bench's measurement
+    of this recipe on this GPU, else from `estimate` (gpt/plan/speed.py's timing here)."""
+    steps, _ = speed.run_steps(cfg, start_step)
+    tokens = steps * cfg.data.total_batch_tokens
+    where = f"{gpu} x {world}" if device.type == "cuda" else f"{device.type} ({gpu})"
+    m = measured_for(cfg, gpu, device.type, world)
+    if m is not None:
+        return (f"time: about {format_duration(tokens / m.tokens_per_s)} of "
+                f"training at the {m.tokens_per_s:,.0f} tokens/s the GPU bench measured on "
+                f"one {m.gpu} at micro-batch {m.batch_size} ({m.source}; {m.conditions}); "
+                f"evaluation and checkpoints come on top")
+    if estimate is not None:
+        return estimate.line(where, device.type)
+    why = (f" ({world} processes are not timed)" if world > 1 else
+           "" if steps else " (nothing to train)")
+    return f"time: not timed on {where}{why}; the log's ETA says once the run is going"

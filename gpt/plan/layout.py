@@ -94,11 +94,13 @@ def with_layout(cfg: Config, parallel: str, checkpointing: str, batch: int) -> C
 
 def settle(cfg: Config, world_size: int, device_type: str, capacity: int | None,
            saved: dict[str, Any] | None = None, distributed: bool = False,
-           planner: Planner | None = None) -> tuple[Config, Choice | None]:
+           planner: Planner | None = None,
+           progress: memory.Say = memory.quiet) -> tuple[Config, Choice | None]:
     """cfg with every auto layout value replaced by a plain one, and the Choice (None if
     nothing was auto). `saved`: the config dict of the checkpoint the run resumes from,
     whose values an auto field takes if they can still run here; `capacity`: the bytes
-    of one device; `planner`: memory.plan (tests pass a stand-in)."""
+    of one device; `planner`: memory.plan (tests pass a stand-in); `progress`: told each
+    layout before it is planned (memory.Progress says it on stderr when the search is long)."""
     auto = unsettled(cfg)
     if not auto:
         return cfg, None
@@ -114,7 +116,12 @@ def settle(cfg: Config, world_size: int, device_type: str, capacity: int | None,
     if capacity is None:
         raise ConfigError(f"{' '.join(_flag(n) + ' auto' for n in auto)}: this device's memory "
                           f"cannot be read, so nothing can be fitted to it: give the values")
-    plan_fn = planner or (lambda c, w, dev: memory.plan(c, world_size=w, device_type=dev))
+    planned = planner or (lambda c, w, dev: memory.plan(c, world_size=w, device_type=dev))
+
+    def plan_fn(c: Config, w: int, dev: str) -> memory.MemoryPlan:
+        progress(f"--parallel {c.train.parallel}, --activation-checkpointing "
+                 f"{c.train.activation_checkpointing}, --batch-size {c.data.batch_size}")
+        return planned(c, w, dev)
     batches = _batches(cfg, world_size) if d.batch_size == AUTO else [d.batch_size]
     tried: list[str] = []
     for checkpointing in (CHECKPOINTING if t.activation_checkpointing == AUTO

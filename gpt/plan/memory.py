@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
+import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TextIO
 
 import torch
 
@@ -106,9 +109,10 @@ class MemoryPlan:
         lines.append(f"  {'peak per device':<30}{self.peak_bytes / GiB:>9.3f}")
         lines.append(f"  of the activations and temporary buffers, the head's logits and the loss "
                      f"hold {self.logits_and_loss_bytes / GiB:.3f} GiB")
-        fits = ", ".join(f"{name}: {'fits' if self.fits(cap) else 'does not fit'}"
-                         for name, cap in CAPACITIES.items())
-        lines.append(f"  {fits} (with x{MARGIN} + {RESERVE // GiB} GiB of margin)")
+        if s.get("device_type", "cuda") == "cuda":  # the GPUs' sizes mean nothing elsewhere
+            fits = ", ".join(f"{name}: {'fits' if self.fits(cap) else 'does not fit'}"
+                             for name, cap in CAPACITIES.items())
+            lines.append(f"  {fits} (with x{MARGIN} + {RESERVE // GiB} GiB of margin)")
         return "\n".join(lines)
 
 
@@ -194,11 +198,71 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
     return MemoryPlan(int(peak), components, int(head), setup, tuple(assumptions))
 
 
+class Progress:
+    """What a search over plans is doing, on stderr while it runs long: a plan of a large
+    model takes seconds (of a busy machine's, many more), and a search makes several.
+    Told each candidate before it is planned; says the one being planned once the search
+    has run FIRST_S, then again every EVERY_S: a short search says nothing, a long one is
+    never silent for long (not even inside one slow plan, while it is open as a context:
+    a thread of its own looks every POLL_S), and neither floods the terminal."""
+
+    FIRST_S = 2.0
+    EVERY_S = 5.0
+    POLL_S = 0.5
+
+    def __init__(self, what: str, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.what, self.stream, self.clock = what, stream, clock
+        self.started = clock()
+        self.last = self.started - (self.EVERY_S - self.FIRST_S)
+        self.candidate: str | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def __call__(self, candidate: str) -> None:
+        self.candidate = candidate
+        self.tick()
+
+    def tick(self) -> None:
+        """Say the candidate being planned, if the time for a line has come."""
+        with self._lock:
+            now = self.clock()
+            if self.candidate is None or now - self.last < self.EVERY_S:
+                return
+            self.last = now
+            print(f"planning {self.what}: {self.candidate} ({now - self.started:.0f} s so far)",
+                  file=self.stream or sys.stderr, flush=True)
+
+    def __enter__(self) -> Progress:
+        def watch() -> None:
+            while not self._stop.wait(self.POLL_S):
+                self.tick()
+
+        self._watcher = threading.Thread(target=watch, name="planner-progress", daemon=True)
+        self._watcher.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join()
+
+
+Say = Callable[[str], None]
+
+
+def quiet(candidate: str) -> None:
+    """A search's progress, unsaid (tests, and searches whose caller says nothing)."""
+
+
 def largest_batch(cfg: Config, capacity_bytes: int, world_size: int = 1,
-                  device_type: str = "cuda", limit: int = 512) -> tuple[int, MemoryPlan | None]:
+                  device_type: str = "cuda", limit: int = 512,
+                  progress: Say = quiet) -> tuple[int, MemoryPlan | None]:
     """The largest --batch-size whose plan fits capacity_bytes (0 and None if not even 1
     does). Peak memory is close to affine in the batch size: two plans give the line, and
-    plans at its estimate and beside it settle the exact value."""
+    plans at its estimate and beside it settle the exact value. progress: told each
+    batch size before it is planned (a Progress says it on stderr when the search is long)."""
     plans: dict[int, MemoryPlan] = {}
 
     d = cfg.data
@@ -206,6 +270,7 @@ def largest_batch(cfg: Config, capacity_bytes: int, world_size: int = 1,
 
     def at(b: int) -> MemoryPlan:
         if b not in plans:  # with accumulation if the run has it (gradients are held then)
+            progress(f"--batch-size {b}")
             tokens = b * d.seq_len * world_size * (2 if accumulates else 1)
             data = dataclasses.replace(d, batch_size=b, total_batch_tokens=tokens)
             plans[b] = plan(dataclasses.replace(cfg, data=data), world_size, device_type)
@@ -257,9 +322,22 @@ def _count(params: list[torch.Tensor]) -> int:
 
 
 def model_name(cfg: Config) -> str:
-    """The preset's name if the model is that preset's, else "custom"."""
+    """The preset's name if the model is that preset's; the preset and what differs where
+    only a few fields do ("tiny preset, block size 128"); else "custom" and its shape."""
     from gpt.core.config import model_preset
+    m = cfg.model
     try:
-        return cfg.preset if model_preset(cfg.preset) == cfg.model else "custom"
+        preset = model_preset(cfg.preset)
     except ConfigError:
-        return "custom"
+        preset = None
+    if preset == m:
+        return cfg.preset
+    shape = ("n_layer", "n_head", "n_embd")
+    if preset is None or any(getattr(preset, f) != getattr(m, f) for f in shape):
+        return f"custom: {m.n_layer} layers, {m.n_head} heads, {m.n_embd} wide"
+    changed = [f.name for f in dataclasses.fields(m) if getattr(m, f.name) != getattr(preset, f.name)]
+    words = [f.name.replace("_", " ") + ("" if getattr(m, f.name) is True else
+                                        f" {getattr(m, f.name)}")
+             for f in dataclasses.fields(m) if f.name in changed[:3]]
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return f"{cfg.preset} preset, {', '.join(words)}{more}"

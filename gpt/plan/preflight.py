@@ -17,7 +17,8 @@ In order, each check where what it needs is known:
              (gpt/core/extras.py): --tensorboard, --wandb-project, --fp8, a CUDA loss kernel,
              --eval-tasks
   model      --init-from's depth and width (gpt/checkpoint/weights.py)
-  device     the device of this rank, the precision it runs
+  device     the device of this rank, the precision it runs; on a CPU, a warning where other
+             processes already hold the cores its threads need (gpt/runtime/machine_load.py)
   start      fresh or the checkpoint --resume continues from (gpt/checkpoint/files.py)
   layout     --parallel/--activation-checkpointing/--batch-size auto (gpt/plan/layout.py)
   run        the parallel mode against the launch, the loss kernel and FP8 against the
@@ -25,34 +26,43 @@ In order, each check where what it needs is known:
              memory (gpt/model/sizing.py)
   data       enough tokens in each split for one step of every rank; with --check-tokens
              every token id within the vocabulary; a folder fineweb.py is still writing
-  files      --out-dir, --hellaswag-file, --eval-tasks' names
+  files      --out-dir and the files the run opens there (gpt/checkpoint/run_folder.py),
+             --hellaswag-file's first examples, --eval-tasks' names and their folder
+  disk       the checkpoints the run keeps at once against the space free at --out-dir
+             (gpt/plan/expected.py)
   memory     (when asked) the planner's peak against the device's memory (gpt/plan/memory.py)
-Nothing is built on the device, no process group is started and nothing is written.
+  time       on rank 0 of one process, the run's step timed on a slice of the model
+             (gpt/plan/speed.py: about a second of the device's, the slice freed
+             after); a recipe of hours on a CPU that --device auto fell back to, a warning
+Nothing else is built on the device, no process group is started and nothing is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
 import torch
 
-from gpt.checkpoint import weights
+from gpt.checkpoint import run_folder, weights
 from gpt.checkpoint.files import ResumePoint, resume_differences, resume_point
 from gpt.core.config import Config, ConfigError
 from gpt.core.config_check import grad_accum_steps
 from gpt.core.errors import UserError
+from gpt.core.units import format_duration
 from gpt.data.loader import steps_per_pass
 from gpt.data.shards import check_not_being_written, find_shards, read_shard, shard_num_tokens
 from gpt.engine.parallel import check_mode
-from gpt.eval import harness_tasks
+from gpt.eval import harness_tasks, hellaswag
 from gpt.model import fp8, loss_kernels, sizing
-from gpt.plan import layout, memory
+from gpt.plan import expected, layout, memory, speed
 from gpt.report.trackers import check_tracking
-from gpt.runtime.device import pick_device, resolve_dtype
+from gpt.runtime.device import device_name, pick_device, resolve_dtype
+from gpt.runtime import machine_load
 from gpt.runtime.launch import Launch, check_launch_device, launch_environment
 from gpt.runtime.world import Runtime
 
@@ -95,6 +105,8 @@ class Plan:
     start: ResumePoint | None = None
     memory: memory.MemoryPlan | None = None
     capacity: int | None = None  # one device's memory, where it can be read
+    estimate: speed.Estimate | None = None  # how long it takes here (rank 0, one process)
+    time_line: str | None = None  # that, or the GPU bench's time, in words (rank 0; None: untimed)
     warnings: list[str] = field(default_factory=list)
     problems: list[UserError] = field(default_factory=list)
 
@@ -141,6 +153,9 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
                                distributed=launch is not None)
         plan.dtype = check(lambda: resolve_dtype(t.dtype, device))
         plan.capacity = sizing.device_memory(device)
+        if device.type == "cpu":  # other processes on the cores its threads would use
+            busy = machine_load.busy_warning(machine_load.read_load(env))
+            plan.warnings += [busy] if busy else []
     plan.start = check(lambda: resume_point(Path(t.out_dir), cfg.checkpoint.resume,
                                             verify_resume))
     if plan.runtime is not None:
@@ -148,7 +163,9 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
     if plan.runtime is not None and not layout.unsettled(plan.cfg):
         plan.accum = check(lambda: check_run(plan.cfg, plan.runtime, plan.capacity))
         plan.data = check(lambda: check_data(plan.cfg, plan.runtime.world_size, plan.warnings))
-    check(lambda: check_out_dir(t.out_dir))
+    check(lambda: check_out_dir(cfg))
+    if plan.accum is not None:  # the model's size judged: its checkpoint can be counted
+        check(lambda: expected.check_disk(plan.cfg, plan.start.step if plan.start else 0))
     check(lambda: check_hellaswag_file(cfg))
     check(lambda: check_eval_tasks(cfg))
     if plan.start is not None and plan.start.path is not None:
@@ -159,6 +176,7 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
                                                  device_type=plan.runtime.device_type)))
         if plan.memory is not None:
             check(lambda: check_peak(plan.cfg, plan.runtime, plan.capacity, plan.memory))
+    _estimate_time(plan)
     return plan
 
 
@@ -167,10 +185,37 @@ def _settle_layout(plan: Plan, check: Callable) -> None:
     here, else from the planner against the device's memory."""
     runtime, start = plan.runtime, plan.start
     saved = start.saved if start is not None else None
-    settled = check(lambda: layout.settle(plan.cfg, runtime.world_size, runtime.device_type,
-                                          plan.capacity, saved, runtime.distributed))
+    # on stdout, before the layout line it leads to: stderr is for what went wrong
+    with memory.Progress("the layout (auto)", sys.stdout) as progress:
+        settled = check(lambda: layout.settle(
+            plan.cfg, runtime.world_size, runtime.device_type, plan.capacity, saved,
+            runtime.distributed, progress=progress if runtime.is_master else memory.quiet))
     if settled is not None:
         plan.cfg, plan.layout = settled
+
+
+def _estimate_time(plan: Plan) -> None:
+    """How long the run takes on this device, on rank 0: the GPU bench's measurement of
+    this recipe on this GPU, else timed here in one process (the others print nothing);
+    and the line that says it. A recipe that takes hours on a CPU that --device auto fell
+    back to is a warning."""
+    rt, cfg = plan.runtime, plan.cfg
+    if rt is None or plan.accum is None or plan.dtype is None or not rt.is_master:
+        return
+    start, name = (plan.start.step if plan.start else 0), device_name(rt.device)
+    measured = expected.measured_for(cfg, name, rt.device_type, rt.world_size) is not None
+    if rt.world_size == 1 and not measured:
+        plan.estimate = speed.estimate(cfg, rt.device, plan.dtype, plan.accum, start,
+                                       val=plan.data is None or plan.data.val_tokens is not None)
+        if cfg.train.device == "auto" and plan.estimate.meant_for_gpu(rt.device_type):
+            plan.warnings.append(
+                f"--device auto found no GPU and falls back to {rt.device}, where this recipe "
+                f"takes about {format_duration(plan.estimate.total_s or 0)} "
+                f"({plan.estimate.tokens_per_s:,.0f} tokens/s, timed here): it is meant for a "
+                f"GPU; run it on one, or train configs/cpu-demo.toml's model on this machine")
+    if measured or (plan.estimate is not None and plan.estimate.train_s is not None):
+        plan.time_line = expected.time_line(cfg, rt.device, name, rt.world_size,
+                                            plan.estimate, start)
 
 
 def _check_resume(plan: Plan, check: Callable) -> None:
@@ -236,28 +281,25 @@ def check_data(cfg: Config, world_size: int, warnings: list[str] | None = None) 
     return dataclasses.replace(facts, val_shards=len(val_shards), val_tokens=val)
 
 
-def check_out_dir(out_dir: str) -> None:
-    """--out-dir names a folder, or a path where one can be made and written: a file
-    there (or in its way) is refused before anything is built. Nothing is created: the
-    run makes the folder when it takes it (gpt/checkpoint/checkpointer.py), the dry run never."""
-    path = Path(out_dir)
-    probe = path
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if not probe.is_dir():
-        what = "it" if probe == path else str(probe)
-        raise ConfigError(f"--out-dir {out_dir}: cannot write there: {what} is a file, not a "
-                          f"folder; name a folder for the run's log, metrics and checkpoints")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        inside = "" if probe == path else f" (in {probe}, where it would be made)"
-        raise ConfigError(f"--out-dir {out_dir}: cannot write there{inside}: permission denied")
+def check_out_dir(cfg: Config) -> None:
+    """--out-dir and the files the run opens there, judged by the function the run itself
+    calls as it takes the folder (gpt/checkpoint/run_folder.py): the folder can be made
+    and written, its disk is not full, its lock is free, and no folder, FIFO or broken
+    symlink stands where the run writes a file. Nothing is created: the run makes the
+    folder when it takes it, the dry run never."""
+    t = cfg.train
+    run_folder.check_run_folder(Path(t.out_dir), t.tensorboard, bool(t.wandb_project))
 
 
 def check_hellaswag_file(cfg: Config) -> None:
-    """--hellaswag-file, where HellaSwag runs and it names a local file, exists (an http(s)
-    address, or none for the official set, is fetched when the run starts)."""
+    """--hellaswag-file, where HellaSwag runs and it names a local file, exists and its
+    first examples are HellaSwag's JSONL (gpt/eval/hellaswag.py's check_file) (an http(s)
+    address, or none for the official set, is fetched when the run starts: it is cached,
+    or its host answers)."""
     e = cfg.eval
     source = e.hellaswag_file
+    if e.hellaswag_every:  # a download that cannot happen (not cached, no network): now
+        hellaswag.check_reachable(source)
     if not e.hellaswag_every or source is None or source.startswith(("http://", "https://")):
         return
     if source == "val" and not Path(source).exists():
@@ -265,6 +307,12 @@ def check_hellaswag_file(cfg: Config) -> None:
     if not Path(source).is_file():
         raise ConfigError(f"--hellaswag-file {source}: no such file; give a local HellaSwag "
                           f"jsonl, or leave the flag out to download the validation set")
+    try:  # its first examples read as the scorer reads them: the format, not the whole file
+        hellaswag.check_file(source)
+    except hellaswag.HellaSwagError as err:
+        raise ConfigError(f"--hellaswag-file {err}; give HellaSwag's jsonl (one JSON object a "
+                          f"line with ctx, endings and label), or leave the flag out to "
+                          f"download the validation set") from None
 
 
 def check_eval_tasks(cfg: Config) -> None:
@@ -285,7 +333,10 @@ def check_peak(cfg: Config, runtime: Runtime, capacity: int | None,
     if capacity is None or plan.fits(capacity):
         return
     d = cfg.data
-    b, _ = memory.largest_batch(cfg, capacity, world, runtime.device_type, limit=d.batch_size)
+    with memory.Progress("the largest --batch-size that fits", sys.stdout) as say:
+        b, _ = memory.largest_batch(cfg, capacity, world, runtime.device_type,
+                                    limit=d.batch_size,
+                                    progress=say if runtime.is_master else memory.quiet)
     while b > 1 and d.total_batch_tokens % (b * d.seq_len * world):
         b -= 1  # the batch must still divide --total-batch-tokens
     lower = (f"lower --batch-size to {b} (the largest that fits; accumulation keeps "

@@ -1,12 +1,23 @@
 """The training curves' figure from runs' metrics: loss (train and val), learning rate,
-tokens/s and HellaSwag accuracy, written atomically (the trainer redraws its run folder's
-curves.png as it goes: gpt/train/run_curves.py; `python -m gpt.plot` is the command).
-matplotlib is the plot extra's."""
+tokens/s and, where a run scored it, HellaSwag accuracy, written atomically (the trainer
+redraws its run folder's curves.png as it goes: gpt/train/run_curves.py; `python -m
+gpt.plot` is the command). matplotlib is the plot extra's.
+
+A series is drawn with at most POINTS points, however long the run: beyond that, each
+stretch of steps keeps its lowest and highest value (a spike stays visible), so a log of a
+million steps draws in the time and memory of a short one. A loss that was NaN or
+infinite breaks its line there and is marked (a red x at the top of the panel), never
+bridged by a line that makes a diverging run look healthy. The learning rate is the
+schedule's at every step where the caller computed it (RunMetrics.lr_schedule: this layer
+cannot, the schedule is gpt/optim's), Muon's beside AdamW's; else the rate the log
+sampled at its log steps."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Sequence
+
+import numpy as np
 
 from gpt.core.extras import install
 from gpt.core.fileio import atomic_path
@@ -14,6 +25,8 @@ from gpt.report.metrics_reader import RunMetrics
 
 
 MATPLOTLIB_HINT = f"{install('plot')} (or pip install matplotlib)"
+POINTS = 3000  # points a series is drawn with, at most
+NONFINITE_COLOR = "red"
 
 
 def _import_pyplot() -> Any:
@@ -25,14 +38,55 @@ def _import_pyplot() -> Any:
     return plt
 
 
-def _ema(values: list[float], alpha: float) -> list[float]:
-    if alpha <= 0 or not values:
+def _ema(values: np.ndarray, alpha: float) -> np.ndarray:
+    if alpha <= 0 or not len(values):
         return values
-    out, acc = [], values[0]
-    for v in values:
+    out, acc = np.empty_like(values), float(values[0])
+    for i, v in enumerate(values.tolist()):
         acc = alpha * acc + (1 - alpha) * v
-        out.append(acc)
+        out[i] = acc
     return out
+
+
+def decimate(steps: Any, values: Any, points: int = POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) to draw for one series, at most `points` of them. Missing values
+    (NaN) are left out; a non-finite one (inf: NaN or inf in the log) becomes a NaN, which
+    breaks the line there. Beyond `points`, the series is cut into points // 3 stretches
+    of steps and each keeps its lowest and highest finite value and its first non-finite
+    one, in step order."""
+    x = np.asarray(steps, dtype=np.int64)
+    y = np.asarray(values, dtype=np.float64)
+    keep = ~np.isnan(y)
+    x, y = x[keep], y[keep]
+    bad = np.isinf(y)
+    if len(x) > points:
+        buckets = max(1, points // 3)
+        size = -(-len(x) // buckets)
+        pad = buckets * size - len(x)
+        finite = np.pad(~bad, (0, pad)).reshape(buckets, size)
+        padded = np.pad(y, (0, pad)).reshape(buckets, size)
+        rows = np.arange(buckets)
+        low = np.where(finite, padded, np.inf).argmin(axis=1)
+        high = np.where(finite, padded, -np.inf).argmax(axis=1)
+        has_finite = finite.any(axis=1)
+        gap = np.pad(bad, (0, pad)).reshape(buckets, size)
+        first_bad = gap.argmax(axis=1)
+        picked = np.concatenate([(rows * size + low)[has_finite], (rows * size + high)[has_finite],
+                                 (rows * size + first_bad)[gap.any(axis=1)]])
+        picked = np.unique(picked)  # sorted: step order
+        x, y, bad = x[picked], y[picked], bad[picked]
+    return x, np.where(bad, np.nan, y)
+
+
+def nonfinite_marks(steps: Sequence[int], points: int = POINTS) -> np.ndarray:
+    """The steps to mark as non-finite, at most about `points`: the first of each stretch
+    of steps where they are more."""
+    x = np.asarray(steps, dtype=np.int64)
+    if len(x) <= points:
+        return x
+    width = max(1, -(-(int(x[-1]) - int(x[0]) + 1) // points))
+    _, first = np.unique((x - x[0]) // width, return_index=True)
+    return x[first]
 
 
 def plot_runs(runs: Sequence[RunMetrics], output: str | Path, smooth: float = 0.0,
@@ -52,50 +106,53 @@ def plot_runs(runs: Sequence[RunMetrics], output: str | Path, smooth: float = 0.
     return out
 
 
+def _panels(plt: Any, hellaswag: bool) -> tuple[Any, list[Any]]:
+    """The figure and its panels: loss, learning rate, tokens/s and HellaSwag in a 2 x 2
+    grid; without HellaSwag, the loss across the top and the other two below it."""
+    fig = plt.figure(figsize=(12, 8))
+    grid = fig.add_gridspec(2, 2)
+    if hellaswag:
+        return fig, [fig.add_subplot(grid[i // 2, i % 2]) for i in range(4)]
+    return fig, [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]),
+                 fig.add_subplot(grid[1, 1])]
+
+
 def draw(runs: Sequence[RunMetrics], smooth: float = 0.0, title: str | None = None,
          log_loss: bool = False) -> Any:
-    """The 2 x 2 figure: loss, learning rate, tokens/s and HellaSwag, the last left out
-    when no run scored it."""
+    """The figure: loss, learning rate, tokens/s, and HellaSwag where a run scored it."""
     plt = _import_pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    ax_loss, ax_lr, ax_tok, ax_hs = axes.flat
+    hellaswag = any(run.steps("hellaswag") for run in runs)
+    fig, axes = _panels(plt, hellaswag)
+    ax_loss, ax_lr, ax_tok = axes[:3]
     many = len(runs) > 1
     colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", [None])
     for i, run in enumerate(runs):
         c = colors[i % len(colors)]
         name = f"{run.label} " if many else ""
-        steps, loss = run.series("train", "loss")
-        if steps:
-            if smooth > 0:
-                ax_loss.plot(steps, loss, color=c, alpha=0.25, linewidth=0.8)
-                ax_loss.plot(steps, _ema(loss, smooth), color=c, label=f"{name}train (EMA {smooth:g})")
-            else:
-                ax_loss.plot(steps, loss, color=c, linewidth=1.0, label=f"{name}train")
-        steps, val = run.series("val", "val_loss")
-        if steps:
-            ax_loss.plot(steps, val, color=c, linestyle="--", marker="o", markersize=3,
-                         label=f"{name}val")
-        steps, lr = run.series("train", "lr")
-        if steps:
-            ax_lr.plot(steps, lr, color=c, label=run.label if many else None)
-        steps, tok = run.series("train", "tokens_per_s")
-        if steps:
-            ax_tok.plot(steps, tok, color=c, label=run.label if many else None)
-        steps, acc_norm = run.series("hellaswag", "acc_norm")
-        if steps:
-            ax_hs.plot(steps, acc_norm, color=c, marker="o", markersize=3, label=f"{name}acc_norm")
-        steps, acc = run.series("hellaswag", "acc")
-        if steps:
-            ax_hs.plot(steps, acc, color=c, linestyle=":", label=f"{name}acc")
+        _draw_loss(ax_loss, run, c, name, smooth)
+        _draw_lr(ax_lr, run, c, many)
+        x, y = decimate(*run.column("train", "tokens_per_s"))
+        if len(x):
+            ax_tok.plot(x, y, color=c, label=run.label if many else None)
+        if hellaswag:
+            x, y = decimate(*run.column("hellaswag", "acc_norm"))
+            if len(x):
+                axes[3].plot(x, y, color=c, marker="o", markersize=3, label=f"{name}acc_norm")
+            x, y = decimate(*run.column("hellaswag", "acc"))
+            if len(x):
+                axes[3].plot(x, y, color=c, linestyle=":", label=f"{name}acc")
     ax_loss.set_title("loss")
+    ax_loss.set_ylabel("loss (nats / token)")
     if log_loss:
         ax_loss.set_yscale("log")
     ax_lr.set_title("learning rate")
+    ax_lr.set_ylabel("learning rate")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     ax_tok.set_title("tokens / s")
-    ax_hs.set_title("HellaSwag accuracy")
-    if not ax_hs.lines:  # no run scored it (--hellaswag-every 0): nothing to show
-        fig.delaxes(ax_hs)
+    ax_tok.set_ylabel("tokens / s")
+    if hellaswag:
+        axes[3].set_title("HellaSwag accuracy")
+        axes[3].set_ylabel("accuracy")
     for ax in fig.axes:
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
@@ -108,3 +165,42 @@ def draw(runs: Sequence[RunMetrics], smooth: float = 0.0, title: str | None = No
         fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
     return fig
+
+
+def _draw_loss(ax: Any, run: RunMetrics, c: Any, name: str, smooth: float) -> None:
+    steps, loss = run.column("train", "loss")
+    x, y = decimate(steps, loss)
+    if len(x):
+        if smooth > 0:
+            s, v = run.series("train", "loss")  # the average over finite values only
+            ax.plot(x, y, color=c, alpha=0.25, linewidth=0.8)
+            ax.plot(*decimate(s, _ema(np.asarray(v), smooth)), color=c,
+                    label=f"{name}train (EMA {smooth:g})")
+        else:
+            ax.plot(x, y, color=c, linewidth=1.0, label=f"{name}train")
+    x, y = decimate(*run.column("val", "val_loss"))
+    if len(x):
+        ax.plot(x, y, color=c, linestyle="--", marker="o", markersize=3, label=f"{name}val")
+    bad = sorted({*run.nonfinite("train", "loss"), *run.nonfinite("val", "val_loss")})
+    if bad:
+        from matplotlib.transforms import blended_transform_factory
+
+        marks = nonfinite_marks(bad)
+        at_top = blended_transform_factory(ax.transData, ax.transAxes)
+        ax.plot(marks, np.full(len(marks), 0.97), transform=at_top, linestyle="none",
+                marker="x", color=NONFINITE_COLOR,
+                label=f"{name}NaN or inf loss ({len(bad):,} step{'s' if len(bad) > 1 else ''})")
+
+
+def _draw_lr(ax: Any, run: RunMetrics, c: Any, many: bool) -> None:
+    if run.lr_schedule:
+        muon = "muon lr" in run.lr_schedule
+        for key, (steps, values) in run.lr_schedule.items():
+            which = ("Muon" if key == "muon lr" else "AdamW") if muon else None
+            label = " ".join(filter(None, [run.label if many else None, which])) or None
+            ax.plot(steps, values, color=c, linestyle="--" if key == "muon lr" else "-",
+                    label=label)
+        return
+    x, y = decimate(*run.column("train", "lr"))
+    if len(x):
+        ax.plot(x, y, color=c, label=run.label if many else None)

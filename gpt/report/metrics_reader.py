@@ -1,42 +1,130 @@
-"""A run's metrics.jsonl read back: its records by type and step (the later record for a
-step wins; a resumed run's superseded records dropped; a line cut short by a crash
-skipped and counted), and the run's recipe in a line, for a figure's title. Only the
-standard library: reading needs no matplotlib."""
+"""A run's metrics.jsonl read back: the plotted fields of its records by type and step
+(the later record for a step wins; a resumed run's superseded records dropped; a line cut
+short by a crash skipped and counted), and the run's recipe in a line, for a figure's
+title. Only the standard library: reading needs no matplotlib.
+
+The file is read a line at a time and only the figures the curves draw are kept, in
+arrays of 8 bytes a value: a long run's log (hundreds of MB, a million steps) is read in
+one pass and held in tens of MB, where its records as dicts took gigabytes. A value that
+is NaN or infinite in the log (a diverging loss) is kept as such (the figure marks it);
+a field a record lacks is left out."""
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from gpt.core.units import human_count
 
 
-PLOTTED = ("train", "val", "hellaswag")
+# the record types drawn, and the fields of each that are kept
+FIELDS = {"train": ("loss", "lr", "tokens_per_s"), "val": ("val_loss",),
+          "hellaswag": ("acc", "acc_norm")}
+PLOTTED = tuple(FIELDS)
+_MISSING = math.nan  # a field the record lacks (or holds as null): not drawn
+_NONFINITE = math.inf  # a value that was NaN or +-inf in the log: drawn as a mark
+
+
+class Table:
+    """One record type's kept fields, by step, in step order: parallel arrays."""
+
+    def __init__(self, fields: tuple[str, ...]) -> None:
+        self.fields = fields
+        self.steps = array("q")
+        self.columns = {f: array("d") for f in fields}
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def put(self, step: int, record: dict[str, Any]) -> None:
+        """The record's fields at `step`, replacing what an earlier record said of it."""
+        row = [_value(record.get(f)) for f in self.fields]
+        steps, at = self.steps, len(self.steps)
+        if at and step <= steps[-1]:  # out of order (a step logged again): find its place
+            at = bisect.bisect_left(steps, step)
+            if steps[at] == step:
+                for f, v in zip(self.fields, row):
+                    self.columns[f][at] = v
+                return
+            steps.insert(at, step)
+            for f, v in zip(self.fields, row):
+                self.columns[f].insert(at, v)
+            return
+        steps.append(step)
+        for f, v in zip(self.fields, row):
+            self.columns[f].append(v)
+
+    def cut(self, step: int) -> None:
+        """Forget every step from `step` on."""
+        at = bisect.bisect_left(self.steps, step)
+        del self.steps[at:]
+        for column in self.columns.values():
+            del column[at:]
+
+
+def _value(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return _MISSING
+    return float(v) if math.isfinite(v) else _NONFINITE
 
 
 @dataclass
 class RunMetrics:
-    """A run's records by type, each keyed by step (the latest record for a step wins)."""
+    """A run's plotted figures by type, each by step (the latest record for a step wins);
+    its header records ("run", one per start) in order."""
 
     path: Path
     label: str
     runs: list[dict[str, Any]] = field(default_factory=list)
-    records: dict[str, dict[int, dict[str, Any]]] = field(
-        default_factory=lambda: {k: {} for k in PLOTTED})
+    tables: dict[str, Table] = field(
+        default_factory=lambda: {kind: Table(fields) for kind, fields in FIELDS.items()})
     bad_lines: int = 0
+    # The learning rates as the schedule set them at every step, by name ("lr", and "muon
+    # lr" under --optimizer muon), where a caller that can compute the schedule from the
+    # headers' config (gpt/optim/schedule.py: above this layer) has set them; else None
+    # and the figure draws the learning rate the log sampled at its log steps.
+    lr_schedule: dict[str, tuple[list[int], list[float]]] | None = None
+
+    def steps(self, kind: str) -> list[int]:
+        """The steps that have a record of this type."""
+        return list(self.tables[kind].steps) if kind in self.tables else []
+
+    @property
+    def empty(self) -> bool:
+        return not any(len(t) for t in self.tables.values())
+
+    def last_step(self, kind: str = "train") -> int | None:
+        steps = self.tables[kind].steps if kind in self.tables else ()
+        return steps[-1] if steps else None
 
     def series(self, kind: str, key: str) -> tuple[list[int], list[float]]:
         """Sorted (steps, values) of one field, skipping missing and non-finite values."""
         steps, values = [], []
-        for step in sorted(self.records.get(kind, {})):
-            v = self.records[kind][step].get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                steps.append(step)
-                values.append(float(v))
+        for s, v in self._column(kind, key):
+            if math.isfinite(v):
+                steps.append(s)
+                values.append(v)
         return steps, values
+
+    def nonfinite(self, kind: str, key: str) -> list[int]:
+        """The steps where the field was NaN or infinite in the log (a diverging loss)."""
+        return [s for s, v in self._column(kind, key) if v == _NONFINITE]
+
+    def column(self, kind: str, key: str) -> tuple[array, array]:
+        """(steps, values) as they are kept: NaN where a record lacked the field, inf where
+        it was not finite; the arrays themselves (the figure reads them without copies)."""
+        table = self.tables.get(kind)
+        if table is None or key not in table.columns:
+            return array("q"), array("d")
+        return table.steps, table.columns[key]
+
+    def _column(self, kind: str, key: str) -> Iterator[tuple[int, float]]:
+        return zip(*self.column(kind, key))
 
 
 def run_title(run: RunMetrics) -> str:
@@ -66,9 +154,9 @@ def resolve_path(path: str | Path) -> Path:
     return p / "metrics.jsonl" if p.is_dir() else p
 
 
-def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
-    """(the JSON objects of a JSONL file in order, number of unreadable lines)."""
-    records, bad = [], 0
+def read_records(path: str | Path) -> Iterator[dict[str, Any] | None]:
+    """The JSON objects of a JSONL file in order, one line at a time; None for a line that
+    is not one (cut short by a crash, or not an object). Blank lines are skipped."""
     with open(path, encoding="utf-8", errors="replace") as fh:
         for line in fh:
             line = line.strip()
@@ -77,13 +165,9 @@ def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
-                bad += 1
+                yield None
                 continue
-            if isinstance(rec, dict):
-                records.append(rec)
-            else:
-                bad += 1
-    return records, bad
+            yield rec if isinstance(rec, dict) else None
 
 
 def _step(rec: dict[str, Any]) -> int | None:
@@ -98,32 +182,34 @@ def _step(rec: dict[str, Any]) -> int | None:
 
 
 def load_metrics(path: str | Path, label: str | None = None) -> RunMetrics:
+    """The run's log read in one pass. Each "run" record starts a segment (the first run
+    or a resume): when its first plotted record comes, what an earlier attempt logged past
+    the resume point is dropped (its training steps from the segment's start step on, which
+    are redone; its evaluations after it: one at the start step itself scored the
+    checkpointed weights and stays). The start step is the header's "start_step", else the
+    segment's first plotted step."""
     path = resolve_path(path)
-    records, bad = read_records(path)
-    out = RunMetrics(path=path, label=label or path.parent.name or path.stem, bad_lines=bad)
-    # Split at "run" records: each segment is one start (first run or a resume).
-    segments: list[list[dict[str, Any]]] = [[]]
-    for rec in records:
-        if rec.get("type") == "run" and segments[-1]:
-            segments.append([])
-        segments[-1].append(rec)
-    for seg in segments:
-        head = seg[0] if seg and seg[0].get("type") == "run" else None
-        if head is not None:
-            out.runs.append(head)
-        steps = [s for r in seg if r.get("type") in PLOTTED and (s := _step(r)) is not None]
-        if steps:
-            start = head.get("start_step") if head is not None else None
-            first = start if isinstance(start, int) and not isinstance(start, bool) else min(steps)
-            # Drop what an earlier attempt logged past the resume point: its training steps
-            # from `first` on (they are redone), its evaluations after `first` (an
-            # evaluation at `first` itself scored the checkpointed weights, still valid).
-            for kind, by_step in out.records.items():
-                cut = first if kind == "train" else first + 1
-                for s in [s for s in by_step if s >= cut]:
-                    del by_step[s]
-        for r in seg:
-            kind, s = r.get("type"), _step(r)
-            if kind in PLOTTED and s is not None:
-                out.records[kind][s] = r
+    out = RunMetrics(path=path, label=label or path.parent.name or path.stem)
+    start: int | None = None  # the current segment's, until its first plotted record
+    new_segment = False
+    for rec in read_records(path):
+        if rec is None:
+            out.bad_lines += 1
+            continue
+        kind = rec.get("type")
+        if kind == "run":
+            out.runs.append(rec)
+            s = rec.get("start_step")
+            start = s if isinstance(s, int) and not isinstance(s, bool) else None
+            new_segment = True
+            continue
+        step = _step(rec) if kind in FIELDS else None
+        if step is None:
+            continue
+        if new_segment:
+            first = step if start is None else start
+            for name, table in out.tables.items():
+                table.cut(first if name == "train" else first + 1)
+            new_segment = False
+        out.tables[kind].put(step, rec)
     return out

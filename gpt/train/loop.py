@@ -17,6 +17,7 @@ from gpt.model.attention_mask import set_attention_step
 from gpt.optim.schedule import Schedule
 from gpt.report.metrics import Progress, StepTimer
 from gpt.report.profiling import Profiler
+from gpt.runtime.machine_load import SlowdownWatch, read_load
 from gpt.train.periodic import (log_samples, no_checkpoint_note, save_checkpoint, score_hellaswag,
                                 validate)
 from gpt.train.run import Run
@@ -38,6 +39,7 @@ def run_loop(run: Run) -> dict[str, Any]:
     run.tally = Tally(start_step=start)
     timer = StepTimer(rt)
     schedule = Schedule(cfg.optim, cfg.train.max_steps)
+    slowdown = SlowdownWatch() if rt.device_type == "cpu" and rt.is_master else None
     with open_log(run), StopSignal(rt) as stop, Profiler(cfg.profile, rt, start) as profiler:
         run.curves = RunCurves.start(run.out_dir, rt.is_master)
         timer.reset()
@@ -68,6 +70,8 @@ def run_loop(run: Run) -> dict[str, Any]:
                 steps, sec = timer.steps, timer.lap()
                 run.tally.steps_timed(steps, sec)
                 last_loss = log_step(run, step, loss, norm, lr, sec, check)
+                if slowdown is not None and (note := slowdown.observe(sec, read_load)):
+                    run.say(f"note: {note}")  # once: the machine has become busy
             elif check:
                 check_finite(run, step)
             if stop.agreed():  # every rank stops at the same step
@@ -103,11 +107,15 @@ def finish(run: Run, stopped_by: int | None) -> None:
     the commands that go on from it (gpt/train/run_summary.py), printed and recorded."""
     why = (signal.Signals(stopped_by).name if stopped_by is not None else
            f"--stop-at-step {run.end_step}" if run.end_step < run.cfg.train.max_steps else None)
+    curves = run.curves.at_end() if run.curves else None
+    run.tally.drawing_seconds = run.curves.seconds if run.curves else 0.0  # not training time
     lines, record = summarize(run.tally, Ending(
         cfg=run.cfg, state=run.state, stopped_by=why, checkpoint=run.checkpointer.last_saved,
-        out_dir=run.out_dir, curves=run.curves.at_end() if run.curves else None,
-        val=run.val_loader is not None, hellaswag=bool(run.hellaswag_examples),
-        distributed=run.runtime.distributed))
+        out_dir=run.out_dir, curves=curves, val=run.val_loader is not None,
+        hellaswag=bool(run.hellaswag_examples), distributed=run.runtime.distributed,
+        val_batches=(min(run.cfg.eval.val_steps, run.val_loader.steps_per_pass)
+                     * run.runtime.world_size if run.val_loader is not None else 0),
+        compiled=bool(run.par.compiled)))
     for line in lines:
         run.say(line)
     run.log.write(record)

@@ -1,12 +1,14 @@
 """What a run says as it ends: one line with where it stopped, its last and best validation
-loss, the tokens it trained on, its wall time and tokens/s, and its checkpoint; then the
-commands that go on from there (resume a run that stopped early, sample, evaluate) and
-the picture of its curves. The same figures go to metrics.jsonl as a "summary" record.
+loss, the tokens it trained on, its time and tokens/s (the time of its steps, validations
+and checkpoints; drawing its curves left out), and its checkpoint; then the commands that
+go on from there (resume a run that stopped early, sample, evaluate: the last one scores
+the batches the run's validation scored, so it prints the run's figure) and the picture of
+its curves. The same figures go to metrics.jsonl as a "summary" record.
 
     done: step 150/150 | val loss 6.3424, best 6.3424 at step 150 | 307.20k tokens in 15m57s:
     321 tokens/s (341 in the steps alone) | checkpoint runs/shakespeare/ckpt_000150.pt
       sample:   python -m gpt.generate --checkpoint runs/shakespeare/ckpt_000150.pt --prompt ROMEO:
-      evaluate: python -m gpt.evaluate --checkpoint runs/shakespeare/ckpt_000150.pt --data-dir data/shakespeare
+      evaluate: python -m gpt.evaluate --checkpoint runs/shakespeare/ckpt_000150.pt --data-dir data/shakespeare --val-steps 8 --device cpu
       curves:   runs/shakespeare/curves.png
 
 (configs/cpu-demo.toml on a busy 2-core CPU; the first line here wrapped). The loop keeps
@@ -38,6 +40,12 @@ class Tally:
     timed_seconds: float = 0.0
     best_val: float = math.inf
     best_step: int | None = None
+    drawing_seconds: float = 0.0  # the curves' figure, drawn during the run and at its end
+
+    def training_seconds(self) -> float:
+        """The time since the start, less the curves' drawing: the summary's figures are
+        the training's (a long log's figure once took longer than a short resume's steps)."""
+        return max(0.0, time.monotonic() - self.started - self.drawing_seconds)
 
     def steps_timed(self, steps: int, seconds_per_step: float) -> None:
         self.timed_steps += steps
@@ -61,13 +69,15 @@ class Ending:
     val: bool  # it validated on val_* shards of its --data-dir
     hellaswag: bool  # it scored HellaSwag
     distributed: bool  # under torchrun
+    val_batches: int = 0  # the batches a validation scored, all ranks together
+    compiled: bool = False  # validation ran the compiled model
 
 
 def summarize(tally: Tally, end: Ending) -> tuple[list[str], dict[str, Any]]:
     """The lines to print and the metrics record."""
     cfg, step, last_val = end.cfg, end.state.step, end.state.last_val
     max_steps, tokens_per_step = cfg.train.max_steps, cfg.data.total_batch_tokens
-    wall = time.monotonic() - tally.started
+    wall = tally.training_seconds()
     trained = (step - tally.start_step) * tokens_per_step
     rate = trained / wall if wall > 0 else None
     steps_rate = (tally.timed_steps * tokens_per_step / tally.timed_seconds
@@ -103,7 +113,7 @@ def summarize(tally: Tally, end: Ending) -> tuple[list[str], dict[str, Any]]:
         ckpt = shlex.quote(str(end.checkpoint))
         lines.append(f"  sample:   python -m gpt.generate --checkpoint {ckpt} --prompt "
                      f"{shlex.quote(cfg.eval.sample_prompt)}")
-        what = [f"--data-dir {shlex.quote(cfg.data.data_dir)}"] if end.val else []
+        what = validation_flags(cfg, end) if end.val else []
         if end.hellaswag or not what:  # something to score: HellaSwag, downloaded once
             what.append(f"--hellaswag {shlex.quote(cfg.eval.hellaswag_file or 'val')}")
         lines.append(f"  evaluate: python -m gpt.evaluate --checkpoint {ckpt} {' '.join(what)}")
@@ -112,7 +122,27 @@ def summarize(tally: Tally, end: Ending) -> tuple[list[str], dict[str, Any]]:
     record = {"type": "summary", "step": step, "stopped_by": end.stopped_by,
               "val_loss": last_val, "best_val_loss": best if math.isfinite(best) else None,
               "best_step": best_step, "tokens": trained, "tokens_seen": step * tokens_per_step,
-              "wall_s": round(wall, 1), "tokens_per_s": rate, "step_tokens_per_s": steps_rate,
+              "wall_s": round(wall, 3), "tokens_per_s": rate, "step_tokens_per_s": steps_rate,
               "checkpoint": str(end.checkpoint) if end.checkpoint else None,
               "curves": str(end.curves) if end.curves else None}
     return lines, record
+
+
+def validation_flags(cfg: Config, end: Ending) -> list[str]:
+    """gpt.evaluate's flags that score the tokens the run's validation scored, as it did:
+    its batches (all ranks' together: the ranks' windows, read in order by one process, are
+    the same tokens), their size, and the device, precision and compilation where the run
+    chose them. gpt.evaluate's defaults (20 batches of 8 x the block size) are left out."""
+    d, t = cfg.data, cfg.train
+    flags = [f"--data-dir {shlex.quote(d.data_dir)}"]
+    if end.val_batches:
+        flags.append(f"--val-steps {end.val_batches}")
+    if d.batch_size != 8:
+        flags.append(f"--batch-size {d.batch_size}")
+    if d.seq_len != cfg.model.block_size:
+        flags.append(f"--seq-len {d.seq_len}")
+    flags += [f"--{name} {value}" for name, value in (("device", t.device), ("dtype", t.dtype))
+              if value != "auto"]
+    if end.compiled:
+        flags.append("--compile")
+    return flags

@@ -38,6 +38,8 @@ def train(cfg: Config) -> dict[str, Any]:
     if plan.runtime.is_master:
         if plan.layout is not None:
             print(plan.layout.line(), flush=True)
+        if plan.time_line is not None:  # how long it should take, as the dry run says it
+            print(plan.time_line, flush=True)
         for warning in plan.warnings:
             print(f"warning: {warning}", file=sys.stderr)
     runtime = init_runtime(cfg.train.device, cfg.train.dist_timeout)

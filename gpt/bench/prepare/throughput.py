@@ -3,7 +3,7 @@ multiprocessing baseline.
 
     python -m gpt.bench prepare                       # writes runs/bench/prepare_cpu<N>.json
     python -m gpt.bench prepare --mb 8 --repeats 1    # a quick look
-    python -m gpt.bench prepare --out benchmarks/prepare_cpu2.json   # to record a result
+    python -m gpt.bench prepare --out benchmarks      # to record a result (prepare_cpu2.json)
 
 Both methods read the same jsonl file, in one run, with the same number of worker
 processes, and must produce the same token stream (checked by hash):
@@ -159,10 +159,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", type=finite_float(0), default=3.0,
                    help="memory check: one more run of each method on the first input made this "
                         "many times larger (default 3; 0 skips it)")
-    p.add_argument("--out", default=None,
-                   help="result JSON (default runs/bench/prepare_cpu<workers>.json, a scratch "
-                        "folder like every benchmark's; the recorded results in benchmarks/ "
-                        "are only written when named here)")
+    p.add_argument("--out", default="runs/bench",
+                   help="folder for prepare_cpu<workers>.json (default runs/bench, the scratch "
+                        "folder every benchmark writes to; the recorded results in benchmarks/ "
+                        "are only written when it is named here)")
 
 
 def _both(header: str, key: str, spec: str = "") -> Column:
@@ -188,8 +188,9 @@ COLUMNS = [
 
 
 def default_out(out: str | None, workers: int) -> Path:
-    """Where the result goes: --out, else the scratch folder every benchmark writes to."""
-    return Path(out) if out else Path("runs") / "bench" / f"prepare_cpu{workers}.json"
+    """Where the result goes: prepare_cpu<workers>.json in the folder --out, else in the
+    scratch folder every benchmark writes to."""
+    return Path(out or Path("runs") / "bench") / f"prepare_cpu{workers}.json"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

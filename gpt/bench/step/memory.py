@@ -10,7 +10,8 @@ per component, without allocating anything:
 --world-size is the number of devices the run will use (torchrun's nproc_per_node x
 nnodes); --device-type what they are (it decides what --dtype auto means). With
 --largest-batch it also searches the largest --batch-size that fits each of the 24, 40
-and 80 GB GPUs (RTX 4090, A100 40GB, H100). Nothing is written unless --out names a file.
+and 80 GB GPUs (RTX 4090, A100 40GB, H100). A search that runs long says on stderr what
+it is planning, every few seconds. Nothing is written unless --out names a file.
 """
 
 from __future__ import annotations
@@ -56,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     capacity = (int(args.capacity_gib * 2**30) if args.capacity_gib
                 else memory.CAPACITIES["80GB"])
-    cfg, choice = layout.settle(cfg, args.world_size, device_type, capacity,
-                                distributed=args.world_size > 1)
+    with memory.Progress("the layout (auto)") as progress:  # on stderr: --json's stdout stays JSON
+        cfg, choice = layout.settle(cfg, args.world_size, device_type, capacity,
+                                    distributed=args.world_size > 1, progress=progress)
     if choice is not None and not args.json:
         print(choice.line())
     plan = choice.plan if choice and choice.plan else memory.plan(
@@ -68,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     largest: dict[str, Any] = {}
     if args.largest_batch:
         for name, capacity in memory.CAPACITIES.items():
-            b, at = memory.largest_batch(cfg, capacity, args.world_size, device_type)
+            with memory.Progress(f"the largest --batch-size on {name}") as progress:
+                b, at = memory.largest_batch(cfg, capacity, args.world_size, device_type,
+                                             progress=progress)
             largest[name] = {"batch_size": b, "peak_bytes": at.peak_bytes if at else None}
         report["largest_batch"] = largest
     report["planner_seconds"] = round(time.perf_counter() - started, 1)

@@ -3,10 +3,12 @@ records in order, resumable from any one, with progress where the dataset knows 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from gpt.core import network
 from gpt.data.prepare.config import PrepareError
 from gpt.data.prepare.pieces import Position, Record, Task, TextTaskBuilder, record_text
 
@@ -34,11 +36,25 @@ class HFSource:
     def _load(self) -> Any:
         import datasets  # looked up at call time, so tests can stand in for load_dataset
 
+        # Without network: a stream cannot start, and a download is read from the cache
+        # alone, at once (not after the library's retries)
+        offline = network.hub_unreachable()
+        if offline is not None and self.streaming:
+            raise PrepareError(f"--source {self.name} --streaming: streaming reads the Hugging "
+                               f"Face hub, which cannot be reached ({offline}); go online, or "
+                               f"drop --streaming to read a copy already downloaded")
         try:
-            return datasets.load_dataset(self.name, name=self.subset, split=self.split,
-                                         streaming=self.streaming)
+            with network.offline_hub() if offline is not None else contextlib.nullcontext():
+                return datasets.load_dataset(self.name, name=self.subset, split=self.split,
+                                             streaming=self.streaming)
         except Exception as e:  # hub, network and config errors come in many types
             detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if offline is not None:
+                raise PrepareError(
+                    f"--source {self.name}: not in Hugging Face datasets' cache (subset "
+                    f"{self.subset!r}, split {self.split!r}), and the hub cannot be reached "
+                    f"({offline}): download it once with network, or give a local file or "
+                    f"folder") from None
             raise PrepareError(
                 f"--source {self.name}: cannot load the Hugging Face dataset "
                 f"(subset {self.subset!r}, split {self.split!r}): {detail}; check the name, "
