@@ -384,3 +384,21 @@ def cuda_run_losses(tmp_path: Path, variants: dict[str, list[str]],
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[name] = ([r["loss"] for r in read_metrics(out, "train")], proc.stdout + proc.stderr)
     return runs
+
+
+def lm_eval_command(monkeypatch: Any, *args: str) -> int:
+    """`gpt2-lm-eval ARGS` in this process (its parser reads sys.argv). The harness gives
+    its logger a handler on this test's stderr, once a process: undone after the test."""
+    import copy
+    import logging
+
+    import lm_eval.utils
+
+    from gpt import harness_cli
+
+    logger = logging.getLogger("lm_eval")
+    for name in ("handlers", "propagate", "level"):
+        monkeypatch.setattr(logger, name, copy.copy(getattr(logger, name)))
+    monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)
+    monkeypatch.setattr(sys, "argv", ["gpt2-lm-eval", *args])
+    return harness_cli.main()

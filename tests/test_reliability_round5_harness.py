@@ -7,16 +7,13 @@ that cannot load says what is wrong with it. Offline, on tiny local tasks
 
 from __future__ import annotations
 
-import copy
 import json
-import logging
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from gpt import harness_cli
 from gpt.eval import harness_tasks
 from gpt.core.config import model_preset
 from gpt.evaluate import main as evaluate_main
@@ -24,7 +21,8 @@ from gpt.model.transformer import GPT
 from gpt.entry import train_main
 
 from harness_fixtures import write_odd_tasks, write_tasks
-from helpers import QUIET, TINY, read_metrics, run_torchrun, write_checkpoint, write_random_shards
+from helpers import (QUIET, TINY, lm_eval_command, read_metrics, run_torchrun, write_checkpoint,
+                     write_random_shards)
 
 lm_eval = pytest.importorskip("lm_eval", reason='lm-eval is not installed (pip install -e ".[eval]")')
 
@@ -55,18 +53,6 @@ def one_line(text: str) -> str:
     assert len(lines) == 1, text
     return lines[0]
 
-
-def lm_eval_command(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
-    """`gpt2-lm-eval ARGS` in this process (its parser reads sys.argv). The harness gives
-    its logger a handler on this test's stderr, once a process: undone after the test."""
-    import lm_eval.utils
-
-    logger = logging.getLogger("lm_eval")
-    for name in ("handlers", "propagate", "level"):
-        monkeypatch.setattr(logger, name, copy.copy(getattr(logger, name)))
-    monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)
-    monkeypatch.setattr(sys, "argv", ["gpt2-lm-eval", *args])
-    return harness_cli.main()
 
 
 # ---- 1: a checkpoint that cannot be read is one line, not a traceback

@@ -7,12 +7,9 @@ line, control characters escaped (6); `python -m gpt.plot -o` is one line (7).""
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
-import logging
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -32,7 +29,8 @@ from gpt.entry import train_main
 from gpt.model import sizing
 from gpt.plan import preflight
 
-from helpers import QUIET, TINY, read_only_folder, write_random_shards
+from helpers import QUIET, TINY, lm_eval_command, read_only_folder, write_random_shards
+from test_reliability_round5 import trained  # noqa: F401 -- a fixture: one step of a tiny model
 
 
 @pytest.fixture(autouse=True)
@@ -198,13 +196,6 @@ def test_a_lock_file_a_killed_run_left_means_nothing(data: Path, tmp_path: Path,
 # ---- 2: the size is judged by what building costs, not by parameters alone
 
 
-@pytest.fixture(scope="module")
-def trained(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("trained")
-    assert train_main([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data),
-                       "--out-dir", str(out)]) == 0
-    return out / "ckpt_000001.pt"
-
 
 DEEP_THIN = {"n_layer": 80_000, "n_embd": 2, "n_head": 1}  # passes the parameter bounds
 
@@ -303,20 +294,6 @@ def _broken_entries(folder: Path, kind: str) -> str:
     (folder / "sub" / "up").symlink_to(folder)
     return f"{folder / 'sub' / 'up'} leads back to a folder it is in (a symlink loop)"
 
-
-def lm_eval_command(monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
-    """`gpt2-lm-eval ARGS` in this process (its parser reads sys.argv); the handler the
-    harness gives its logger, once a process, undone after the test."""
-    import lm_eval.utils
-
-    from gpt import harness_cli
-
-    logger = logging.getLogger("lm_eval")
-    for name in ("handlers", "propagate", "level"):
-        monkeypatch.setattr(logger, name, copy.copy(getattr(logger, name)))
-    monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)
-    monkeypatch.setattr(sys, "argv", ["gpt2-lm-eval", *args])
-    return harness_cli.main()
 
 
 @pytest.mark.parametrize("kind", ["dangling yaml", "fifo yaml", "folder loop"])
