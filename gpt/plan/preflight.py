@@ -212,7 +212,7 @@ def _estimate_time(plan: Plan) -> None:
                 f"--device auto found no GPU and falls back to {rt.device}, where this recipe "
                 f"takes about {format_duration(plan.estimate.total_s or 0)} "
                 f"({plan.estimate.tokens_per_s:,.0f} tokens/s, timed here): it is meant for a "
-                f"GPU; run it on one, or train configs/cpu-demo.toml's model on this machine")
+                f"GPU; run it on one, or train the README's first run (configs/cpu-speedrun.toml) here")
     if measured or (plan.estimate is not None and plan.estimate.train_s is not None):
         plan.time_line = expected.time_line(cfg, rt.device, name, rt.world_size,
                                             plan.estimate, start)
