@@ -69,3 +69,15 @@ def test_help_states_each_default_once() -> None:
     assert text.count("(default: ") >= 40
     assert "--stop-at-step INT save a checkpoint and stop after this many steps (e.g. to fit a job time limit) (default: off)" in text
     assert "--compile, --no-compile torch.compile the model (default: on for CUDA only)" in text
+
+
+def test_gpt2_lm_eval_without_the_harness_says_how_to_get_it(monkeypatch, capsys) -> None:
+    """The console script's module imports without lm-eval and answers in one line."""
+    import sys
+
+    from gpt import harness_cli
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # importing it now fails
+    code = harness_cli.main(["--model", "gpt2-trainer", "--tasks", "hellaswag"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and len(err.splitlines()) == 1 and '.[eval]' in err, err
