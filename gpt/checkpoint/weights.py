@@ -26,7 +26,7 @@ import safetensors.torch
 import torch
 
 from gpt.checkpoint.model_load import PretrainedError, build_model, load_checkpoint_model
-from gpt.core.config import Config, ModelConfig
+from gpt.core.config import ModelConfig
 from gpt.core.config_io import flag
 from gpt.core import network
 from gpt.core.fileio import atomic_path
@@ -272,27 +272,23 @@ def not_gpt2_parts(cfg: ModelConfig) -> list[str]:
         [f"--attn-window {cfg.attn_window}"] if cfg.attn_window else [])
 
 
-def with_pretrained_shape(cfg: Config) -> Config:
-    """--init-from decides the model's depth and width (its config.json is read; the weights
-    are loaded later, in build_run, unless a checkpoint is resumed instead). Parts that
-    would drop some of GPT-2's weights are refused; the others (an untied head starts as
-    a copy of the embedding) take GPT-2's weights as a starting point."""
-    if not cfg.train.init_from:
-        return cfg
+def pretrained_shape(m: ModelConfig, init_from: str) -> ModelConfig:
+    """The model `m` with --init-from's depth and width (its config.json is read; the
+    weights are loaded later, in build_run, unless a checkpoint is resumed instead). Parts
+    that would drop some of GPT-2's weights are refused; the others (an untied head starts
+    as a copy of the embedding) take GPT-2's weights as a starting point."""
     for table, words in ((NO_PLACE_FOR, "a model with {flags} has no place for GPT-2's {what}"),
                          (NOT_IN_GPT2, "GPT-2's weights have no {what} for {flags}")):
-        parts = [part for part in table if getattr(cfg.model, part)]
+        parts = [part for part in table if getattr(m, part)]
         if parts:
             flags = " and ".join(flag(part) for part in parts)
             what = " and ".join(table[part] for part in parts)
             raise PretrainedError(
-                f"--init-from {cfg.train.init_from}: {words.format(flags=flags, what=what)}; "
+                f"--init-from {init_from}: {words.format(flags=flags, what=what)}; "
                 f"drop {flags}, or train from scratch without --init-from")
-    folder = resolve(cfg.train.init_from)
-    pre = model_config_from_hf(read_hf_config(folder), str(folder),
-                                          cfg.model.vocab_size, cfg.model.block_size)
-    shape = {k: getattr(pre, k) for k in ("n_layer", "n_head", "n_embd")}
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **shape))
+    folder = resolve(init_from)
+    pre = model_config_from_hf(read_hf_config(folder), str(folder), m.vocab_size, m.block_size)
+    return dataclasses.replace(m, **{k: getattr(pre, k) for k in ("n_layer", "n_head", "n_embd")})
 
 
 def init_from_note(cfg: ModelConfig) -> str:

@@ -144,7 +144,9 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
     launch = plan.launch
     t = cfg.train
     check(lambda: check_tracking(t.tensorboard, t.wandb_project))
-    plan.cfg = check(lambda: weights.with_pretrained_shape(cfg)) or cfg
+    if t.init_from:  # the model's shape is the checkpoint's on the hub or in the folder
+        shaped = check(lambda: weights.pretrained_shape(cfg.model, t.init_from))
+        plan.cfg = dataclasses.replace(cfg, model=shaped) if shaped is not None else cfg
     device = check(lambda: pick_device(t.device, launch.local_rank if launch else 0))
     if device is not None and check(lambda: check_launch_device(device, launch) or True):
         plan.runtime = Runtime(device=device, rank=launch.rank if launch else 0,
