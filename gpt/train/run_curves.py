@@ -1,7 +1,8 @@
 """The run folder's picture: `curves.png`, gpt/report/curves.py's figure (the one
 `python -m gpt.plot` draws) of the run's metrics.jsonl (loss, learning rate, tokens/s,
-HellaSwag when scored), titled with the run's folder and recipe, redrawn as the run goes where matplotlib is installed. Where it is not, the run
-says so once, as it starts, with the command that installs it.
+HellaSwag when scored), titled with the run's folder and recipe, redrawn as the run goes
+where matplotlib is installed. Where it is not, the run says so once, as it starts, with
+the command that installs it.
 
 Drawing takes a second or two of CPU (matplotlib's import, then each figure), so the
 redraws after a validation are paced: once MIN_INTERVAL_S have passed since the run
