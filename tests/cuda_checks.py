@@ -32,10 +32,11 @@ import pytest
 
 from helpers import CompileFellBack
 
-# What a CUDA call raises where there is no CUDA: torch built without it (torch/cuda's
-# lazy init, a CUDA generator, pinned memory), torch built with it on a machine without a GPU or driver, Triton finding no
-# GPU to launch on, and the trainer's own refusal (gpt/runtime/device.py) in a process of
-# its own (torchrun's ranks, a subprocess), which the patch does not reach.
+# What a CUDA call raises where there is no CUDA: torch built without it (torch/cuda's lazy
+# init, a CUDA generator, pinned memory), torch built with it on a machine without a GPU or
+# driver, Triton finding no GPU to launch on, and the trainer's own refusal
+# (gpt/runtime/device.py) in a process of its own (torchrun's ranks, a subprocess), which
+# the patch does not reach.
 CUDA_ERRORS = re.compile("|".join(map(re.escape, (
     "Torch not compiled with CUDA enabled",
     "Cannot get CUDA generator without ATen_cuda library",
@@ -46,6 +47,9 @@ CUDA_ERRORS = re.compile("|".join(map(re.escape, (
     "CUDA driver initialization failed",
     "0 active drivers",
     "--device cuda: no CUDA device is visible to torch",
+    # torch's CUDA build where a driver library is present but no GPU or too old a driver:
+    # the CUDA runtime's own errors, all "CUDA error: ..."
+    "CUDA error: ",
 ))))
 FAKE = pytest.StashKey[bool]()
 

@@ -86,6 +86,21 @@ def test_fake_cuda_passes_what_reached_cuda_and_fails_what_broke_before(tmp_path
     assert proc.returncode == 1 and "2 failed, 1 passed, 1 skipped" in out
 
 
+@pytest.mark.parametrize("message, reached", [
+    ("RuntimeError: Torch not compiled with CUDA enabled", True),  # torch's CPU build
+    # torch's CUDA build where a driver library is installed without a GPU (CI's part 2)
+    ("torch.AcceleratorError: CUDA error: CUDA driver version is insufficient for CUDA "
+     "runtime version", True),
+    ("RuntimeError: Found no NVIDIA driver on your system.", True),
+    ("TypeError: expected str, bytes or os.PathLike object, not tuple", False),  # a bug first
+    ("AssertionError: the loss is NaN on CUDA", False),  # names CUDA, is not CUDA's error
+])
+def test_what_counts_as_reaching_cuda(message: str, reached: bool) -> None:
+    from cuda_checks import reached_cuda
+
+    assert (reached_cuda(message) is not None) is reached
+
+
 def test_a_cuda_test_in_which_compile_gave_up_fails(tmp_path: Path) -> None:
     """Without --fake-cuda (torch.compile cannot run where CUDA is only pretended): the
     example's cuda test that runs torch.compile past its recompile limit passes its own
