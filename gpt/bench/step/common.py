@@ -171,7 +171,7 @@ MODES = ("fwd", "fwdbwd", "step")
 
 
 def mode_flops_per_token(cfg: ModelConfig, seq_len: int, mode: str) -> float:
-    """Model FLOPs per token for a timed mode: the training count (gpt.report.metrics.
+    """Model FLOPs per token for a timed mode: the training count (gpt.report.flops.
     flops_per_token: 6N + 12 L d T) for forward+backward and a full step, a third of it
     (2N + 4 L d T) for the forward alone."""
     full = flops_per_token(cfg, seq_len)
