@@ -2,7 +2,7 @@
 
     python -m gpt.pretrained export --checkpoint runs/x/ckpt_001000.pt --out hf/my-gpt2
 
-The conversion itself is gpt/checkpoint/weights.py's export_hf. The flags are parsed before torch
+The conversion itself is gpt/checkpoint/export.py's export_hf. The flags are parsed before torch
 is imported, so --help and a bad flag answer at once.
 """
 

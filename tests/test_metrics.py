@@ -1,4 +1,5 @@
-"""Tests for gpt.report.metrics: FLOPs per token, MFU, device peaks and the JSONL log."""
+"""Tests for gpt.report.flops (FLOPs per token, MFU, device peaks) and gpt.report.metrics (the
+JSONL log)."""
 
 from __future__ import annotations
 

@@ -22,6 +22,9 @@ from helpers import REPO
 
 PATH = re.compile(r"(?<![\w./-])gpt/[\w/]+\.py\b")
 DOTTED = re.compile(r"(?<![\w.])gpt(?:\.\w+)+")
+# "gpt/core/fileio.py's FolderLock": a file's name, then one of its names (a word with an
+# underscore, or in CamelCase: not "gpt/model/fused_ce.py's Triton kernels")
+OWNED = re.compile(r"(?<![\w./-])(gpt/[\w/]+\.py)'s (\w*_\w*|[A-Z][a-z]+[A-Z]\w*)")
 RECORDS = re.compile(r"^(benchmarks/gpu/\d{4}-|tests/fixtures/)|\.(json|jsonl|log|patch)$")
 PLACEHOLDERS = {"gpt.x", "gpt.a", "gpt.b"}
 TEXT = re.compile(r"\.(md|py|toml|txt|sh|sbatch|cfg|ini|yaml)$|^\.ci/run$")
@@ -75,6 +78,8 @@ def unknown_names(path: str, text: str, root: Path = REPO) -> list[str]:
     bad = [p for p in PATH.findall(body) if not (root / p).is_file()]
     bad += [d for d in DOTTED.findall(body)
             if d not in PLACEHOLDERS and not resolves(d.rstrip("."), root)]
+    bad += [f"{path_}'s {name}" for path_, name in OWNED.findall(body)
+            if (root / path_).is_file() and name not in top_level_names(root / path_)]
     return sorted(set(bad))
 
 
@@ -93,11 +98,14 @@ def test_a_name_left_from_before_a_move_is_seen(tmp_path: Path) -> None:
     (tmp_path / "gpt" / "__init__.py").write_text("")
     (tmp_path / "gpt" / "report" / "__init__.py").write_text("")
     (tmp_path / "gpt" / "report" / "flops.py").write_text("PEAK = 1\ndef flops_per_token(): pass\n")
-    good = "`gpt/report/flops.py`, gpt.report.flops.flops_per_token and gpt.report.flops.PEAK."
+    good = ("`gpt/report/flops.py`, gpt.report.flops.flops_per_token and gpt.report.flops.PEAK, "
+            "gpt/report/flops.py's flops_per_token and its Triton kernels.")
     assert unknown_names("docs/x.md", good, tmp_path) == []
-    moved = "`gpt/metrics.py`'s gpt.report.metrics.flops_per_token; gpt.report.flops.peak."
+    moved = ("`gpt/metrics.py`'s gpt.report.metrics.flops_per_token; gpt.report.flops.peak; "
+             "gpt/report/flops.py's MetricsLog, not its Triton kernels")
     assert unknown_names("docs/x.md", moved, tmp_path) == [
-        "gpt.report.flops.peak", "gpt.report.metrics.flops_per_token", "gpt/metrics.py"]
+        "gpt.report.flops.peak", "gpt.report.metrics.flops_per_token", "gpt/metrics.py",
+        "gpt/report/flops.py's MetricsLog"]
     code = ('"""See gpt/metrics.py."""\n'
             "# and gpt.report.metrics.\n"
             "block = gpt.config.block_size\n")

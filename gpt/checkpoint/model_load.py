@@ -1,8 +1,8 @@
 """Weights into a GPT: a state dict loaded exactly (the model allocated once, with no
 random initialisation, each tensor checked for its name, shape and finiteness), and a
 trainer checkpoint's weights read as a model, for generation, evaluation and export.
-Hugging Face GPT-2 folders in and out are gpt/checkpoint/weights.py's; a checkpoint's format is
-gpt/checkpoint/files.py's."""
+Hugging Face GPT-2 folders in are gpt/checkpoint/weights.py's, out gpt/checkpoint/export.py's;
+a checkpoint's format is gpt/checkpoint/files.py's."""
 
 from __future__ import annotations
 
