@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpt.checkpoint.export import export_hf
 from gpt.checkpoint.files import load
+from gpt.checkpoint.weights import PretrainedError
 from gpt.core.config import ModelConfig, model_preset
 from gpt.model.transformer import GPT, Rotary
-from gpt.checkpoint.export import export_hf
-from gpt.checkpoint.weights import PretrainedError
 from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one,
                      meta_build_and_reference, run_cli, write_random_shards)
 from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
@@ -176,8 +176,8 @@ def test_two_ranks_match_one_process_with_a_modern_model(mode: str, data_dir: Pa
 
 
 def test_the_memory_planner_plans_a_modern_model() -> None:
-    from gpt.plan import memory
     from gpt.core.cli import parse_args
+    from gpt.plan import memory
 
     gpt2 = memory.plan(parse_args(TINY), device_type="cpu")
     modern = memory.plan(parse_args([*TINY, *ALL_FLAGS]), device_type="cpu")
@@ -193,13 +193,13 @@ def test_the_compiled_step_of_a_modern_model_has_no_graph_break(graph_backend, t
     """All the options and Muon under the trainer's torch.compile (aot_eager here): one
     graph for the training step and none added by a second step; evaluation and HellaSwag
     (rotary positions over padded examples) compile on their own callable."""
-    from gpt.eval import hellaswag
     from gpt.core.cli import parse_args
-    from gpt.runtime.world import init_runtime
     from gpt.engine.step import forward_backward, optimizer_step
-    from gpt.plan.preflight import preflight
-    from gpt.train.build import build_run
+    from gpt.eval import hellaswag
     from gpt.eval.validation import val_loss
+    from gpt.plan.preflight import preflight
+    from gpt.runtime.world import init_runtime
+    from gpt.train.build import build_run
 
     data = write_random_shards(tmp_path, seed=0, train=(20_000,), val=(5_000,))
     cfg = parse_args([*TINY, *QUIET, *ALL_FLAGS, "--zero-init-proj", "--optimizer", "muon",

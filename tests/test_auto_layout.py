@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from helpers import QUIET, TINY, read_metrics, run_cli, write_random_shards
-from gpt.engine import parallel
-from gpt.plan import layout, memory
 from gpt.checkpoint.files import load, resume_point
 from gpt.core.cli import parse_args
 from gpt.core.config import Config, ConfigError
 from gpt.core.config_io import from_dict, to_dict
-from gpt.plan.memory import MemoryPlan
+from gpt.engine import parallel
 from gpt.model.transformer import GPT
+from gpt.plan import layout, memory
+from gpt.plan.memory import MemoryPlan
 
 GiB = 2**30
 AUTO = ["--parallel", "auto", "--activation-checkpointing", "auto", "--batch-size", "auto"]
@@ -335,8 +335,8 @@ def test_a_run_records_the_values_it_chose_and_a_resume_keeps_them(
 
 def test_a_run_with_nothing_that_fits_stops_in_one_line(data_dir: Path, tmp_path: Path,
                                                         monkeypatch, capsys) -> None:
-    from gpt.model import sizing
     from gpt.entry import train_main as main
+    from gpt.model import sizing
 
     monkeypatch.setattr(sizing, "device_memory", lambda device: 64 * 2**20)
     code = main([*TINY, *QUIET, *AUTO, "--data-dir", str(data_dir),

@@ -21,10 +21,10 @@ from gpt.bench.step import model as model_bench
 from gpt.bench.step.common import mode_flops_per_token, precision_skip_reason
 from gpt.bench.step.naive import NaiveCausalSelfAttention, use_naive_attention
 from gpt.bench.timing import run_guarded, summarize, time_fn
-from gpt.runtime.device import is_oom
 from gpt.core.config import model_preset
-from gpt.report.flops import flops_per_token
 from gpt.model.transformer import GPT
+from gpt.report.flops import flops_per_token
+from gpt.runtime.device import is_oom
 
 CPU = torch.device("cpu")
 RUN_FIELDS = ("command", "device", "torch", "cuda", "tf32", "commit", "time", "results")

@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt.eval import bpb
 from gpt.core.config import model_preset
 from gpt.data.loader import ShardLoader
+from gpt.data.tokenizer import GPT2_EOT, gpt2_tokenizer
+from gpt.eval import bpb
+from gpt.eval.validation import val_loss
 from gpt.evaluate import main
 from gpt.model.transformer import GPT
-from gpt.data.tokenizer import GPT2_EOT, gpt2_tokenizer
-from gpt.eval.validation import val_loss
 
 from helpers import write_checkpoint
 

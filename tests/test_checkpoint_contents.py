@@ -16,9 +16,9 @@ import torch
 from helpers import QUIET, TINY, run_cli
 from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.files import CheckpointError
+from gpt.checkpoint.model_load import PretrainedError, read_checkpoint
 from gpt.core.config import Config
 from gpt.core.config_io import to_dict
-from gpt.checkpoint.model_load import PretrainedError, read_checkpoint
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 

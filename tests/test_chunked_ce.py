@@ -14,13 +14,13 @@ import torch.nn.functional as F
 
 from helpers import QUIET, TINY, read_metrics, run_cli, write_random_shards
 from test_memory import highest_rise
-from gpt.engine import parallel
-from gpt.plan import memory
-from gpt.model.chunked_ce import chunk_rows, linear_cross_entropy
 from gpt.core.cli import parse_args
 from gpt.core.config import TrainConfig, model_preset
-from gpt.runtime.world import Runtime
+from gpt.engine import parallel
+from gpt.model.chunked_ce import chunk_rows, linear_cross_entropy
 from gpt.model.transformer import GPT
+from gpt.plan import memory
+from gpt.runtime.world import Runtime
 
 FP32_REL = 1e-6  # |chunked - unfused| / |unfused| over each whole tensor, in fp32
 

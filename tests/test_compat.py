@@ -12,8 +12,8 @@ import torch
 
 from helpers import QUIET, REPO, TINY, write_random_shards
 from gpt.core import compat
-from gpt.engine import parallel
 from gpt.core.config import ConfigError
+from gpt.engine import parallel
 from gpt.runtime.world import Runtime
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gpt.core.config import (PRESETS, SECTIONS, CheckpointConfig, EvalConfig, ProfileConfig, Config, ConfigError, DataConfig, ModelConfig, OptimConfig, TrainConfig, model_preset)
-from gpt.core.config_io import describe, flag, from_dict, to_dict
-from gpt.core.config_check import grad_accum_steps, resolve
 from gpt.core.cli import parse_args, to_toml
+from gpt.core.config import (PRESETS, SECTIONS, CheckpointConfig, EvalConfig, ProfileConfig, Config, ConfigError, DataConfig, ModelConfig, OptimConfig, TrainConfig, model_preset)
+from gpt.core.config_check import grad_accum_steps, resolve
+from gpt.core.config_io import describe, flag, from_dict, to_dict
 
 # --------------------------------------------------------------------------
 # helpers

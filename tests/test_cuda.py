@@ -22,19 +22,19 @@ import torch.nn.functional as F
 
 from helpers import (QUIET, REPO, kill_tree, read_metrics, run_cli, run_torchrun, wait_for,
                      write_random_shards)
-from gpt.eval import hellaswag
 from gpt.core.cli import parse_args
 from gpt.core.config import OptimConfig, model_preset
 from gpt.data.loader import ShardLoader
-from gpt.runtime.world import init_runtime
+from gpt.data.shards import write_shard
+from gpt.engine.parallel import apply_activation_checkpointing
+from gpt.engine.step import forward_backward, optimizer_step
+from gpt.eval import hellaswag
 from gpt.eval.sampling import sample
-from gpt.report.flops import peak_tflops
 from gpt.model.transformer import GPT
 from gpt.optim.optimizer import build_optimizer
-from gpt.engine.parallel import apply_activation_checkpointing
-from gpt.data.shards import write_shard
-from gpt.engine.step import forward_backward, optimizer_step
 from gpt.plan.preflight import preflight
+from gpt.report.flops import peak_tflops
+from gpt.runtime.world import init_runtime
 from gpt.train.build import build_run
 
 pytestmark = pytest.mark.cuda
@@ -236,9 +236,9 @@ def test_a_training_step_never_waits_for_the_gpu() -> None:
 
 
 def test_a_meta_model_initialised_on_the_gpu_equals_the_cpu_build() -> None:
-    from gpt.runtime.world import Runtime
-    from gpt.engine.parallel import parallelize
     from gpt.core.config import TrainConfig
+    from gpt.engine.parallel import parallelize
+    from gpt.runtime.world import Runtime
 
     cfg = model_preset("mini", block_size=64)
     torch.manual_seed(7)

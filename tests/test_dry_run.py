@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt.model import sizing
 from gpt.entry import train_main
+from gpt.model import sizing
 
 from helpers import QUIET, TINY, run_cli, write_random_shards
 
@@ -80,8 +80,8 @@ def test_what_to_lower_when_the_plan_does_not_fit(tmp_path: Path, no_launch_env,
     data = write_random_shards(mkdir(tmp_path / "data"), seed=0, train=(10_000,))
     args = [*TINY, *QUIET, "--data-dir", str(data), "--out-dir", str(tmp_path / "run"),
             "--batch-size", "8", "--total-batch-tokens", "512", "--dry-run"]
-    from gpt.plan import memory
     from gpt.core.cli import parse_args
+    from gpt.plan import memory
 
     cfg = parse_args([*args[:-1], "--batch-size", "2"])
     two = memory.plan(cfg, device_type="cpu").peak_bytes  # what --batch-size 2 needs

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.eval import hellaswag
+from gpt.checkpoint.model_load import load_checkpoint_model
 from gpt.core.config import model_preset
 from gpt.data.loader import ShardLoader
-from gpt.evaluate import main
+from gpt.eval import hellaswag
 from gpt.eval.validation import val_loss
+from gpt.evaluate import main
 from gpt.model.transformer import GPT
-from gpt.checkpoint.model_load import load_checkpoint_model
 
 from helpers import run_torchrun, write_checkpoint
 

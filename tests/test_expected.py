@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.plan import expected
 from gpt.core.cli import parse_args
+from gpt.plan import expected
 
 from helpers import QUIET, REPO, TINY, run_cli, write_random_shards
 

@@ -18,16 +18,16 @@ import torch.nn as nn
 
 from helpers import (QUIET, REPO, SHAKESPEARE, TINY, assert_resume_is_exact,
                      assert_two_ranks_match_one, read_metrics, run_cli)
-from gpt.engine import parallel
-from gpt.model import fp8
-from gpt.plan import memory
 from gpt.checkpoint.files import load
 from gpt.core.cli import parse_args
 from gpt.core.config import ConfigError
 from gpt.core.config_check import resolve
-from gpt.runtime.world import Runtime
 from gpt.core.errors import UserError
+from gpt.engine import parallel
+from gpt.model import fp8
 from gpt.model.transformer import GPT
+from gpt.plan import memory
+from gpt.runtime.world import Runtime
 
 needs_torchao = pytest.mark.skipif(
     importlib.util.find_spec("torchao") is None,
@@ -320,8 +320,8 @@ def test_a_checkpoint_of_an_fp8_run_is_any_readers(text_data: Path, tmp_path: Pa
     """Its keys are those of a run without FP8, a plain GPT loads it, and the validation
     the run reported (in high precision) is the loss a plain model of those weights has."""
     from gpt.checkpoint.model_load import load_checkpoint_model
-    from gpt.eval.validation import val_loss
     from gpt.data.loader import ShardLoader
+    from gpt.eval.validation import val_loss
 
     out, plain = tmp_path / "fp8", tmp_path / "plain"
     proc = run_cli(*run_args(text_data, recipe), "--max-steps", "2", "--out-dir", str(out))

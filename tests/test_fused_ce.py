@@ -36,11 +36,11 @@ import torch
 import torch.nn.functional as F
 
 from helpers import QUIET, REPO, TINY, cuda_run_losses, run_cli, write_random_shards
-from gpt.model import loss_kernels
 from gpt.core.cli import parse_args
 from gpt.core.compat import version_tuple
 from gpt.core.config import ModelConfig, TrainConfig
 from gpt.core.errors import UserError
+from gpt.model import loss_kernels
 from gpt.model.transformer import GPT
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from gpt.core.config import model_preset
-from gpt.generate import main
-from gpt.eval.sampling import sample, until_eot
-from gpt.model.transformer import GPT
 from gpt.engine.parallel import apply_activation_checkpointing
+from gpt.eval.sampling import sample, until_eot
+from gpt.generate import main
+from gpt.model.transformer import GPT
 
 from helpers import write_checkpoint
 

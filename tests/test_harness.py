@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpt.checkpoint.export import export_hf
 from gpt.core.config import model_preset
 from gpt.model.transformer import GPT
-from gpt.checkpoint.export import export_hf
 
 from harness_fixtures import MC, write_tasks
 from helpers import QUIET, TINY, read_metrics, run_cli
@@ -284,9 +284,9 @@ def test_our_hellaswag_and_the_harness_s_read_the_same_items_differently(tmp_pat
     """What the README says of the two HellaSwags, checked on the same items: the harness's
     own task prefixes the activity label, capitalises ctx_b and strips WikiHow's tags
     (ours scores ctx as given); both score every item."""
+    from gpt.data.tokenizer import GPT2_VOCAB, gpt2_tokenizer
     from gpt.eval import harness_tasks, hellaswag
     from gpt.eval.harness import GPT2TrainerLM
-    from gpt.data.tokenizer import GPT2_VOCAB, gpt2_tokenizer
 
     from harness_fixtures import HELLASWAG, write_hellaswag_both_ways
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.eval import hellaswag
 from gpt.core.config import model_preset
+from gpt.eval import hellaswag
 from gpt.eval.hellaswag import Example, HellaSwagError, build_batch, completion_losses, evaluate
 from gpt.model.transformer import GPT
 

@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 
 from helpers import QUIET, REPO, TINY, cuda_run_losses, run_cli, write_random_shards
-from gpt.model import loss_kernels
-from gpt.plan import memory
 from gpt.core.cli import parse_args
 from gpt.core.config import TrainConfig
 from gpt.core.config_io import field_index
 from gpt.core.errors import UserError
+from gpt.model import loss_kernels
+from gpt.plan import memory
 
 
 def reference(h: torch.Tensor, w: torch.Tensor, t: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -158,10 +158,10 @@ def test_a_library_gets_what_autocast_linear_would(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.numerics
 def test_the_model_calls_the_kernel_the_trainer_chose(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpt.engine import parallel
     from gpt.core.config import model_preset
-    from gpt.runtime.world import Runtime
+    from gpt.engine import parallel
     from gpt.model.transformer import GPT
+    from gpt.runtime.world import Runtime
 
     calls = stand_in(monkeypatch, "cut_cross_entropy", "cut_cross_entropy", "linear_cross_entropy")
     torch.manual_seed(0)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import gpt.train.loop as loop
 from gpt.runtime import machine_load
 from gpt.runtime.machine_load import IGNORE, Load, SlowdownWatch, busy_warning, read_load
+import gpt.train.loop as loop
 
 from helpers import QUIET, TINY, run_cli
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gpt.engine import parallel
-from gpt.plan import memory, memory_trace
 from gpt.bench.cli import main as bench_main
 from gpt.core.cli import parse_args
-from gpt.runtime.world import Runtime
-from gpt.model.transformer import GPT
+from gpt.engine import parallel
 from gpt.engine.step import forward_backward, optimizer_step
+from gpt.model.transformer import GPT
+from gpt.plan import memory, memory_trace
+from gpt.runtime.world import Runtime
 
 SMALL = ["--model", "tiny", "--n-layer", "2", "--n-head", "2", "--n-embd", "64",
          "--vocab-size", "512", "--block-size", "64", "--batch-size", "4", "--seq-len", "64"]

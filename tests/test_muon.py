@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from gpt.core.config import OptimConfig, model_preset
+from gpt.engine.step import optimizer_step
 from gpt.model.transformer import GPT
 from gpt.optim.muon import MuonAdamW, hidden_matrices, momentum_at
 from gpt.optim.optimizer import build_optimizer, optimizer_groups
 from gpt.optim.schedule import lr_at
-from gpt.engine.step import optimizer_step
 from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one, run_cli,
                      write_random_shards)
 

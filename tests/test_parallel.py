@@ -16,13 +16,13 @@ import torch
 import torch.distributed as dist
 
 from helpers import QUIET, REPO, TINY, write_random_shards
-from gpt.engine import parallel
-from gpt.eval import hellaswag
 from gpt.core.cli import parse_args
 from gpt.core.config import ConfigError, OptimConfig, TrainConfig, model_preset
-from gpt.runtime.world import Runtime
-from gpt.model.transformer import GPT
+from gpt.engine import parallel
 from gpt.engine.step import SkippedSteps, forward_backward, optimizer_step
+from gpt.eval import hellaswag
+from gpt.model.transformer import GPT
+from gpt.runtime.world import Runtime
 
 TINY_MODEL = model_preset("tiny", block_size=32)
 
@@ -202,9 +202,9 @@ def test_trainer_graphs_training_never_breaks_and_eval_compiles_apart(
     """The trainer's own compiled step: one graph, no break. Validation and HellaSwag
     compile their own two graphs (no-grad at the validation shape; HellaSwag's padded
     shape) on evaluation's callable, and the training step after them compiles nothing."""
-    from gpt.runtime.world import init_runtime
     from gpt.eval.validation import val_loss
     from gpt.plan.preflight import preflight
+    from gpt.runtime.world import init_runtime
     from gpt.train.build import build_run
 
     data = write_random_shards(tmp_path, seed=0, train=(20_000,), val=(5_000,))

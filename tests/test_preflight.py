@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from helpers import QUIET, REPO, TINY, run_cli, write_random_shards
-from gpt.core import extras
-from gpt.model import sizing
 from gpt.checkpoint.files import save_atomic
+from gpt.core import extras
 from gpt.core.cli import parse_args
 from gpt.core.config import model_preset
 from gpt.core.errors import UserError
-from gpt.plan.preflight import preflight
 from gpt.entry import train_main
+from gpt.model import sizing
+from gpt.plan.preflight import preflight
 
 
 

@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gpt.core.fileio import LOCK_NAME
 import gpt.data.prepare as prep
 from gpt.data.prepare import cli as prep_cli
 from gpt.data.prepare import config as prep_config
 from gpt.data.prepare import encode as prep_encode
 from gpt.data.prepare import sources as prep_sources
-from gpt.core.fileio import LOCK_NAME
-from gpt.data.shards import DataError, find_shards, read_shard, write_shard
 from gpt.data.prepare import PrepareConfig, PrepareError, parse_count, prepare, split_paragraphs, split_pieces
+from gpt.data.shards import DataError, find_shards, read_shard, write_shard
 
 from helpers import SHAKESPEARE
 

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 
 from gpt import pretrained
 from gpt.checkpoint import weights
-from gpt.core.config import model_preset
-from gpt.model.transformer import GPT
 from gpt.checkpoint.export import export_hf
 from gpt.checkpoint.weights import PretrainedError, load_pretrained, read_safetensors
+from gpt.core.config import model_preset
+from gpt.model.transformer import GPT
 
 from helpers import write_checkpoint
 
@@ -326,8 +326,8 @@ def test_the_export_works_in_a_text_generation_pipeline(tmp_path: Path) -> None:
     it is, and greedy generation there gives the text our own sampling gives."""
     transformers = pytest.importorskip(
         "transformers", reason="transformers is not installed (optional; not a dependency)")
-    from gpt.eval.sampling import sample
     from gpt.data.tokenizer import gpt2_tokenizer
+    from gpt.eval.sampling import sample
 
     model = tiny_gpt(vocab_size=50304)  # GPT-2's padded vocabulary, as trained
     out = export_hf(model, tmp_path / "hf")

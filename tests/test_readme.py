@@ -55,8 +55,8 @@ def test_every_file_it_points_to_exists():
 
 @pytest.mark.slow
 def test_the_planner_figures_it_quotes_are_what_the_planner_prints():
-    from gpt.plan import memory
     from gpt.core.cli import parse_args
+    from gpt.plan import memory
 
     recipe = ["--config", str(REPO / "configs" / "gpt2-124m.toml")]
     quoted = re.search(r"prints a peak of ([\d.]+) GiB per GPU as the\s+recipe runs on CUDA "

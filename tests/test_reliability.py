@@ -21,8 +21,8 @@ from helpers import (QUIET, REPO, TINY, kill_tree, read_metrics, run_cli, wait_f
 from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.files import CheckpointError, load
 from gpt.core.cli import parse_args
-from gpt.data.loader import ShardLoader
 from gpt.core.fileio import LOCK_NAME, FolderLock, atomic_write, remove_dead_temp_files
+from gpt.data.loader import ShardLoader
 from gpt.data.shards import DataError, ShardError, find_shards
 from gpt.engine.step import TrainingDiverged
 from gpt.train.trainer import train
@@ -431,8 +431,8 @@ def test_metrics_log_that_cannot_be_opened(data_dir: Path, tmp_path: Path) -> No
 
 
 def test_out_of_memory_names_the_flag(monkeypatch, data_dir: Path, tmp_path: Path, capsys) -> None:
-    import gpt.train.loop as train_mod
     from gpt.entry import train_main
+    import gpt.train.loop as train_mod
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -20,20 +20,20 @@ import torch
 
 from helpers import REPO, QUIET, TINY, run_cli, write_checkpoint, write_random_shards
 from gpt.checkpoint import files as checkpoint
+from gpt.checkpoint.export import export_hf
 from gpt.checkpoint.files import CheckpointError
+from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
+from gpt.checkpoint.weights import load_pretrained, read_safetensors, write_safetensors
 from gpt.core.cli import parse_args
 from gpt.core.config import ConfigError, model_preset
-from gpt.data.loader import ShardLoader
-from gpt.runtime.world import Runtime, init_runtime
-from gpt.runtime.launch import WORKER_VARS, RendezvousError, launch_environment
 from gpt.core.fileio import FolderLock
-from gpt.report.metrics import MetricsLog
-from gpt.model.transformer import GPT
-from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
-from gpt.checkpoint.export import export_hf
-from gpt.checkpoint.weights import load_pretrained, read_safetensors, write_safetensors
+from gpt.data.loader import ShardLoader
 from gpt.data.shards import ShardError, check_not_being_written, read_shard, write_shard
+from gpt.model.transformer import GPT
 from gpt.plan.preflight import preflight
+from gpt.report.metrics import MetricsLog
+from gpt.runtime.launch import WORKER_VARS, RendezvousError, launch_environment
+from gpt.runtime.world import Runtime, init_runtime
 from gpt.train.build import build_loaders
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]

@@ -12,19 +12,19 @@ import pytest
 import torch
 
 from helpers import QUIET, TINY, write_random_shards
-from gpt.checkpoint import files as checkpoint
-from gpt.model import sizing
 from gpt.bench import cli as bench_cli
 from gpt.bench.tokens import bench as tokens_bench
+from gpt.checkpoint import files as checkpoint
+from gpt.checkpoint.export import export_hf
 from gpt.checkpoint.files import CheckpointError
+from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
 from gpt.core.cli import parse_args
 from gpt.core.config import SCHEMA_VERSION, model_preset
 from gpt.core.errors import UserError
-from gpt.generate import main as generate_main
-from gpt.model.transformer import GPT
-from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
 from gpt.entry import train_main
-from gpt.checkpoint.export import export_hf
+from gpt.generate import main as generate_main
+from gpt.model import sizing
+from gpt.model.transformer import GPT
 
 WORKER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}  # what torchrun adds
 ABSURD = ["--n-layer", "100000", "--n-embd", "65536", "--n-head", "64"]

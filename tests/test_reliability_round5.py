@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.checkpoint import files as checkpoint
 from gpt.bench import cli as bench_cli
-from gpt.checkpoint.files import CheckpointError
-from gpt.core.config import SCHEMA_VERSION
-from gpt.evaluate import main as evaluate_main
-from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
-from gpt.entry import train_main
+from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.export import export_hf
+from gpt.checkpoint.files import CheckpointError
+from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
+from gpt.core.config import SCHEMA_VERSION
+from gpt.entry import train_main
+from gpt.evaluate import main as evaluate_main
 
 from harness_fixtures import write_tasks
 from helpers import QUIET, TINY, read_only_folder, write_random_shards

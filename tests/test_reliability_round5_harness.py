@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.eval import harness_tasks
 from gpt.core.config import model_preset
+from gpt.entry import train_main
+from gpt.eval import harness_tasks
 from gpt.evaluate import main as evaluate_main
 from gpt.model.transformer import GPT
-from gpt.entry import train_main
 
 from harness_fixtures import write_odd_tasks, write_tasks
 from helpers import (QUIET, TINY, lm_eval_command, read_metrics, run_torchrun, write_checkpoint,
@@ -154,8 +154,8 @@ def test_a_continuation_as_long_as_the_block_scores_as_the_hf_model_scores_it(
     from lm_eval.evaluator import evaluate
     from lm_eval.models.huggingface import HFLM
 
-    from gpt.eval.harness import GPT2TrainerLM
     from gpt.checkpoint.export import export_hf
+    from gpt.eval.harness import GPT2TrainerLM
 
     torch.manual_seed(0)
     model = GPT(model_preset("tiny", block_size=64))

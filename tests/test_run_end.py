@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import gpt.train.run_curves as run_curves
 from gpt.checkpoint.checkpointer import LoopState
 from gpt.core.cli import parse_args
 from gpt.core.extras import have
 from gpt.entry import train_main
+import gpt.train.run_curves as run_curves
 from gpt.train.run_summary import Ending, Tally, summarize
 
 from helpers import TINY, read_metrics

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from gpt.checkpoint.files import save_atomic
+from gpt.checkpoint.weights import write_safetensors
 from gpt.core.fileio import LOCK_NAME, FolderInUse, FolderLock, atomic_files, atomic_write
 from gpt.data.shards import write_shard
-from gpt.checkpoint.weights import write_safetensors
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="file modes and flock are POSIX's")
 

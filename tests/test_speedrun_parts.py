@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt.model.attention_mask import EOT, AttentionMask, window_at
-from gpt.core.config import ModelConfig, model_preset
-from gpt.model.transformer import GPT
 from gpt.checkpoint.export import export_hf
 from gpt.checkpoint.weights import PretrainedError
+from gpt.core.config import ModelConfig, model_preset
+from gpt.model.attention_mask import EOT, AttentionMask, window_at
+from gpt.model.transformer import GPT
 from helpers import (QUIET, TINY, assert_resume_is_exact, meta_build_and_reference, run_cli,
                      write_random_shards)
 from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
@@ -187,9 +187,9 @@ def test_a_checkpoint_loads_with_the_window_it_was_last_trained_with(tmp_path: P
     the last step trained, not the first step's."""
     from dataclasses import replace
 
+    from gpt.checkpoint.model_load import load_checkpoint_model
     from gpt.core.config import Config, TrainConfig
     from gpt.core.config_io import to_dict
-    from gpt.checkpoint.model_load import load_checkpoint_model
 
     model_cfg = cfg(attn_window=4, attn_window_final=20)
     config = replace(Config(), model=model_cfg, train=TrainConfig(max_steps=9))
@@ -200,8 +200,8 @@ def test_a_checkpoint_loads_with_the_window_it_was_last_trained_with(tmp_path: P
 
 
 def test_the_memory_planner_counts_the_value_tables() -> None:
-    from gpt.plan import memory
     from gpt.core.cli import parse_args
+    from gpt.plan import memory
 
     gpt2 = memory.plan(parse_args(TINY), device_type="cpu")
     parts = memory.plan(parse_args([*TINY, *ALL_FLAGS]), device_type="cpu")

@@ -14,8 +14,8 @@ import pytest
 import torch.distributed as dist
 
 from helpers import QUIET, TINY, write_random_shards
-from gpt.runtime import world as gdist
 from gpt.core.cli import parse_args
+from gpt.runtime import world as gdist
 
 
 @pytest.fixture()

@@ -14,10 +14,10 @@ from gpt.core.config import ConfigError, OptimConfig, model_preset
 from gpt.core.config_io import from_dict
 from gpt.data.loader import ShardLoader
 from gpt.data.shards import write_shard
-from gpt.runtime.device import pick_device, resolve_dtype
+from gpt.engine.step import forward_backward, optimizer_step
 from gpt.model.transformer import GPT, unwrap
 from gpt.optim.optimizer import build_optimizer
-from gpt.engine.step import forward_backward, optimizer_step
+from gpt.runtime.device import pick_device, resolve_dtype
 
 from helpers import QUIET, TINY, read_metrics, run_cli
 

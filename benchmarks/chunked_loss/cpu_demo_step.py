@@ -2,12 +2,12 @@
 by step in one process (so both see the same machine load): PYTHONPATH=. python
 benchmarks/chunked_loss/cpu_demo_step.py STEPS. Random tokens (the data folder is not read)."""
 import torch, time, statistics, sys, json
-from gpt.runtime.device import reuse_freed_memory
-from gpt.runtime.world import Runtime
 from gpt.core.cli import parse_args
 from gpt.engine import parallel
-from gpt.model.transformer import GPT
 from gpt.engine.step import forward_backward, optimizer_step
+from gpt.model.transformer import GPT
+from gpt.runtime.device import reuse_freed_memory
+from gpt.runtime.world import Runtime
 reuse_freed_memory()
 cfg = parse_args(["--config", "configs/cpu-demo.toml", "--data-dir", "unused"])
 torch.manual_seed(0)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
+from gpt.bench.report import run_info
 from gpt.bench.tokens import recipes
 from gpt.bench.tokens import timing as tokens_timing
-from gpt.bench.report import run_info
 
 data, repeats, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 args = argparse.Namespace(model="tiny", n_layer=2, n_head=2, n_embd=64, seq_len=256, batch_size=16,

@@ -32,8 +32,8 @@ from typing import Any, Callable
 import torch
 import torch._dynamo
 
-from gpt.runtime.device import is_oom, synchronize
 from gpt.report.flops import peak_memory, reset_peak_memory
+from gpt.runtime.device import is_oom, synchronize
 
 from gpt.report.profiling import cuda_profiler_range, nvtx_range
 

@@ -26,9 +26,9 @@ import safetensors.torch
 import torch
 
 from gpt.checkpoint.model_load import PretrainedError, build_model, load_checkpoint_model
+from gpt.core import network
 from gpt.core.config import ModelConfig
 from gpt.core.config_io import flag
-from gpt.core import network
 from gpt.core.fileio import atomic_path
 from gpt.data.tokenizer import GPT2_VOCAB
 from gpt.model import sizing

@@ -61,8 +61,8 @@ from gpt.eval import harness_tasks, hellaswag
 from gpt.model import fp8, loss_kernels, sizing
 from gpt.plan import expected, layout, memory, speed
 from gpt.report.trackers import check_tracking
-from gpt.runtime.device import device_name, pick_device, resolve_dtype
 from gpt.runtime import machine_load
+from gpt.runtime.device import device_name, pick_device, resolve_dtype
 from gpt.runtime.launch import Launch, check_launch_device, launch_environment
 from gpt.runtime.world import Runtime
 

@@ -63,10 +63,10 @@ from gpt.bench.gpu.stages import (FULL, NOWHERE, STAGES, Cell, Sizes, Where, pyt
 from gpt.bench.record import command_line, git_commit, now, write_json, write_text
 from gpt.bench.report import machine
 from gpt.core.cli import finite_float
-from gpt.runtime.device import device_name
 from gpt.core.errors import UserError
-from gpt.report.flops import peak_tflops
 from gpt.data.shards import write_shard
+from gpt.report.flops import peak_tflops
+from gpt.runtime.device import device_name
 
 # 4: stages by name ("stage" is a name), budget_s per invocation (null: none), params fp8
 # and recipe, fp8_comparison, recipe_comparison, packages, mean loss differences.

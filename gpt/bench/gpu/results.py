@@ -24,8 +24,8 @@ from gpt.bench.tables import Column, fmt_pct, md_table
 from gpt.bench.timing import summarize
 from gpt.core.cli import parse_args
 from gpt.core.config import model_preset
-from gpt.runtime.device import device_name
 from gpt.report.flops import flops_per_token, mfu, peak_tflops
+from gpt.runtime.device import device_name
 
 BASELINE_MODEL = "gpt2"  # build-nanogpt trains GPT-2 124M (vocab 50304, T=1024), as our gpt2 preset
 

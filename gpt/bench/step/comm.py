@@ -34,12 +34,12 @@ from gpt.bench.report import machine
 from gpt.bench.tables import col, fmt, text_table
 from gpt.core.cli import finite_float
 from gpt.core.config import PRESETS, model_preset
+from gpt.core.errors import UserError
+from gpt.data.tokenizer import GPT2_VOCAB
+from gpt.engine.parallel import set_grad_sync
+from gpt.model.transformer import GPT, unwrap
 from gpt.runtime.device import autocast, synchronize
 from gpt.runtime.world import Runtime, init_runtime, shutdown
-from gpt.core.errors import UserError
-from gpt.model.transformer import GPT, unwrap
-from gpt.engine.parallel import set_grad_sync
-from gpt.data.tokenizer import GPT2_VOCAB
 
 SIZES_MB = (1, 10, 100, 1000)
 

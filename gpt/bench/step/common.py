@@ -23,12 +23,12 @@ from gpt.bench.record import write_outputs
 from gpt.bench.step.naive import use_naive_attention
 from gpt.bench.timing import Timing, bind_setup, reset_dynamo, run_guarded, time_fn
 from gpt.core.config import PRESETS, ConfigError, ModelConfig, model_preset
+from gpt.data.tokenizer import GPT2_VOCAB
+from gpt.model.transformer import GPT
+from gpt.report.flops import flops_per_token, mfu, peak_tflops
+from gpt.report.profiling import MemorySnapshot, TorchProfile, nvtx_range
 from gpt.runtime.device import bf16_supported, pick_device
 from gpt.runtime.device import autocast as _autocast
-from gpt.report.flops import flops_per_token, mfu, peak_tflops
-from gpt.model.transformer import GPT
-from gpt.report.profiling import MemorySnapshot, TorchProfile, nvtx_range
-from gpt.data.tokenizer import GPT2_VOCAB
 
 # --------------------------------------------------------------------------------------
 # Precision

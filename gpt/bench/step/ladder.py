@@ -43,10 +43,10 @@ from gpt.bench.step.common import (
 from gpt.bench.tables import MFU, PEAK_MEM, Column, col, fmt_int, fmt_ms, fmt_x, status_text
 from gpt.bench.timing import compiled_warmup, run_guarded
 from gpt.core.config import ConfigError, ModelConfig, OptimConfig, TrainConfig
-from gpt.runtime.device import DTYPE_NAMES, DTYPES, bf16_supported, resolve_dtype
-from gpt.optim.optimizer import build_optimizer
 from gpt.data.tokenizer import GPT2_VOCAB
 from gpt.engine.step import forward_backward, optimizer_step
+from gpt.optim.optimizer import build_optimizer
+from gpt.runtime.device import DTYPE_NAMES, DTYPES, bf16_supported, resolve_dtype
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from gpt.plan import layout, memory
     from gpt.core.cli import parse_args
+    from gpt.plan import layout, memory
 
     # The trainer's own parser: the same flags and the same errors, under this command's name
     cfg = parse_args(args.trainer_argv, prog="python -m gpt.bench memory")

@@ -18,8 +18,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from gpt.bench.tokens import recipes
 from gpt.bench.runs import read_metrics, run_trainer, signal_group
+from gpt.bench.tokens import recipes
 from gpt.bench.tokens.bench import trainer_flags
 from gpt.bench.tokens.cache import ORIGIN, RunCache
 from gpt.core.errors import UserError

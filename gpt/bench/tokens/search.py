@@ -131,8 +131,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     from gpt.bench.report import run_info
-    from gpt.runtime.device import pick_device
     from gpt.data.shards import find_shards, shard_num_tokens
+    from gpt.runtime.device import pick_device
 
     if args.seeds < 1:
         raise UserError(f"--seeds {args.seeds}: must be >= 1")

@@ -25,8 +25,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from gpt.bench.tokens import recipes
 from gpt.bench.runs import read_metrics, rotated, run_trainer
+from gpt.bench.tokens import recipes
 from gpt.bench.tokens.bench import spread, trainer_flags
 from gpt.core.errors import UserError
 
