@@ -262,13 +262,16 @@ def restore_global_flags():
     TF32 on (the trainer does, on CUDA) must not loosen later exact comparisons."""
     import torch
 
-    cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
-    saved = (cuda.allow_tf32, cudnn.allow_tf32, cudnn.benchmark,
-             torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled())
+    from gpt.core.compat import set_tf32, tf32_switches
+
+    cudnn = torch.backends.cudnn
+    saved = (tf32_switches(), cudnn.benchmark, torch.get_float32_matmul_precision(),
+             torch.are_deterministic_algorithms_enabled())
     yield
-    cuda.allow_tf32, cudnn.allow_tf32, cudnn.benchmark = saved[:3]
-    torch.set_float32_matmul_precision(saved[3])
-    torch.use_deterministic_algorithms(saved[4])
+    set_tf32(*saved[0])
+    cudnn.benchmark = saved[1]
+    torch.set_float32_matmul_precision(saved[2])
+    torch.use_deterministic_algorithms(saved[3])
 
 
 @pytest.fixture(autouse=True)

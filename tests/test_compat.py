@@ -1,10 +1,13 @@
 """The torch range: the minimum pyproject.toml declares is the one the trainer checks, an older
 torch is named in one line at start-up, and FSDP2 on CPU stops in one line where torch is
-too old for it instead of training on wrong gradients (or failing inside torch)."""
+too old for it instead of training on wrong gradients (or failing inside torch); TF32 set
+without torch 2.9's deprecation notice."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +91,18 @@ def test_the_trainer_prints_the_note_at_start_up(tmp_path: Path, monkeypatch: py
     assert main(args) == 0
     out = capsys.readouterr().out
     assert out.count("note: torch 2.8.0+cu128 is older than this package's minimum, 2.9") == 1
+
+
+def test_tf32_is_read_and_set_without_torch_29s_notice() -> None:
+    """torch 2.9 warns once a process when TF32 goes through allow_tf32 (CI's part 2 runs
+    it): in a process of its own, every warning an error, the switches read, set and put
+    back through gpt.core.compat say nothing and do what they say."""
+    code = ("from gpt.core.compat import set_tf32, tf32_switches\n"
+            "before = tf32_switches()\n"
+            "set_tf32(True, False)\n"
+            "assert tf32_switches() == (True, False), tf32_switches()\n"
+            "set_tf32(*before)\n"
+            "assert tf32_switches() == before\n")
+    proc = subprocess.run([sys.executable, "-W", "error", "-c", code], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -12,13 +12,15 @@ import torch
 
 from gpt.bench.record import header
 from gpt.bench.tables import Column, md_table, text_table
+from gpt.core.compat import tf32_switches
 from gpt.runtime.device import device_name
 
 
 def tf32_flags() -> dict[str, Any]:
+    matmul, cudnn = tf32_switches()
     return {
-        "cuda_matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
-        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "cuda_matmul_allow_tf32": matmul,
+        "cudnn_allow_tf32": cudnn,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
 

@@ -12,6 +12,7 @@ is chosen.
 from __future__ import annotations
 
 import re
+import warnings
 
 import torch
 
@@ -50,3 +51,27 @@ def old_torch_note() -> str | None:
         return None
     return (f"note: torch {found} is older than this package's minimum, {_dotted(TORCH_MIN)} "
             f"(pyproject.toml says why); pip install 'torch>={_dotted(TORCH_MIN)}'")
+
+
+# torch 2.9 warns, once a process, when TF32 is read or set through the allow_tf32 switches
+# ("Please use the new API settings to control TF32 ..."); torch 2.13 and 2.14 do not. Its
+# new switches (fp32_precision) cannot be mixed with torch.set_float32_matmul_precision
+# (torch raises, on newer versions), so the package keeps allow_tf32, through these two
+# functions, without that notice.
+_TF32_NOTICE = "Please use the new API settings to control TF32"
+
+
+def tf32_switches() -> tuple[bool, bool]:
+    """Whether TF32 is on for CUDA matmuls and for cuDNN."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_TF32_NOTICE)
+        return bool(torch.backends.cuda.matmul.allow_tf32), bool(torch.backends.cudnn.allow_tf32)
+
+
+def set_tf32(matmul: bool, cudnn: bool) -> None:
+    """TF32 on or off for CUDA matmuls (fp32 inputs rounded to 10-bit mantissas on tensor
+    cores, fp32 accumulation) and for cuDNN."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_TF32_NOTICE)
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = cudnn

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gpt.core.compat import set_tf32
 from gpt.core.errors import UserError
 from gpt.runtime.device import pick_device
 from gpt.runtime.launch import (HOW_TO_LAUNCH, RendezvousError, check_launch_device,
@@ -123,9 +124,7 @@ def torch_message(e: BaseException) -> str:
 
 def set_matmul_precision(runtime: Runtime, tf32: bool) -> None:
     if runtime.device_type == "cuda":
-        # TF32 runs fp32 matmuls on tensor cores (10-bit mantissa inputs, fp32 accumulate).
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
+        set_tf32(tf32, tf32)
 
 
 def shutdown(runtime: Runtime, clean: bool) -> None:

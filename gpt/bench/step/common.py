@@ -22,6 +22,7 @@ from gpt.bench.args import DeviceDefault, shown
 from gpt.bench.record import write_outputs
 from gpt.bench.step.naive import use_naive_attention
 from gpt.bench.timing import Timing, bind_setup, reset_dynamo, run_guarded, time_fn
+from gpt.core.compat import set_tf32, tf32_switches
 from gpt.core.config import PRESETS, ConfigError, ModelConfig, model_preset
 from gpt.data.tokenizer import GPT2_VOCAB
 from gpt.model.transformer import GPT
@@ -68,13 +69,12 @@ def tf32_mode(enabled: bool, device: torch.device) -> Iterator[None]:
     if device.type != "cuda":
         yield
         return
-    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
+    old = tf32_switches()
+    set_tf32(enabled, enabled)
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+        set_tf32(*old)
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager[Any]:
