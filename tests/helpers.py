@@ -390,7 +390,6 @@ def lm_eval_command(monkeypatch: Any, *args: str) -> int:
     """`gpt2-lm-eval ARGS` in this process (its parser reads sys.argv). The harness gives
     its logger a handler on this test's stderr, once a process: undone after the test."""
     import copy
-    import logging
 
     import lm_eval.utils
 

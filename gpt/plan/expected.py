@@ -15,7 +15,6 @@ samples and checkpoints come on top.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 
 from gpt.checkpoint.files import list_checkpoints
 from gpt.core.config import Config, ConfigError, model_preset
+from gpt.core.file_checks import free_bytes
 from gpt.core.units import format_duration, human_bytes, human_count
 from gpt.plan import speed
 
@@ -139,17 +139,6 @@ def folder_bytes(folder: Path) -> int | None:
     if not folder.is_dir():
         return None
     return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-
-
-def free_bytes(folder: Path) -> int | None:
-    """Free space where `folder` is or would be made (its nearest existing parent)."""
-    for p in (folder, *folder.parents):
-        if p.exists():
-            try:
-                return shutil.disk_usage(p).free
-            except OSError:
-                return None
-    return None
 
 
 def lines(cfg: Config, device: torch.device, gpu: str, world: int,

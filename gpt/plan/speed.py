@@ -28,6 +28,7 @@ import torch
 
 from gpt.core.config import Config
 from gpt.core.units import format_duration
+from gpt.data.tokenizer import GPT2_VOCAB
 from gpt.engine.parallel import parallelize
 from gpt.engine.step import forward_backward, optimizer_step
 from gpt.model import sizing
@@ -165,7 +166,7 @@ def time_slice(cfg: Config, s: Slice, device: torch.device,
         with torch.device("meta"):
             model = GPT(sliced.model)
         par = parallelize(model, sliced.train, sliced.optim, Runtime(device=device), dtype)
-        batches = _RandomBatches(s, min(cfg.model.vocab_size, 50257), device)
+        batches = _RandomBatches(s, min(cfg.model.vocab_size, GPT2_VOCAB), device)
         norms: list[torch.Tensor] = []  # the last pass's gradient norm, for the update
 
         def forward_and_backward() -> None:

@@ -123,8 +123,7 @@ class SlowdownWatch:
         now = load()
         if now is None or now.free_cores(running=True) > now.cores - 1:
             return None  # the machine is ours: slower for another reason (a longer window)
-        load = now
         self.said = True
         return (f"steps now take {ratio:.1f}x as long as the fastest so far, and the machine "
-                f"is busy ({load.describe()}): other processes hold cores this run's threads "
-                f"need; {_advice(load, running=True)}")
+                f"is busy ({now.describe()}): other processes hold cores this run's threads "
+                f"need; {_advice(now, running=True)}")
