@@ -6,10 +6,10 @@ check_disk).
 
 A time is only ever from a measurement: MEASURED holds the throughput of the GPT-2 124M
 recipe as `python -m gpt.bench gpu` measured it (the file of each figure named), matched
-by GPU name, micro-batch and one process; any other run in one process is timed on the
-device it is on (gpt/plan/speed.py: the trainer's step on a slice of the model, scaled
-by FLOPs). Several processes are said to be untimed rather than guessed. HellaSwag,
-samples and checkpoints come on top.
+by GPU name, micro-batch and one process; any other run is timed on the device it is
+on (gpt/plan/speed.py: the trainer's step on a slice of the model, scaled by FLOPs;
+under torchrun, rank 0's share of the step). HellaSwag, samples and checkpoints come
+on top.
 """
 
 from __future__ import annotations
@@ -175,7 +175,8 @@ def time_line(cfg: Config, device: torch.device, gpu: str, world: int,
     of this recipe on this GPU, else from `estimate` (gpt/plan/speed.py's timing here)."""
     steps, _ = speed.run_steps(cfg, start_step)
     tokens = steps * cfg.data.total_batch_tokens
-    where = f"{gpu} x {world}" if device.type == "cuda" else f"{device.type} ({gpu})"
+    where = (f"{gpu} x {world}" if device.type == "cuda" else f"{device.type} ({gpu})"
+             + (f" x {world} processes" if world > 1 else ""))
     m = measured_for(cfg, gpu, device.type, world)
     if m is not None:
         return (f"time: about {format_duration(tokens / m.tokens_per_s)} of "
@@ -184,6 +185,6 @@ def time_line(cfg: Config, device: torch.device, gpu: str, world: int,
                 f"evaluation and checkpoints come on top")
     if estimate is not None:
         return estimate.line(where, device.type)
-    why = (f" ({world} processes are not timed)" if world > 1 else
-           "" if steps else " (nothing to train)")
-    return f"time: not timed on {where}{why}; the log's ETA says once the run is going"
+    return (f"time: not timed on {where}{'' if steps else ' (nothing to train)'}; the log's "
+            f"ETA says once the run is going")
+

@@ -40,6 +40,7 @@ class Run:
     hellaswag_examples: list[Any] = field(default_factory=list)
     tasks: TrainingTasks | None = None  # --eval-tasks
     layout_choice: dict[str, Any] | None = None  # what the auto layout chose (gpt/plan/layout.py)
+    expected_step_s: float | None = None  # one step's seconds as the start's estimate timed it
     trackers: list[Any] = field(default_factory=list)  # TensorBoard / W&B, rank 0 only
     state: LoopState = field(default_factory=LoopState)
     skips: SkippedSteps = field(default_factory=SkippedSteps)  # counted on the device

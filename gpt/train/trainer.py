@@ -76,6 +76,7 @@ def build_and_run(plan: Plan, runtime: Runtime) -> dict[str, Any]:
     # what --parallel/--activation-checkpointing/--batch-size auto settled on, for the
     # metrics header
     run.layout_choice = plan.layout.to_json() if plan.layout is not None else None
+    run.expected_step_s = plan.step_s  # the loop holds its first steps against it
     try:
         return run_loop(run)
     finally:
