@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pytest
 
+import torch
+
 from gpt.entry import train_main
 from gpt.model import sizing
+from gpt.plan import speed
+from gpt.runtime.device import device_name
 
 from helpers import QUIET, TINY, run_cli, write_random_shards
 
@@ -36,7 +40,11 @@ def test_a_dry_run_reports_the_run_and_writes_nothing(tmp_path: Path) -> None:
     assert "the log's mem on cpu is the process's peak resident memory" in text
     assert "24GB" not in text and "params:     3,321,600 (tiny preset, block size 32; " \
         "3,318,592 with GPT-2's 50,257 tokens" in text
-    assert text.rstrip().endswith("dry run: the run would start")
+    # the verdict says what the run would do: 20 steps, too short to time
+    assert text.rstrip().splitlines()[-1] == (
+        "dry run: the run would start and train 20 steps on this cpu (AMD EPYC); not timed: "
+        "a short run, 0.10 TFLOP of training: not worth a second of timing"
+    ).replace("AMD EPYC", device_name(torch.device("cpu")))
     assert not out.exists()  # no folder, no lock, no log
     assert sorted(p.name for p in data.iterdir()) == before
 
@@ -68,6 +76,7 @@ def test_a_dry_run_says_which_checkpoint_it_would_resume(tmp_path: Path, no_laun
     assert f"start:      would resume from {ckpt} at step 2" in text
     # what it would train is counted from there: 2 steps of 256 tokens, not 4
     assert "expect:     512 tokens (2 steps x 256, steps 2 to 4)" in text
+    assert "dry run: the run would start and train steps 2 to 4 on this cpu" in text
     assert sorted(p.name for p in out.iterdir()) == files  # no lock taken, nothing added
     assert ckpt.stat().st_mtime_ns == stamp
     # --resume none over the same folder: the error the real run would give
@@ -106,3 +115,28 @@ def test_under_torchrun_rank_zero_answers_for_the_world(tmp_path: Path) -> None:
     answer = run_cli(*args, env={**env, "RANK": "0", "LOCAL_RANK": "0"})
     assert answer.returncode == 0, answer.stderr
     assert "x 2 process(es) x 2 accumulation step(s) = 512" in answer.stdout
+
+
+def test_the_verdict_says_how_long_the_run_would_take_here(
+        tmp_path: Path, no_launch_env, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The warning says a recipe takes hours on this CPU: the verdict says the same, not a
+    bare "would start" (a stand-in timing of 30 s a pass makes 20 steps 20 minutes); and
+    a timing whose passes disagreed gives its range there too."""
+    data = write_random_shards(mkdir(tmp_path / "data"), seed=0, train=(10_000,))
+    args = [*TINY, *QUIET, "--max-steps", "20", "--data-dir", str(data),
+            "--out-dir", str(tmp_path / "run"), "--dry-run"]
+    monkeypatch.setattr(speed, "MIN_FLOPS", 0.0)
+    slow = [30.0, 30.0, 30.0]  # a pass of the whole micro-batch: 2 of them a step
+    monkeypatch.setattr(speed, "time_slice", lambda cfg, s, *a: speed.Timing(
+        slow, 0.0, sizing.param_count(s.model(cfg.model))))
+    assert train_main(args) == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    assert last.startswith("dry run: the run would start and train 20 steps, taking about "
+                           "20m00s of training on this cpu (")
+    slow[:] = [3600.0] * 3
+    assert train_main(args) == 0
+    assert capsys.readouterr().out.rstrip().endswith(": a recipe meant for a GPU")
+    slow[:] = [30.0, 60.0, 90.0]
+    assert train_main(args) == 0
+    assert "taking about 40m00s (20m00s to 1h00m00s) of training on this cpu" in \
+        capsys.readouterr().out

@@ -62,8 +62,16 @@ def main(cfg: Config) -> int:
                  if any(isinstance(p, WillNotFit) for p in plan.problems) else ""),
               file=sys.stderr)
         return plan.problems[0].exit_code
-    print("dry run: the run would start")
+    print(verdict(plan))
     return 0
+
+
+def verdict(plan: Plan) -> str:
+    """The last line of a dry run whose run would start: what it would do, and for how
+    long here."""
+    rt = plan.runtime
+    return expected.verdict(plan.cfg, rt.device, device_name(rt.device), rt.world_size,
+                            plan.estimate, plan.start.step if plan.start else 0)
 
 
 def report(plan: Plan) -> None:

@@ -188,3 +188,25 @@ def time_line(cfg: Config, device: torch.device, gpu: str, world: int,
     return (f"time: not timed on {where}{'' if steps else ' (nothing to train)'}; the log's "
             f"ETA says once the run is going")
 
+
+def verdict(cfg: Config, device: torch.device, gpu: str, world: int,
+            estimate: speed.Estimate | None = None, start_step: int = 0) -> str:
+    """The dry run's last line where the run would start: what it would do, and for how
+    long on this device (as the time line says it)."""
+    steps, _ = speed.run_steps(cfg, start_step)
+    if not steps:
+        return (f"dry run: the run would start and find nothing to train (step {start_step:,} "
+                f"is where it stops)")
+    where = (f"{gpu} x {world}" if device.type == "cuda" else f"this {device.type} ({gpu})"
+             + (f" in {world} processes" if world > 1 else ""))
+    span = f"steps {start_step:,} to {start_step + steps:,}" if start_step else f"{steps:,} steps"
+    out = f"dry run: the run would start and train {span}"
+    m = measured_for(cfg, gpu, device.type, world)
+    if m is not None:
+        tokens = steps * cfg.data.total_batch_tokens
+        return f"{out}, about {format_duration(tokens / m.tokens_per_s)} on {where} (as measured)"
+    if estimate is None or estimate.train_s is None:
+        why = f": {estimate.basis}" if estimate is not None else ""
+        return f"{out} on {where}; not timed{why}"
+    gpu_note = ": a recipe meant for a GPU" if estimate.meant_for_gpu(device.type) else ""
+    return f"{out}, taking {estimate.about()} of training on {where}{gpu_note}"
