@@ -30,10 +30,10 @@ In order, each check where what it needs is known:
              --hellaswag-file's first examples, --eval-tasks' names and their folder
   disk       the checkpoints the run keeps at once against the space free at --out-dir
              (gpt/plan/expected.py)
-  memory     (when asked) the planner's peak against the device's memory (gpt/plan/memory.py)
   time       on rank 0, its share of the run's step timed on a slice of the model
              (gpt/plan/speed.py: about a second of the device's, the slice freed
              after); a recipe of hours on a CPU that --device auto fell back to, a warning
+  memory     (when asked) the planner's peak against the device's memory (gpt/plan/memory.py)
 Nothing else is built on the device, no process group is started and nothing is written.
 """
 
@@ -60,6 +60,7 @@ from gpt.engine.parallel import check_mode
 from gpt.eval import harness_tasks, hellaswag
 from gpt.model import fp8, loss_kernels, sizing
 from gpt.plan import expected, layout, memory, speed
+from gpt.report.flops import resident_memory
 from gpt.report.trackers import check_tracking
 from gpt.runtime import machine_load
 from gpt.runtime.device import device_name, pick_device, resolve_dtype
@@ -108,6 +109,7 @@ class Plan:
     estimate: speed.Estimate | None = None  # how long it takes here (timed on rank 0)
     time_line: str | None = None  # that, or the GPU bench's time, in words (rank 0)
     step_s: float | None = None  # one optimizer step's seconds in that (None: untimed)
+    resident: int | None = None  # the process's resident bytes before the timing (CPU, MPS)
     warnings: list[str] = field(default_factory=list)
     problems: list[UserError] = field(default_factory=list)
 
@@ -173,13 +175,17 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
     check(lambda: check_eval_tasks(cfg))
     if plan.start is not None and plan.start.path is not None:
         _check_resume(plan, check)
+    # timed before the memory plan, as the run times it (no plan traced first): what the
+    # process holds, and what the timed step grows it by, are then the run's too
+    if plan.runtime is not None and plan.runtime.device_type != "cuda":
+        plan.resident = resident_memory()
+    _estimate_time(plan, env)
     if plan_memory and plan.accum is not None and plan.dtype is not None:
         plan.memory = (plan.layout.plan if plan.layout is not None and plan.layout.plan else
                        check(lambda: memory.plan(plan.cfg, world_size=plan.runtime.world_size,
                                                  device_type=plan.runtime.device_type)))
         if plan.memory is not None:
             check(lambda: check_peak(plan.cfg, plan.runtime, plan.capacity, plan.memory))
-    _estimate_time(plan, env)
     return plan
 
 
