@@ -256,18 +256,23 @@ def test_the_eta_is_corrected_by_the_cells_done_and_compiling_costed_once_seen(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from gpt.bench.step import sweep_plan
 
-    cells = [sweep_plan.Cell(f"c{i}", "tiny", 16, 2, "fwd", "fp32", compiled, None, 2e9)
-             for i, compiled in enumerate([False, False, True, True])]
+    cells = [sweep_plan.Cell(f"c{i}", "tiny", 16, 2, "fwd", precision, compiled, None, 2e9)
+             for i, (compiled, precision) in enumerate([(False, "fp32"), (False, "fp32"),
+                                                        (True, "fp32"), (True, "fp32"),
+                                                        (False, "bf16"), (False, "bf16")])]
     progress = sweep_plan.SweepProgress(cells, rate=1e9)  # 2 s a cell, as FLOPs say
-    assert progress.eta_words() == "about 4s + compiling 2 cells (costed once one is compiled)"
-    clock = iter([0.0, 6.0, 12.0, 42.0])  # when each cell begins (the last one's end)
+    assert progress.eta_words() == "about 8s + compiling 2 cells (costed once one is compiled)"
+    clock = iter([0.0, 6.0, 12.0, 42.0, 72.0, 172.0])  # when each cell begins
     monkeypatch.setattr(sweep_plan.time, "perf_counter", lambda: next(clock))
-    assert "(cell 1 of 4; left: about 4s + compiling 2 cells" in progress.before("c0")
-    # c0 took 6 s where 2 were said: the rest of its kind x3
-    assert "(cell 2 of 4; left: about 6s + compiling 2" in progress.before("c1")
+    assert "(cell 1 of 6; left: about 8s + compiling 2 cells" in progress.before("c0")
+    # c0 took 6 s where 2 were said: the rest of the eager cells x3 (bf16 too: no bf16 yet)
+    assert "(cell 2 of 6; left: about 18s + compiling 2" in progress.before("c1")
     progress.before("c2")
     progress.before("c3")  # a compiled cell took 30 s: the other one is costed so
-    assert progress.eta_words() == "about 30s"
+    assert progress.eta_words() == "about 42s"  # c3's 30 s and two bf16 cells' 6 s
+    progress.before("c4")
+    progress.before("c5")  # a bf16 cell took 100 s: the other bf16 one is costed so
+    assert progress.eta_words() == "about 1m40s"
 
 
 def test_model_peak_override_gives_mfu(tmp_path: Path) -> None:

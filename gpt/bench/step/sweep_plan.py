@@ -94,8 +94,9 @@ class SweepProgress:
 
     cells: list[Cell]
     rate: float | None = None  # FLOP/s, timed at the start
-    actual: dict[bool, float] = field(default_factory=lambda: {False: 0.0, True: 0.0})
-    said: dict[bool, float] = field(default_factory=lambda: {False: 0.0, True: 0.0})
+    # seconds the cells done took, and what the rate said of them, by (compiled, precision)
+    actual: dict[tuple[bool, str], float] = field(default_factory=dict)
+    said: dict[tuple[bool, str], float] = field(default_factory=dict)
     done: set[str] = field(default_factory=set)
     running: str | None = None  # the cell begun last: done when the next begins
     started: float | None = None  # when it began
@@ -106,14 +107,18 @@ class SweepProgress:
 
     def seconds(self, cell: Cell) -> float | None:
         """What the estimate says of a cell: its FLOPs at the rate, corrected by the cells
-        of its kind done so far; None for a compiled cell before any was compiled."""
+        done so far of its kind (compiled or not, and its precision: bf16 on a CPU without
+        bf16 instructions runs at a fraction of fp32's rate), else of its compiling alone;
+        None for a compiled cell before any was compiled."""
         if self.rate is None:
             return None
         base = cell.flops / self.rate
-        kind = cell.compiled
-        if self.said[kind] > 0:
-            return base * self.actual[kind] / self.said[kind]
-        return None if kind else base
+        for keys in ([(cell.compiled, cell.precision)],
+                     [k for k in self.said if k[0] == cell.compiled]):
+            said = sum(self.said.get(k, 0.0) for k in keys)
+            if said > 0:
+                return base * sum(self.actual.get(k, 0.0) for k in keys) / said
+        return None if cell.compiled else base
 
     def left(self) -> tuple[float, int]:
         """(seconds the estimate gives the cells not done, compiled cells it cannot cost)."""
@@ -166,8 +171,9 @@ class SweepProgress:
         if cell is None or self.started is None or self.rate is None:
             return
         self.done.add(label)
-        self.actual[cell.compiled] += now - self.started
-        self.said[cell.compiled] += cell.flops / self.rate
+        key = (cell.compiled, cell.precision)
+        self.actual[key] = self.actual.get(key, 0.0) + now - self.started
+        self.said[key] = self.said.get(key, 0.0) + cell.flops / self.rate
 
 
 def plan_sweep(ctx: Context, grid: list[tuple[Any, ...]], vocab_size: int, arch: str,
