@@ -160,6 +160,18 @@ def test_the_estimate_is_the_median_of_several_passes_and_a_range_where_they_dis
     assert "the timed passes differed 4.0x" in line and " to " in busy.about()
 
 
+def test_a_deep_thin_model_is_timed_on_a_few_blocks() -> None:
+    """1,000 blocks 16 wide: a few GFLOP, but each block's kernels cost their launches, and
+    its slice of 125 blocks took 3 s a pass and 22 s in all; at most MAX_BLOCKS now (the
+    FLOPs scale them to the run), the batch not cut for blocks that are not timed."""
+    deep = parse_args(["--n-layer", "1000", "--n-embd", "16", "--n-head", "1"])
+    s = speed.choose_slice(deep, "cpu")
+    assert s.n_layer == speed.MAX_BLOCKS and s.seq_len == 1024
+    assert speed.slice_flops(deep.model, s) <= speed.DEFAULT_BUDGET
+    ve = parse_args(["--n-layer", "24", "--n-embd", "16", "--n-head", "1", "--value-embeds"])
+    assert speed.choose_slice(ve, "cpu").n_layer == 24  # paired blocks: all kept
+
+
 @pytest.mark.parametrize("passes,more", [
     ([], True), ([0.3], True), ([0.3, 0.3], True),  # at least MIN_PASSES
     ([0.4, 0.4, 0.4], False),  # a second spent

@@ -4,23 +4,23 @@ run's and the run's "time:" line), and what its step adds to the process's memor
 The trainer's own step (gpt/engine/parallel.py's model, loss and optimizer, and
 gpt/engine/step.py's forward_backward and optimizer_step) is timed on a slice of the
 model small enough to take a fraction of a second: the micro-batch halved down to one
-sequence, then the blocks to one, then the sequence halved (never below 256 tokens),
-until one forward+backward costs at most BUDGET_FLOPS of the device's; a model so wide
-that even that costs more than twice as much, or whose slice would hold more than
-MEMORY_SHARE of the device's memory, is timed narrower (fewer heads, then narrower ones:
-an 8192-wide block of 1.2B parameters, once 78 s and 21 GB to time, is timed 512 wide). Several short passes are timed (at
-least MIN_PASSES where they fit in HARD_LIMIT_S) and their median taken: on a busy
-machine one pass can take several times as long as the next, and where the fastest and
-the slowest differ by more than DISAGREE the estimate is said as a range. The slice's
-FLOP rate (gpt/report/flops.py's count) is then taken as the whole model's: a
-micro-batch costs its FLOPs at that rate, an optimizer step its slice's time scaled by
-the parameters, and validation a third of a forward+backward per micro-batch (no
-backward pass). It runs eager, in one process: a compiled run is usually faster; under
-torchrun rank 0 times its own share of the step (the all-reduce between the ranks is
-not timed), and on a CPU whose cores the local ranks' threads oversubscribe the time is
-scaled by how far. A run too short to be worth timing (under MIN_FLOPS of training) is
-said to be so. The run compares its first steps with the estimate and says when they
-differ by more than a factor (compare_steps).
+sequence, then the blocks (at most MAX_BLOCKS) to one, then the sequence halved (never
+below 256 tokens), until one forward+backward costs at most BUDGET_FLOPS of the
+device's; a model so wide that even that costs more than twice as much, or whose slice
+would hold more than MEMORY_SHARE of the device's memory, is timed narrower (fewer
+heads, then narrower ones: an 8192-wide block of 1.2B parameters, once 78 s and 21 GB to
+time, is timed 512 wide). Several short passes are timed (at least MIN_PASSES where they
+fit in HARD_LIMIT_S) and their median taken: on a busy machine one pass can take several
+times as long as the next, and where the fastest and the slowest differ by more than
+DISAGREE the estimate is said as a range. The slice's FLOP rate (gpt/report/flops.py's
+count) is then taken as the whole model's: a micro-batch costs its FLOPs at that rate,
+an optimizer step its slice's time scaled by the parameters, and validation a third of a
+forward+backward per micro-batch (no backward pass). It runs eager, in one process: a
+compiled run is usually faster; under torchrun rank 0 times its own share of the step
+(the all-reduce between the ranks is not timed), and on a CPU whose cores the local
+ranks' threads oversubscribe the time is scaled by how far. A run too short to be worth
+timing (under MIN_FLOPS of training) is said to be so. The run compares its first steps
+with the estimate and says when they differ by more than a factor (compare_steps).
 
 Where the slice is the whole model and micro-batch (a small run on a CPU), the growth of
 the process's resident memory over the timed passes is measured too: what the run's
@@ -61,6 +61,9 @@ DEFAULT_BUDGET = 4e10
 WIDEN = 2.0  # a slice may cost this many budgets before it is timed narrower
 MEMORY_SHARE = 1 / 8  # of the device's memory (the host's on a CPU) a slice may hold
 MIN_WIDTH = 64  # a slice is never narrower than this
+# blocks a slice holds at most: each costs its kernels' launches whatever its FLOPs, so a
+# thin deep model (1,000 blocks 16 wide) took seconds a pass for a few GFLOP
+MAX_BLOCKS = 12
 MIN_FLOPS = 2e11  # of training: seconds on a laptop's CPU, not worth a second of timing
 MIN_SEQ = 256  # shorter passes run a CPU's matmuls at about 60% of the rate of longer ones
 TIMED_PASSES = 5  # at most
@@ -217,7 +220,8 @@ def _narrower(s: Slice, m: ModelConfig) -> Slice | None:
 
 def choose_slice(cfg: Config, device_type: str, capacity: int | None = None) -> Slice:
     """The largest part of a micro-batch whose forward+backward costs at most the
-    device's budget: fewer sequences down to one, then one block, then shorter sequences;
+    device's budget: at most MAX_BLOCKS blocks, fewer sequences down to one, then fewer
+    blocks down to one, then shorter sequences;
     then, where it still costs more than WIDEN budgets or holds more than MEMORY_SHARE of
     `capacity` (the device's memory, where known), narrower."""
     m, d = cfg.model, cfg.data
@@ -226,11 +230,12 @@ def choose_slice(cfg: Config, device_type: str, capacity: int | None = None) -> 
     def cost(s: Slice) -> float:
         return slice_flops(m, s)
 
-    s = Slice(m.n_layer, d.batch_size, d.seq_len)
+    # value embeddings and U-net skips pair early blocks with late ones: all are kept
+    paired = m.value_embeds or m.unet_skips
+    s = Slice(m.n_layer if paired else min(m.n_layer, MAX_BLOCKS), d.batch_size, d.seq_len)
     while s.batch_size > 1 and cost(s) > budget:
         s = dataclasses.replace(s, batch_size=max(1, s.batch_size // 2))
-    # value embeddings and U-net skips pair early blocks with late ones: all are kept
-    if cost(s) > budget and not (m.value_embeds or m.unet_skips):
+    if not paired:
         layers = s.n_layer
         while layers > 1 and cost(dataclasses.replace(s, n_layer=layers)) > budget:
             layers = max(1, layers // 2)
