@@ -163,11 +163,14 @@ def test_the_estimate_is_the_median_of_several_passes_and_a_range_where_they_dis
 def test_a_deep_thin_model_is_timed_on_a_few_blocks() -> None:
     """1,000 blocks 16 wide: a few GFLOP, but each block's kernels cost their launches, and
     its slice of 125 blocks took 3 s a pass and 22 s in all; at most MAX_BLOCKS now (the
-    FLOPs scale them to the run), the batch not cut for blocks that are not timed."""
+    FLOPs scale them to the run), and a sequence's logits at most (4 sequences of it took
+    5.5 s a pass)."""
     deep = parse_args(["--n-layer", "1000", "--n-embd", "16", "--n-head", "1"])
     s = speed.choose_slice(deep, "cpu")
-    assert s.n_layer == speed.MAX_BLOCKS and s.seq_len == 1024
+    assert (s.n_layer, s.batch_size, s.seq_len) == (speed.MAX_BLOCKS, 1, 1024)
     assert speed.slice_flops(deep.model, s) <= speed.DEFAULT_BUDGET
+    # its logits bound the batch too: a thin model's pass is memory's, not its FLOPs'
+    assert s.batch_size * s.seq_len * deep.model.vocab_size <= speed.DEFAULT_LOGITS
     ve = parse_args(["--n-layer", "24", "--n-embd", "16", "--n-head", "1", "--value-embeds"])
     assert speed.choose_slice(ve, "cpu").n_layer == 24  # paired blocks: all kept
 

@@ -58,12 +58,14 @@ from gpt.runtime.world import Runtime
 # WIDEN times it; on a GPU, one sequence of GPT-2 124M's whole model.
 BUDGET_FLOPS = {"cuda": 2e12}
 DEFAULT_BUDGET = 4e10
+# and its logits at most this many values (a CPU: 1,024 tokens of GPT-2's, 0.2 GB): a thin
+# model is bound by memory, not FLOPs (4 x 1,024 tokens 16 wide: 5.5 s for 20 GFLOP)
+LOGITS_BUDGET = {"cuda": 16 * 1024 * 50304}
+DEFAULT_LOGITS = 1024 * 50304
 WIDEN = 2.0  # a slice may cost this many budgets before it is timed narrower
 MEMORY_SHARE = 1 / 8  # of the device's memory (the host's on a CPU) a slice may hold
 MIN_WIDTH = 64  # a slice is never narrower than this
-# blocks a slice holds at most: each costs its kernels' launches whatever its FLOPs, so a
-# thin deep model (1,000 blocks 16 wide) took seconds a pass for a few GFLOP
-MAX_BLOCKS = 12
+MAX_BLOCKS = 12  # a block's kernels cost their launches, whatever its FLOPs (1,000 thin ones)
 MIN_FLOPS = 2e11  # of training: seconds on a laptop's CPU, not worth a second of timing
 MIN_SEQ = 256  # shorter passes run a CPU's matmuls at about 60% of the rate of longer ones
 TIMED_PASSES = 5  # at most
@@ -220,7 +222,8 @@ def _narrower(s: Slice, m: ModelConfig) -> Slice | None:
 
 def choose_slice(cfg: Config, device_type: str, capacity: int | None = None) -> Slice:
     """The largest part of a micro-batch whose forward+backward costs at most the
-    device's budget: at most MAX_BLOCKS blocks, fewer sequences down to one, then fewer
+    device's budget (and whose logits fit its LOGITS_BUDGET): at most MAX_BLOCKS blocks,
+    fewer sequences down to one, then fewer
     blocks down to one, then shorter sequences;
     then, where it still costs more than WIDEN budgets or holds more than MEMORY_SHARE of
     `capacity` (the device's memory, where known), narrower."""
@@ -233,7 +236,9 @@ def choose_slice(cfg: Config, device_type: str, capacity: int | None = None) -> 
     # value embeddings and U-net skips pair early blocks with late ones: all are kept
     paired = m.value_embeds or m.unet_skips
     s = Slice(m.n_layer if paired else min(m.n_layer, MAX_BLOCKS), d.batch_size, d.seq_len)
-    while s.batch_size > 1 and cost(s) > budget:
+    logits = LOGITS_BUDGET.get(device_type, DEFAULT_LOGITS)
+    while s.batch_size > 1 and (cost(s) > budget
+                                or s.batch_size * s.seq_len * m.vocab_size > logits):
         s = dataclasses.replace(s, batch_size=max(1, s.batch_size // 2))
     if not paired:
         layers = s.n_layer
