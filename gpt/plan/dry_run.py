@@ -95,7 +95,8 @@ def memory_words(plan: Plan) -> str:
     return (f"the log's mem on {kind} (the process's peak resident memory) should read about "
             f"{(baseline + (grown if grown is not None else peak)) / GiB:.2f} GiB: "
             f"{baseline / GiB:.2f} GiB the process holds before it builds the model (torch, "
-            f"this package, the tokenizer; measured here) and {step}")
+            f"this package, the tokenizer; measured here) and {step}; validation, samples, "
+            f"the curves' drawing and the allocator's keep growing over the steps add some")
 
 
 def report(plan: Plan) -> None:

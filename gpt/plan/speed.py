@@ -319,9 +319,9 @@ def time_slice(cfg: Config, s: Slice, device: torch.device, dtype: torch.dtype) 
         timed(forward_and_backward)  # warm-up: first-call allocations and dispatch
         timed(update)  # and the optimizer's state
         passes: list[float] = []
-        while more_passes(passes):
-            passes.append(timed(forward_and_backward))
-        opt = timed(update)
+        while more_passes(passes):  # each followed by an update, as in a step: the memory the
+            passes.append(timed(forward_and_backward))  # allocator keeps grows as the run's
+            opt = timed(update)
         params = sum(p.numel() for p in model.parameters())
     growth = max(resident) - before if before is not None else None
     return Timing(passes, opt, params, growth)
