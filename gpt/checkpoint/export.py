@@ -27,7 +27,7 @@ from gpt.checkpoint.export_custom import (CODE_FILES, check_carried, code_files,
                                           custom_state_dict, trained_window)
 from gpt.checkpoint.files import CheckpointError, model_weights, saved_config
 from gpt.checkpoint.files import load as load_checkpoint_file
-from gpt.checkpoint.model_load import PretrainedError, check_finite
+from gpt.checkpoint.model_load import PretrainedError, check_finite, read_checkpoint
 from gpt.checkpoint.weights import CONFIG_FILE, CONV1D_SUFFIXES, WEIGHT_FILES, not_gpt2_parts
 from gpt.core.config import ModelConfig
 from gpt.core.fileio import atomic_files, free_space
@@ -165,26 +165,31 @@ def export_hf(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLik
 def _model_of(model_or_checkpoint: nn.Module | dict[str, Any] | str | os.PathLike
               ) -> tuple[ModelConfig, dict[str, torch.Tensor], int]:
     """(model config, weights, attention window) of a model, checkpoint dict or file. The
-    window is the model's own now, or a checkpoint's as gpt.generate sets it."""
+    window is the model's own now, or a checkpoint's as gpt.generate sets it (0: none)."""
     if isinstance(model_or_checkpoint, nn.Module):
         model = unwrap(model_or_checkpoint)
         mask = getattr(model, "attn_mask", None)
         window = int(mask.window) if isinstance(mask, AttentionMask) else 0
         return model.config, model.state_dict(), window
-    label, prefix = "checkpoint", ""
+    ckpt: dict[str, Any] | None = None
+    if isinstance(model_or_checkpoint, dict):
+        ckpt, label, prefix = model_or_checkpoint, "checkpoint", ""
+        try:
+            cfg, sd = model_weights(ckpt, label)
+        except CheckpointError as e:
+            raise PretrainedError(str(e)) from None
+    else:
+        cfg, sd = read_checkpoint(model_or_checkpoint)
+        label, prefix = str(model_or_checkpoint), "--checkpoint "
+    if not cfg.attn_window:
+        return cfg, sd, 0
     try:
-        if isinstance(model_or_checkpoint, dict):
-            ckpt = model_or_checkpoint
-        else:
-            label, prefix = str(model_or_checkpoint), "--checkpoint "
-            ckpt = load_checkpoint_file(model_or_checkpoint, required=("model", "config"))
-        cfg, sd = model_weights(ckpt, label)
-        window = 0
-        if cfg.attn_window:
-            window = trained_window(cfg, ckpt.get("step"), saved_config(ckpt, label)["train"]["max_steps"])
+        if ckpt is None:  # verified just now: read again, memory-mapped, for its step and length
+            ckpt = load_checkpoint_file(model_or_checkpoint, required=("model", "config"), check=False)
+        max_steps = saved_config(ckpt, label)["train"]["max_steps"]
     except CheckpointError as e:
         raise PretrainedError(f"{prefix}{e}") from None
-    return cfg, sd, window
+    return cfg, sd, trained_window(cfg, ckpt.get("step"), max_steps)
 
 
 def tokenizer_files(max_length: int) -> dict[str, Callable[[Path], None]]:
