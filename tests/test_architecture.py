@@ -5,6 +5,7 @@ model is GPT-2's; tests/test_model.py's parity tests hold that."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,6 @@ import torch
 
 from gpt.checkpoint.export import export_hf
 from gpt.checkpoint.files import load
-from gpt.checkpoint.weights import PretrainedError
 from gpt.core.config import ModelConfig, model_preset
 from gpt.model.transformer import GPT, Rotary
 from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one,
@@ -100,13 +100,15 @@ def test_generation_with_the_cache_equals_generation_without(tmp_path: Path) -> 
     assert torch.equal(runs[0], runs[1])  # 43 tokens: past the block size of 32 as well
 
 
-def test_export_refuses_a_model_gpt2_cannot_hold(tmp_path: Path) -> None:
-    with pytest.raises(PretrainedError, match="--rotary, --relu2"):
-        export_hf(GPT(tiny(rotary=True, relu2=True)), tmp_path / "hf")
-    assert not (tmp_path / "hf").exists()
-    # Zero-initialised projections change the starting weights, not the model: it exports
-    export_hf(GPT(tiny(zero_init_proj=True)), tmp_path / "zero-init")
-    assert (tmp_path / "zero-init" / "model.safetensors").is_file()
+def test_a_model_gpt2_cannot_hold_exports_with_its_own_code(tmp_path: Path) -> None:
+    """(tests/test_export_custom.py checks what such an export computes.)"""
+    out = export_hf(GPT(tiny(rotary=True, relu2=True)), tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "gpt_trainer" and config["rotary"] and config["relu2"]
+    assert (out / "modeling_gpt_trainer.py").is_file()
+    # Zero-initialised projections change the starting weights, not the model: GPT-2's
+    out = export_hf(GPT(tiny(zero_init_proj=True)), tmp_path / "zero-init")
+    assert json.loads((out / "config.json").read_text())["model_type"] == "gpt2"
 
 
 @pytest.mark.slow

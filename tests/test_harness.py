@@ -88,8 +88,8 @@ def test_scores_equal_the_harness_hf_model_on_the_export(tmp_path: Path) -> None
 
 
 def test_rotary_untied_checkpoint_evaluates(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """A speedrun-era checkpoint (rotary positions, untied head), which no Hugging Face
-    export can hold, scores on every request type from its checkpoint file."""
+    """A speedrun-era checkpoint (rotary positions, untied head), which Hugging Face's
+    GPT-2 cannot hold, scores on every request type from its checkpoint file."""
     from gpt.evaluate import main
 
     from helpers import write_checkpoint

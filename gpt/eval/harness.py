@@ -12,7 +12,7 @@ Context and continuation tokens are split by the harness's own TemplateLM (the s
 split its Hugging Face model gets), and contexts longer than the block size are cut from
 the left the way its `hf` model cuts them, so scores of a GPT-2-shaped checkpoint equal
 those of its Hugging Face export (tests/test_harness.py). Any checkpoint the trainer
-writes loads, rotary or untied-head ones too, which no export can hold.
+writes loads, rotary or untied-head ones too, which Hugging Face's GPT-2 cannot hold.
 
 Under torchrun each rank answers the requests the harness gives it (its rank /
 world-size contract) and the results are gathered on rank 0. This module imports
