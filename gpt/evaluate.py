@@ -116,9 +116,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.hellaswag is not None:
             examples = hellaswag.load_examples(args.hellaswag, args.cache_dir, runtime.rank,
                                                max_examples=args.hellaswag_max_examples)
-            results["hellaswag"] = hellaswag.evaluate(
+            results["hellaswag"] = {"set": examples.name, **hellaswag.evaluate(
                 scored, examples, runtime.device, dtype, runtime.rank, runtime.world_size,
-                batch_examples=args.batch_examples, valid_vocab=GPT2_VOCAB)
+                batch_examples=args.batch_examples, valid_vocab=GPT2_VOCAB)}
         if args.data_dir is not None:
             seq_len = args.seq_len or model.config.block_size
             if seq_len > model.config.block_size:
@@ -164,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if "hellaswag" in results:
         r = results["hellaswag"]
-        print(f"hellaswag: acc {r['acc']:.4f} ({r['correct']}/{r['total']}) | acc_norm "
+        from gpt.core.text import one_line
+
+        # the official validation set by its name alone; a set of one's own by its source
+        named = "" if r["set"] == "val" else f" ({one_line(r['set'], 200)})"
+        print(f"hellaswag{named}: acc {r['acc']:.4f} ({r['correct']}/{r['total']}) | acc_norm "
               f"{r['acc_norm']:.4f} ({r['correct_norm']}/{r['total']})")
     if "val_loss" in results:
         print(f"val loss: {results['val_loss']:.4f} | {results['val_bpb']:.4f} bits/byte "

@@ -82,7 +82,8 @@ def test_cli_reports_hellaswag_and_val_loss(tmp_path: Path, random_data_dir: Pat
     model = load_checkpoint_model(ckpt)
     expected = hellaswag.evaluate(model, hellaswag.load_examples(data), "cpu", batch_examples=2,
                                   valid_vocab=50257)
-    assert out["hellaswag"] == expected and expected["total"] == 5
+    # a file of one's own is scored under its own name, never as the validation set's
+    assert out["hellaswag"] == {"set": str(data), **expected} and expected["total"] == 5
     loader = ShardLoader(random_data_dir, "val", 2, 32)
     assert out["val_loss"] == pytest.approx(val_loss(model, loader, 2, "cpu", torch.float32).item(),
                                             abs=1e-5)
@@ -90,6 +91,7 @@ def test_cli_reports_hellaswag_and_val_loss(tmp_path: Path, random_data_dir: Pat
     assert main(args) == 0
     text = capsys.readouterr().out
     assert f"acc_norm {expected['acc_norm']:.4f}" in text and "val loss" in text
+    assert f"hellaswag ({data}): acc " in text
 
 
 def test_cli_errors(tmp_path: Path, capsys) -> None:

@@ -5,6 +5,7 @@ for (tests/conftest.py: no test touches the network): here, with one that fails.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import sys
@@ -230,9 +231,9 @@ def test_hellaswags_download_offline_is_one_line_at_once_and_a_cached_copy_is_us
     for dry in (["--dry-run"], []):
         proc = run_cli(*flags, "--out-dir", str(tmp_path / "run"), *dry)
         assert proc.returncode != 0
-        assert f"error: HellaSwag: {hellaswag.VAL_URL} is not cached at " \
-            f"{hellaswag.default_cache_dir() / 'hellaswag_val.jsonl'} and cannot be downloaded " \
-            f"(cannot connect to raw.githubusercontent.com:443 ({NO_NETWORK})): pass a local " \
+        assert f"error: HellaSwag: {hellaswag.VAL_URL}: it is not cached at " \
+            f"{hellaswag.default_cache_dir() / 'hellaswag_val.jsonl'}, and it cannot be " \
+            f"downloaded (cannot connect to raw.githubusercontent.com:443 ({NO_NETWORK})): pass a local " \
             f"copy with --hellaswag-file FILE, or go online" in proc.stderr
         assert not (tmp_path / "run").exists()  # before anything was made
     with pytest.raises(hellaswag.HellaSwagError, match="--hellaswag FILE to python -m "
@@ -240,6 +241,17 @@ def test_hellaswags_download_offline_is_one_line_at_once_and_a_cached_copy_is_us
         hellaswag.fetch(hellaswag.VAL_URL)  # gpt.evaluate's download, in one line too
     cached = hellaswag.cached_path(hellaswag.VAL_URL)
     cached.parent.mkdir(parents=True)
-    cached.write_text("")
+    cached.write_text("{}\n")  # not the official file: not a cached copy of it
+    with pytest.raises(hellaswag.HellaSwagError, match="is not HellaSwag's validation set"):
+        hellaswag.check_reachable(None)
+    proc = run_cli(*flags, "--out-dir", str(tmp_path / "run"), "--dry-run")  # nor the trainer's
+    assert proc.returncode != 0 and f"the copy at {cached} is not HellaSwag's validation set" \
+        in proc.stderr
+    from gpt.eval import hellaswag_source  # the official file's identity made this file's
+
+    monkeypatch.setattr(hellaswag_source, "VAL_BYTES", 3)
+    monkeypatch.setattr(hellaswag_source, "VAL_SHA256",
+                        hashlib.sha256(b"{}\n").hexdigest())
+    monkeypatch.setattr(hellaswag_source, "_identified", {})
     hellaswag.check_reachable(None)  # cached: no network needed
     assert hellaswag.fetch(hellaswag.VAL_URL) == cached

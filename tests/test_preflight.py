@@ -84,6 +84,22 @@ def test_a_missing_hellaswag_file_stops_the_run_and_its_dry_run_alike(data: Path
     assert not (tmp_path / "run").exists()
 
 
+def test_a_hellaswag_file_bad_past_its_first_lines_is_refused_by_the_dry_run(
+        data: Path, tmp_path: Path) -> None:
+    """The dry run reads every line the run will: a bad 21st line is its verdict too."""
+    import json
+
+    good = json.dumps({"ctx": "The man", "endings": ["a", "b", "c", "d"], "label": 0})
+    path = tmp_path / "hs.jsonl"
+    path.write_text(f"{good}\n" * 20 + "{not json\n" + f"{good}\n" * 5)
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+            str(tmp_path / "run"), "--hellaswag-every", "1", "--hellaswag-file", str(path)]
+    for proc in (run_cli(*args, "--dry-run"), run_cli(*args)):
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert f"--hellaswag-file {path}:21: not valid JSON" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def direct_calls(fn, stop_at: str | None = None):
     """(calls, run): run(*args) calls fn, recording in calls the module:function of each
     call fn makes itself (not its callees) into gpt/, until a call of `stop_at`, which is

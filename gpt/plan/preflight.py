@@ -294,8 +294,8 @@ def check_out_dir(cfg: Config) -> None:
 
 
 def check_hellaswag_file(cfg: Config) -> None:
-    """--hellaswag-file, where HellaSwag runs and it names a local file, exists and its
-    first examples are HellaSwag's JSONL (gpt/eval/hellaswag.py's check_file) (an http(s)
+    """--hellaswag-file, where HellaSwag runs and it names a local file, exists and every
+    example is HellaSwag's JSONL (gpt/eval/hellaswag.py's check_file) (an http(s)
     address, or none for the official set, is fetched when the run starts: it is cached,
     or its host answers)."""
     e = cfg.eval
@@ -309,7 +309,7 @@ def check_hellaswag_file(cfg: Config) -> None:
     if not Path(source).is_file():
         raise ConfigError(f"--hellaswag-file {source}: no such file; give a local HellaSwag "
                           f"jsonl, or leave the flag out to download the validation set")
-    try:  # its first examples read as the scorer reads them: the format, not the whole file
+    try:  # every example read as the scorer reads them (not tokenized)
         hellaswag.check_file(source)
     except hellaswag.HellaSwagError as err:
         raise ConfigError(f"--hellaswag-file {err}; give HellaSwag's jsonl (one JSON object a "

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from gpt.core.text import one_line
 from gpt.data.tokenizer import GPT2_VOCAB
 from gpt.eval import bpb, hellaswag
 from gpt.eval.sampling import sample
@@ -35,9 +36,11 @@ def score_hellaswag(run: Run) -> None:
     # GPT-2's ids only: a padded vocabulary's extra rows are masked out.
     hs = hellaswag.evaluate(run.par.eval_model, run.hellaswag_examples, rt.device,
                             run.autocast_dtype, rt.rank, rt.world_size, valid_vocab=GPT2_VOCAB)
+    name = getattr(run.hellaswag_examples, "name", hellaswag.VAL_NAME)
+    named = "" if name == hellaswag.VAL_NAME else f" of {one_line(name, 200)}"  # a set of one's own
     run.say(f"step {run.state.step:6d} | hellaswag acc_norm {hs['acc_norm']:.4f} "
-            f"(acc {hs['acc']:.4f}, {hs['total']} examples)")
-    run.log.write({"type": "hellaswag", "step": run.state.step, **hs})
+            f"(acc {hs['acc']:.4f}, {hs['total']} examples{named})")
+    run.log.write({"type": "hellaswag", "step": run.state.step, "set": name, **hs})
 
 
 def save_checkpoint(run: Run, reason: str | None = None) -> Path | None:
