@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from gpt.data.tokenizer import GPT2_VOCAB
     from gpt.eval import bpb, harness_tasks, hellaswag
     from gpt.eval.validation import val_loss
+    from gpt.model.sizing import check_free_memory
     from gpt.runtime.device import resolve_dtype
     from gpt.runtime.world import all_reduce_mean, init_runtime, shutdown
 
@@ -116,6 +117,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.hellaswag is not None:
             examples = hellaswag.load_examples(args.hellaswag, args.cache_dir, runtime.rank,
                                                max_examples=args.hellaswag_max_examples)
+            # a forward's rows: 4 a example, no more examples than a rank scores
+            rows = 4 * min(args.batch_examples, -(-len(examples) // runtime.world_size))
+            width = hellaswag.pad_length(examples, model.config.block_size)
+            check_free_memory(rows * width * model.config.vocab_size * 4, runtime.device,
+                              f"--batch-examples {args.batch_examples:,} (forwards of "
+                              f"{rows:,} rows x {width} tokens: their fp32 logits)",
+                              "lower --batch-examples")
             results["hellaswag"] = {"set": examples.name, **hellaswag.evaluate(
                 scored, examples, runtime.device, dtype, runtime.rank, runtime.world_size,
                 batch_examples=args.batch_examples, valid_vocab=GPT2_VOCAB)}
@@ -124,6 +132,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if seq_len > model.config.block_size:
                 raise ConfigError(f"--seq-len {seq_len} exceeds the model's block size "
                                   f"{model.config.block_size}")
+            per_token = 8 + 4 * model.config.n_embd + (
+                0 if model.chunked_loss else 4 * model.config.vocab_size)  # ids, a layer, logits
+            check_free_memory(args.batch_size * seq_len * per_token, runtime.device,
+                              f"--batch-size {args.batch_size:,} (forwards of {args.batch_size:,} "
+                              f"rows x {seq_len} tokens)", "lower --batch-size")
             loader = ShardLoader(args.data_dir, "val", args.batch_size, seq_len,
                                  rank=runtime.rank, world_size=runtime.world_size,
                                  device=runtime.device, max_token=model.config.vocab_size - 1)

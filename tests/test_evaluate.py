@@ -94,6 +94,32 @@ def test_cli_reports_hellaswag_and_val_loss(tmp_path: Path, random_data_dir: Pat
     assert f"hellaswag ({data}): acc " in text
 
 
+def test_batch_flags_larger_than_the_free_memory_are_one_line_before_the_forward(
+        tmp_path: Path, random_data_dir: Path, capsys, monkeypatch) -> None:
+    """--batch-examples and --batch-size are judged by arithmetic against what the host
+    has free before a forward allocates; a --batch-examples above the examples a rank
+    scores makes no larger forward (its rows would all be dummies)."""
+    from gpt.model import sizing
+
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt")
+    data = write_hellaswag(tmp_path / "mini.jsonl")
+    base = ["--checkpoint", str(ckpt), "--device", "cpu", "--json"]
+    assert main([*base, "--hellaswag", str(data), "--batch-examples", "1000000"]) == 0
+    assert json.loads(capsys.readouterr().out)["hellaswag"]["total"] == 5
+    monkeypatch.setattr(sizing, "free_memory", lambda device: (2**20, "this host"))
+    monkeypatch.setattr(hellaswag, "evaluate", lambda *a, **k: pytest.fail("scored"))
+    assert main([*base, "--hellaswag", str(data), "--batch-examples", "1000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "error: --batch-examples 1,000,000 (forwards of 20 rows x 64 tokens: their fp32 logits) "
+        "needs at least 0.2 GiB, and this host has 0.0 GiB free: lower --batch-examples")
+    assert main([*base, "--data-dir", str(random_data_dir), "--batch-size", "100000",
+                 "--seq-len", "32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "error: --batch-size 100,000 (forwards of 100,000 rows x 32 tokens) needs at least ")
+
+
 def test_cli_errors(tmp_path: Path, capsys) -> None:
     ckpt = write_checkpoint(tmp_path / "ckpt.pt")
     with pytest.raises(SystemExit) as exc:

@@ -271,8 +271,11 @@ def evaluate(
     seq_len = seq_len or pad_length(examples, int(unwrap(model).config.block_size))
     mine: list[Example] = list(examples[rank::world_size])
     # Every rank runs the same number of forwards (rank 0's share is the largest), padding
-    # with dummy batches, so a model whose forward is a collective (FSDP) cannot hang.
-    num_batches = -(-len(examples[0::world_size]) // batch_examples)
+    # with dummy batches, so a model whose forward is a collective (FSDP) cannot hang. A
+    # batch is never larger than that share: more rows would all be dummies.
+    largest = len(examples[0::world_size])
+    batch_examples = min(batch_examples, largest)
+    num_batches = -(-largest // batch_examples)
     was_training = model.training
     model.eval()
     counts = torch.zeros(3, dtype=torch.long, device=device)  # correct, correct_norm, total

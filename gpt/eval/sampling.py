@@ -43,6 +43,21 @@ def _next_token(
     return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
 
 
+def sampling_bytes(gpt: GPT, prompt_len: int, max_new_tokens: int, num_samples: int = 1,
+                   autocast_dtype: torch.dtype = torch.float32, use_cache: bool = True) -> int:
+    """What sample() allocates beyond the model, by arithmetic, at the least: the ids
+    (int64), the KV cache (every layer's keys and values, in the autocast precision), the
+    prompt's logits and the last position's fp32 copies as a token is drawn."""
+    m = gpt.config
+    width = 2 if autocast_dtype in (torch.bfloat16, torch.float16) else 4
+    length = prompt_len + max_new_tokens
+    cache = 0
+    if use_cache and prompt_len < m.block_size:
+        cache = 2 * m.n_layer * num_samples * min(m.block_size, length) * m.n_embd * width
+    prefill = num_samples * min(prompt_len, m.block_size) * m.vocab_size * width
+    return 8 * num_samples * length + cache + prefill + 3 * num_samples * m.vocab_size * 4
+
+
 @torch.no_grad()
 def sample(
     model: nn.Module,
