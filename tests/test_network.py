@@ -15,7 +15,7 @@ import pytest
 
 from gpt.core import network
 
-from helpers import QUIET, TINY, run_cli, write_random_shards
+from helpers import QUIET, TINY, run_cli, served_folder, silent_host, write_random_shards
 
 NO_NETWORK = "gaierror: Name or service not known"
 REAL_PROBE = network._probe  # conftest's stand-in replaces it in every test
@@ -26,7 +26,7 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """No host answers; the hosts asked, in order."""
     asked: list[tuple[str, int]] = []
 
-    def probe(host: str, port: int, timeout_s: float) -> str:
+    def probe(host: str, port: int, timeout_s: float, *how: object) -> str:
         asked.append((host, port))
         return NO_NETWORK
 
@@ -72,6 +72,79 @@ def test_a_real_probe_of_a_closed_port_answers_within_its_timeout() -> None:
         port = s.getsockname()[1]  # bound, not listening: a connection is refused
         why = REAL_PROBE("127.0.0.1", port, 1.0)
     assert why is not None and "ConnectionRefusedError" in why
+
+
+@pytest.fixture()
+def real_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real probe, on the loopback, with a short wait for an answer; no proxy, no
+    offline switch, nothing kept from before."""
+    monkeypatch.setattr(network, "_probe", REAL_PROBE)
+    monkeypatch.setattr(network, "ANSWER_S", 0.5)
+    for name in (*network.OFFLINE_VARS, "HF_ENDPOINT", "HTTPS_PROXY", "https_proxy",
+                 "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_host_that_takes_connections_and_never_answers_is_told_at_once(
+        real_probe, monkeypatch, tmp_path, capsys) -> None:
+    """A hub mirror, a HellaSwag address or a proxy that accepts and stays silent: one
+    line within the probe's waits, not the libraries' timeouts and retries (minutes)."""
+    import time
+
+    from gpt.checkpoint import weights
+    from gpt.checkpoint.model_load import PretrainedError
+    from gpt.eval import hellaswag
+    from gpt.generate import main as generate_main
+
+    with silent_host() as (host, port):
+        for scheme in ("http", "https"):  # an HTTP request, a TLS handshake: no reply
+            network._answers.clear()
+            monkeypatch.setenv("HF_ENDPOINT", f"{scheme}://{host}:{port}")
+            start = time.monotonic()
+            with pytest.raises(PretrainedError, match=rf"the hub cannot be reached \({host}:"
+                               rf"{port}: it takes connections but does not answer \(nothing "
+                               rf"in 0\.5 s\)\)"):
+                weights.download("gpt2", tmp_path / "hub")
+            assert time.monotonic() - start < 10
+        network._answers.clear()
+        assert generate_main(["--init-from", "gpt2", "--prompt", "hi", "--device", "cpu"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "it takes connections but does not answer" in err
+        monkeypatch.delenv("HF_ENDPOINT")
+        with pytest.raises(hellaswag.HellaSwagError, match="it takes connections but does not "
+                           "answer"):
+            hellaswag.check_reachable(f"http://{host}:{port}/hs.jsonl", tmp_path / "hs")
+        network._answers.clear()
+        monkeypatch.setenv("HTTPS_PROXY", f"http://{host}:{port}")  # a proxy that never replies
+        assert network.hub_unreachable() == (
+            f"{host}:{port} through the proxy for huggingface.co: it takes connections but does "
+            f"not answer (nothing in 0.5 s)")
+
+
+def test_a_host_that_answers_is_reachable(real_probe, tmp_path) -> None:
+    """Any answer counts: an HTTP server's reply (an error too)."""
+    with served_folder(tmp_path) as base:
+        assert network.unreachable(f"{base}/missing.jsonl") is None
+
+
+def test_a_download_that_stops_making_progress_is_given_up_on_in_one_line() -> None:
+    """Past the probe, a host can still stall a download: the library's retries are
+    bounded by the time without progress, not left to run for minutes."""
+    import threading
+    import time
+
+    release = threading.Event()
+    start = time.monotonic()
+    with pytest.raises(network.NetworkError, match=r"^downloading x: no progress in 0\.5 s: "
+                       r"the host stopped answering"):
+        network.within_time_limit(lambda: release.wait(30), "downloading x", stall_s=0.5)
+    assert time.monotonic() - start < 5
+    release.set()
+    ticks = iter(range(10**6))  # progress all along: waited for to the end
+    assert network.within_time_limit(lambda: time.sleep(2) or "done", "x",
+                                      progress=lambda: next(ticks), stall_s=0.5) == "done"
+    with pytest.raises(KeyError):  # the download's own error, raised as it was
+        network.within_time_limit(lambda: {}["k"], "x", stall_s=5)
 
 
 def test_the_libraries_offline_mode_is_set_and_put_back() -> None:
