@@ -173,9 +173,11 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
     if plan.start is not None and plan.start.path is not None:
         _check_resume(plan, check)
     if plan_memory and plan.accum is not None and plan.dtype is not None:
-        plan.memory = (plan.layout.plan if plan.layout is not None and plan.layout.plan else
-                       check(lambda: memory.plan(plan.cfg, world_size=plan.runtime.world_size,
-                                                 device_type=plan.runtime.device_type)))
+        with memory.Progress("the memory of a step", sys.stdout) as progress:
+            progress(f"{plan.cfg.model.n_layer} blocks")  # said if it takes seconds
+            plan.memory = (plan.layout.plan if plan.layout is not None and plan.layout.plan else
+                           check(lambda: memory.plan(plan.cfg, world_size=plan.runtime.world_size,
+                                                     device_type=plan.runtime.device_type)))
         if plan.memory is not None:
             check(lambda: check_peak(plan.cfg, plan.runtime, plan.capacity, plan.memory))
     _estimate_time(plan)
