@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from gpt.checkpoint.weights import load_model
     from gpt.data.tokenizer import gpt2_tokenizer
-    from gpt.eval.sampling import sample, sampling_bytes, until_eot
+    from gpt.eval.sampling import prompt_ids, sample, sampling_bytes, until_eot
     from gpt.model.sizing import check_free_memory
     from gpt.runtime.device import pick_device, resolve_dtype
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype = resolve_dtype(args.dtype, device)
         tokenizer = gpt2_tokenizer()
         model = load_model(checkpoint=args.checkpoint, init_from=args.init_from, device=device)
-        prompt = tokenizer.encode_ordinary(args.prompt) or [tokenizer.eot_token]
+        prompt = prompt_ids(tokenizer, args.prompt, model.config.vocab_size)
         check_free_memory(sampling_bytes(model, len(prompt), args.max_new_tokens,
                                          args.num_samples, dtype, args.use_cache), device,
                           f"--num-samples {args.num_samples} x --max-new-tokens "

@@ -248,7 +248,7 @@ def test_token_out_of_vocab(tmp_path: Path) -> None:
     tokens[37], tokens[40] = 50257, 60000
     write_shard(path, tokens)
     msg = assert_shard_error(path, "token id 50257 at index 37", vocab_size=50257)
-    assert "vocab_size 50257" in msg
+    assert "--vocab-size 50257" in msg and "raise --vocab-size" in msg  # the flag to change
     assert read_shard(path, vocab_size=60001).size == 50
 
 

@@ -196,3 +196,24 @@ def load_tiny(ckpt: Path) -> GPT:
     from gpt.checkpoint.model_load import load_checkpoint_model
 
     return load_checkpoint_model(ckpt)
+
+
+@pytest.mark.parametrize("prompt,words", [
+    ("hi", "--prompt 'hi': token id 5303 is beyond the model's vocabulary of 64 ids"),
+    ("", "--prompt '': an empty prompt starts from <|endoftext|> (id 50256), which is beyond "
+         "the model's vocabulary of 64 ids"),
+])
+def test_a_prompt_beyond_a_small_vocabulary_is_one_line(prompt: str, words: str, capsys) -> None:
+    """A model trained with a vocabulary below GPT-2's (the checkpoint from before the
+    move: 64 ids) cannot embed most GPT-2 tokens: said, not an IndexError; a prompt of
+    its own ids samples."""
+    from helpers import REPO
+
+    ckpt = REPO / "tests" / "fixtures" / "run-1137a53" / "ckpt_000002.pt"
+    args = ["--checkpoint", str(ckpt), "--device", "cpu", "--max-new-tokens", "4"]
+    assert main([*args, "--prompt", prompt]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {words}: give a prompt whose GPT-2 "
+                                                   f"tokens are all below 64")
+    assert main([*args, "--prompt", "A"]) == 0  # GPT-2's id 32
+    assert capsys.readouterr().out.startswith("--- sample 0\nA")

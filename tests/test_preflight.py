@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import QUIET, REPO, TINY, run_cli, write_random_shards
+from helpers import QUIET, REPO, TINY, read_metrics, run_cli, write_random_shards
 from gpt.checkpoint.files import save_atomic
 from gpt.core import extras
 from gpt.core.cli import parse_args
@@ -98,6 +98,43 @@ def test_a_hellaswag_file_bad_past_its_first_lines_is_refused_by_the_dry_run(
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert f"--hellaswag-file {path}:21: not valid JSON" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--torch-profile", "/proc/x", "--profile-start", "1"], "--torch-profile /proc/x: cannot "
+                                                              "write there: "),
+    (["--torch-profile", "FILE"], "--torch-profile FILE: cannot write there: FILE is a file, "
+                                  "not a folder; name another folder"),
+    (["--memory-snapshot", "FILE/snap.pickle"], "--memory-snapshot FILE/snap.pickle: cannot "
+                                                "write there: FILE is a file, not a folder"),
+    (["--vocab-size", "1000"], "train_000000.bin: token id "),
+], ids=["profile-in-proc", "profile-a-file", "snapshot-below-a-file", "vocab-below-the-data"])
+def test_what_the_run_would_stop_at_the_dry_run_says_first(flags: list[str], words: str,
+                                                           data: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    flags = [f.replace("FILE", str(tmp_path / "file")) for f in flags]
+    words = words.replace("FILE", str(tmp_path / "file"))
+    args = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data), "--out-dir",
+            str(tmp_path / "run"), *flags]
+    for proc in (run_cli(*args, "--dry-run"), run_cli(*args)):
+        assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+        assert words in proc.stderr
+    assert not (tmp_path / "run").exists()
+    if "--vocab-size" in flags:  # the line names the flag to change, not only the data
+        assert "is >= --vocab-size 1000, beyond the model's vocabulary; raise --vocab-size" \
+            in proc.stderr
+
+
+def test_an_empty_sample_prompt_samples_from_end_of_text(data: Path, tmp_path: Path) -> None:
+    """As gpt.generate --prompt '' does: what the dry run passes, the run samples."""
+    args = [*TINY, "--val-every", "0", "--max-steps", "1", "--sample-every", "1",
+            "--sample-tokens", "4", "--num-samples", "1", "--sample-prompt", "",
+            "--data-dir", str(data), "--out-dir", str(tmp_path / "run")]
+    assert run_cli(*args, "--dry-run").returncode == 0
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    samples = [r for r in read_metrics(tmp_path / "run", "sample")]
+    assert [r["step"] for r in samples] == [1] and len(samples[0]["samples"]) == 1
 
 
 def direct_calls(fn, stop_at: str | None = None):

@@ -11,7 +11,7 @@ import torch
 from gpt.core.text import one_line
 from gpt.data.tokenizer import GPT2_VOCAB
 from gpt.eval import bpb, hellaswag
-from gpt.eval.sampling import sample
+from gpt.eval.sampling import prompt_ids, sample
 from gpt.eval.validation import val_loss
 from gpt.runtime.world import all_reduce_mean
 from gpt.train.run import Run
@@ -77,10 +77,11 @@ def no_checkpoint_note(run: Run) -> str:
 def log_samples(run: Run) -> None:
     e, tok = run.cfg.eval, run.tokenizer
     gen = torch.Generator().manual_seed(run.cfg.train.seed + run.state.step)
-    ids = sample(run.model, tok.encode_ordinary(e.sample_prompt), max_new_tokens=e.sample_tokens,
+    prompt = prompt_ids(tok, e.sample_prompt, run.cfg.model.vocab_size, "--sample-prompt")
+    ids = sample(run.model, prompt, max_new_tokens=e.sample_tokens,
                  num_samples=e.num_samples, top_k=50, valid_vocab=tok.n_vocab, generator=gen,
                  autocast_dtype=run.autocast_dtype)
-    texts = [tok.decode(row.tolist()) for row in ids]
+    texts = [e.sample_prompt + tok.decode(row.tolist()[len(prompt):]) for row in ids]
     for i, text in enumerate(texts):
         run.say(f"--- sample {i} at step {run.state.step}:\n{text}")
     run.log.write({"type": "sample", "step": run.state.step, "samples": texts})
