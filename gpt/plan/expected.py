@@ -22,8 +22,10 @@ import torch
 
 from gpt.checkpoint.files import list_checkpoints
 from gpt.core.config import Config, ConfigError, model_preset
+from gpt.core.errors import UserError
 from gpt.core.file_checks import free_bytes
 from gpt.core.units import format_duration, human_bytes, human_count
+from gpt.data.shards import find_shards
 from gpt.plan import speed
 
 
@@ -94,10 +96,24 @@ def checkpoint_bytes(cfg: Config) -> int:
     return total
 
 
+def validates(cfg: Config) -> bool:
+    """Whether the run validates (--val-every and val_* shards, as the trainer decides;
+    a data folder not made yet is counted as one that will have them): only then can a
+    best checkpoint be kept beside the newest."""
+    if not cfg.eval.val_every:
+        return False
+    if not Path(cfg.data.data_dir).is_dir():
+        return True
+    try:
+        return bool(find_shards(cfg.data.data_dir, "val"))
+    except UserError:
+        return False
+
+
 def checkpoints_at_once(cfg: Config, start_step: int = 0) -> int:
     """The most checkpoint files the run folder holds at one time: the newest
-    --keep-checkpoints, the best by validation loss, and the one being written, of the
-    saves from `start_step` (a resume's) to the end."""
+    --keep-checkpoints, the best by validation loss (where the run validates), and the
+    one being written, of the saves from `start_step` (a resume's) to the end."""
     c = cfg.checkpoint
     steps, _ = speed.run_steps(cfg, start_step)
     if not c.save_checkpoints or not steps:
@@ -105,7 +121,7 @@ def checkpoints_at_once(cfg: Config, start_step: int = 0) -> int:
     end = start_step + steps
     every = c.checkpoint_every
     saves = (end // every - start_step // every + (end % every != 0)) if every else 1
-    return min(saves, c.keep_checkpoints + 2)
+    return min(saves, c.keep_checkpoints + 1 + validates(cfg))
 
 
 def disk_needed(cfg: Config, start_step: int = 0) -> tuple[int, int, int]:
@@ -158,7 +174,8 @@ def lines(cfg: Config, device: torch.device, gpu: str, world: int,
     if n:
         disk.append(f"{out_dir} needs about {human_bytes(n * each)} for up to {n} checkpoint(s) "
                     f"of {human_bytes(each)} at once (--keep-checkpoints "
-                    f"{cfg.checkpoint.keep_checkpoints}, the best, the one being written)"
+                    f"{cfg.checkpoint.keep_checkpoints}, "
+                    f"{'the best, ' if validates(cfg) else ''}the one being written)"
                     + (f", {human_bytes(need)} more than its checkpoints hold now"
                        if need < n * each else ""))
     elif not cfg.checkpoint.save_checkpoints:
