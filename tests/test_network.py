@@ -147,6 +147,71 @@ def test_a_download_that_stops_making_progress_is_given_up_on_in_one_line() -> N
         network.within_time_limit(lambda: {}["k"], "x", stall_s=5)
 
 
+BAD_ADDRESS = "is not a usable address"
+
+
+@pytest.mark.parametrize("env,command,words", [
+    ({"HTTPS_PROXY": "http://proxy:notaport"}, ["train", "--init-from", "gpt2", "--dry-run"],
+     "HTTPS_PROXY: 'http://proxy:notaport' is not a usable address (Port could not be cast"),
+    ({"HTTPS_PROXY": "http://proxy:notaport"}, ["train", "--init-from", "gpt2"],
+     "HTTPS_PROXY: 'http://proxy:notaport' is not a usable address"),
+    ({}, ["train", "--hellaswag-every", "1", "--hellaswag-file",
+          "http://127.0.0.1:99999/hs.jsonl", "--dry-run"],
+     "--hellaswag-file: 'http://127.0.0.1:99999/hs.jsonl' is not a usable address (Port out "
+     "of range"),
+    ({}, ["evaluate", "--hellaswag", "https://[::1/hs.jsonl"],
+     "--hellaswag: 'https://[::1/hs.jsonl' is not a usable address (Invalid IPv6 URL)"),
+    ({"HF_ENDPOINT": "http://host:badport"}, ["generate", "--init-from", "gpt2"],
+     "HF_ENDPOINT: 'http://host:badport' is not a usable address"),
+    ({"http_proxy": "proxy:99999"}, ["train", "--init-from", "gpt2", "--dry-run"],
+     "http_proxy: 'proxy:99999' is not a usable address (Port out of range"),
+], ids=["proxy-dry-run", "proxy-run", "hellaswag-port", "hellaswag-ipv6", "endpoint",
+        "http-proxy"])
+def test_a_malformed_address_is_one_line_naming_its_variable_or_flag(
+        env, command, words, tmp_path, four_step_run, monkeypatch, capsys, no_launch_env) -> None:
+    from gpt.entry import train_main
+    from gpt.evaluate import main as evaluate_main
+    from gpt.generate import main as generate_main
+
+    for name in (*network.PROXY_VARS, "HF_ENDPOINT", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    kind, *flags = command
+    if kind == "train":
+        (tmp_path / "data").mkdir()
+        data = write_random_shards(tmp_path / "data", seed=0, train=(10_000,))
+        code = train_main([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data),
+                           "--out-dir", str(tmp_path / "run"), *flags])
+    elif kind == "evaluate":
+        code = evaluate_main(["--checkpoint", str(four_step_run / "ckpt_000004.pt"),
+                              "--device", "cpu", *flags])
+    else:
+        code = generate_main([*flags, "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    line = next(line for line in err.splitlines() if line.startswith("error: "))
+    assert line.startswith(f"error: {words}"), err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_malformed_hub_address_is_named_before_the_library_fails_to_import_on_it(
+        tmp_path) -> None:
+    """huggingface_hub parses HF_ENDPOINT as it is imported: in a fresh process, the
+    variable is named before that import."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in network.PROXY_VARS}
+    proc = subprocess.run([sys.executable, "-m", "gpt.generate", "--init-from", "gpt2",
+                           "--device", "cpu"], capture_output=True, text=True, timeout=300,
+                          env={**env, "HF_ENDPOINT": "http://host:badport",
+                               "HF_HUB_CACHE": str(tmp_path)})
+    assert proc.returncode == 1 and proc.stderr.startswith(
+        "error: HF_ENDPOINT: 'http://host:badport' is not a usable address"), proc.stderr
+
+
 def test_the_libraries_offline_mode_is_set_and_put_back() -> None:
     import datasets.config
     import huggingface_hub.constants

@@ -77,14 +77,15 @@ def download(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
     if name not in HUB_NAMES:
         raise PretrainedError(f"--init-from {name!r}: not a GPT-2 model name ({', '.join(HUB_NAMES)}) "
                               "nor an existing folder")
+    # Without network the cache alone is read, at once (not after the library's retries);
+    # asked first: an address the library cannot parse fails its import
+    offline = network.hub_unreachable()
     try:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.utils import EntryNotFoundError, RepositoryNotFoundError
     except ImportError:
         raise PretrainedError(f"--init-from {name}: downloading needs `pip install huggingface-hub`") from None
 
-    # Without network the cache alone is read, at once (not after the library's retries)
-    offline = network.hub_unreachable()
     last_error: Exception | None = None
     for repo in (f"{HUB_ORG}/{name}", name):  # the current repo, then the legacy id
         def fetch(file: str, repo: str = repo) -> str:

@@ -97,15 +97,15 @@ def _probe(host: str, port: int, timeout_s: float, hello: bytes | None = None,
     return outcome[0] if outcome else f"no answer in {timeout_s + ANSWER_S:g} s"
 
 
-def split_address(url: str, where: str) -> tuple[str, str, int]:
+def split_address(url: str, where: str, given: str | None = None) -> tuple[str, str, int]:
     """(scheme, host, port) of an http(s) address; a NetworkError naming `where` (the
-    variable or flag it came from) if it cannot be parsed."""
+    variable or flag it came from) and what was `given` there if it cannot be parsed."""
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
     except ValueError as e:
-        raise NetworkError(f"{where}: {url!r} is not a usable address ({e}); give one such as "
-                           f"https://host or http://host:8080") from None
+        raise NetworkError(f"{where}: {(given or url)!r} is not a usable address ({e}); give one "
+                           f"such as https://host or http://host:8080") from None
     host = parts.hostname or url
     return parts.scheme, host, port or (80 if parts.scheme == "http" else 443)
 
@@ -123,9 +123,10 @@ def unreachable(url: str, where: str = "the address") -> str | None:
     scheme, target, target_port = split_address(url, where)
     proxy = _proxy_for(scheme, target)
     if proxy:
-        name = next((n for n in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY", "all_proxy",
-                                 "ALL_PROXY") if os.environ.get(n) == proxy), f"{scheme}_proxy")
-        _, host, port = split_address(proxy if "://" in proxy else f"http://{proxy}", name)
+        name = next((n for n in PROXY_VARS if n.lower() in (f"{scheme}_proxy", "all_proxy")
+                     and os.environ.get(n) == proxy), f"{scheme}_proxy")
+        _, host, port = split_address(proxy if "://" in proxy else f"http://{proxy}", name,
+                                      proxy)
         via = f" through the proxy for {target}"
         hello = (f"CONNECT {target}:{target_port} HTTP/1.1\r\nHost: {target}:{target_port}\r\n\r\n"
                  if scheme == "https" else f"HEAD {url} HTTP/1.0\r\n\r\n").encode()
@@ -184,6 +185,23 @@ def hub_url() -> str:
     return os.environ.get("HF_ENDPOINT") or HUB
 
 
+PROXY_VARS = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy",
+              "ALL_PROXY")
+
+
+def check_addresses() -> None:
+    """A NetworkError naming the variable if HF_ENDPOINT or a proxy variable holds an
+    address that cannot be parsed (a port that is not a number or beyond 65535): asked
+    before the Hugging Face libraries are imported, which parse them as they load and
+    would fail with a traceback from deep inside."""
+    if os.environ.get("HF_ENDPOINT"):
+        split_address(os.environ["HF_ENDPOINT"], "HF_ENDPOINT")
+    for name in PROXY_VARS:
+        value = os.environ.get(name)
+        if value:
+            split_address(value if "://" in value else f"http://{value}", name, value)
+
+
 def hub_where() -> str:
     """Where the hub's address comes from, for a message."""
     return "HF_ENDPOINT" if os.environ.get("HF_ENDPOINT") else "the hub's address"
@@ -200,6 +218,7 @@ def offline_by_choice() -> str | None:
 def hub_unreachable() -> str | None:
     """None if the Hugging Face hub can be reached, else why not: the user's offline
     switch, or the connection that failed."""
+    check_addresses()
     chosen = offline_by_choice()
     if chosen:
         return f"{chosen} is set"

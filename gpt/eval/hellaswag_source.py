@@ -121,20 +121,25 @@ def check_reachable(source: str | None, cache_dir: str | os.PathLike | None = No
                     flag: str = "--hellaswag-file") -> None:
     """A HellaSwag source that must be downloaded (None or "val" for the validation set,
     or an http(s) address) and is not cached can be: its host answers. Else one line at
-    once, not a download's timeout at the run's first evaluation."""
+    once, not a download's timeout at the run's first evaluation; an address that cannot
+    be parsed, one naming `flag`."""
     text = address(source)
-    if not text.startswith(("http://", "https://")) or _cached(text, cache_dir):
+    if not text.startswith(("http://", "https://")):
+        return
+    network.split_address(text, flag.split()[0])  # a bad port, a broken IPv6 host: said here
+    if _cached(text, cache_dir):
         return
     dest = cached_path(text, cache_dir)
     held = (f"the copy at {dest} is not HellaSwag's validation set (its content differs "
             f"from the official file's)" if dest.is_file() else f"it is not cached at {dest}")
-    why = network.unreachable(text)
+    why = network.unreachable(text, flag.split()[0])
     if why is not None:
         raise HellaSwagError(f"HellaSwag: {text}: {held}, and it cannot be downloaded ({why}): "
                              f"pass a local copy with {flag} FILE, or go online")
 
 
-def fetch(url: str, cache_dir: str | os.PathLike | None = None, rank: int = 0) -> Path:
+def fetch(url: str, cache_dir: str | os.PathLike | None = None, rank: int = 0,
+          flag: str = "--hellaswag") -> Path:
     """The cached copy of `url`, downloaded once: by rank 0 while the other ranks wait.
 
     Under torch.distributed, rank 0's outcome is broadcast so all ranks fail together.
@@ -142,6 +147,7 @@ def fetch(url: str, cache_dir: str | os.PathLike | None = None, rank: int = 0) -
     its own copy; writes are atomic, so racing copies are harmless. The official set's
     address gives the official file or an error, never another file.
     """
+    network.split_address(url, flag)  # before its cache's name is made from it
     dest = cached_path(url, cache_dir)
     error: str | None = None
     if rank == 0 and _cached(url, cache_dir) is None:
