@@ -125,6 +125,35 @@ def test_what_the_run_would_stop_at_the_dry_run_says_first(flags: list[str], wor
             in proc.stderr
 
 
+@pytest.mark.parametrize("case", ["name too long", "unreadable"])
+def test_an_out_dir_that_cannot_be_listed_is_one_line_in_the_dry_run_and_the_run(
+        case: str, data: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """The checkpoints are listed before the folder's own check: a folder that cannot be
+    listed (a name longer than the file system takes; write but no read permission, as
+    root cannot be made to lack it, stood in for) is said there, not a traceback."""
+    import pathlib
+
+    if case == "name too long":
+        out = tmp_path / ("x" * 300)
+    else:
+        out = tmp_path / "run"
+        out.mkdir()
+        real = pathlib.Path.iterdir
+
+        def unreadable(self):
+            if self == out:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real(self)
+
+        monkeypatch.setattr(pathlib.Path, "iterdir", unreadable)
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir", str(out)]
+    for dry in (["--dry-run"], []):
+        assert train_main([*args, *dry]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and f"error: --out-dir {out}: cannot list it for its " \
+            f"checkpoints ({'File name too long' if case == 'name too long' else 'Permission denied'})" in err
+
+
 def test_an_empty_sample_prompt_samples_from_end_of_text(data: Path, tmp_path: Path) -> None:
     """As gpt.generate --prompt '' does: what the dry run passes, the run samples."""
     args = [*TINY, "--val-every", "0", "--max-steps", "1", "--sample-every", "1",

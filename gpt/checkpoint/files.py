@@ -173,10 +173,15 @@ def _unpickle(path: Path, map_location: str | torch.device = "cpu") -> Any:
 def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
     """(step in the name, path) of the checkpoint files in a run folder, oldest first.
     Only regular files count: a folder or symlink named like a checkpoint is not one."""
-    if not out_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in out_dir.iterdir()
-             if (m := CKPT_PATTERN.match(p.name)) and p.is_file() and not p.is_symlink()]
+    try:  # the first look at --out-dir, before its own check: a folder that cannot be
+        if not out_dir.is_dir():  # listed (no read permission, a name too long) is one line
+            return []
+        found = [(int(m.group(1)), p) for p in out_dir.iterdir()
+                 if (m := CKPT_PATTERN.match(p.name)) and p.is_file() and not p.is_symlink()]
+    except OSError as e:
+        raise ConfigError(f"--out-dir {out_dir}: cannot list it for its checkpoints "
+                          f"({e.strerror or e}); name a folder this process can read and "
+                          f"write") from None
     return sorted(found)
 
 

@@ -102,6 +102,12 @@ def folder_problem(folder: Path) -> tuple[Path, str] | None:
     """(the entry in the way, what is wrong) if files cannot be made in `folder`, making
     it where it is missing: it, or the nearest of its parents that exists, must be a
     folder this process can list, enter and write. Writes nothing."""
+    try:
+        os.lstat(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # made when opened, or a file stands above it: told below
+    except OSError as e:  # a name too long, a loop of links above it: nothing can be made
+        return folder, f"cannot be looked at ({e.strerror})"
     probe = existing_parent(folder)
     if os.path.islink(probe):
         problem = _link_problem(probe)

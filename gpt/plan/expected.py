@@ -131,7 +131,10 @@ def disk_needed(cfg: Config, start_step: int = 0) -> tuple[int, int, int]:
     if not n:
         return 0, 0, 0
     each = checkpoint_bytes(cfg)
-    held = sum(p.stat().st_size for _, p in list_checkpoints(Path(cfg.train.out_dir)))
+    try:
+        held = sum(p.stat().st_size for _, p in list_checkpoints(Path(cfg.train.out_dir)))
+    except (UserError, OSError):  # a folder that cannot be listed: the preflight says so
+        held = 0
     return max(n * each - held, 0), n, each
 
 
