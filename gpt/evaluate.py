@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.hellaswag is None and args.data_dir is None and args.tasks is None:
         parser.error("nothing to do: give --tasks LIST, --hellaswag FILE and/or --data-dir DIR")
+    if args.data_dir == "":
+        parser.error("--data-dir must not be empty (it would be the current folder); name the "
+                     "folder of the val_* shards ('.' if it is this one)")
     if args.tasks is not None and not any(t.strip() for t in args.tasks.split(",")):
         parser.error(f"--tasks {args.tasks!r} names no task: give a comma-separated list, "
                      f"e.g. hellaswag,arc_easy")

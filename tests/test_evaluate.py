@@ -120,6 +120,12 @@ def test_batch_flags_larger_than_the_free_memory_are_one_line_before_the_forward
         "error: --batch-size 100,000 (forwards of 100,000 rows x 32 tokens) needs at least ")
 
 
+def test_an_empty_data_dir_is_named(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--checkpoint", "x.pt", "--data-dir", ""])
+    assert e.value.code == 2 and "--data-dir must not be empty" in capsys.readouterr().err
+
+
 def test_cli_errors(tmp_path: Path, capsys) -> None:
     ckpt = write_checkpoint(tmp_path / "ckpt.pt")
     with pytest.raises(SystemExit) as exc:

@@ -449,11 +449,30 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(data_dir: Path,
     proc = run_cli(*ARGS, "--data-dir", str(data_dir), "--out-dir", str(out), "--resume", "auto",
                    "--stop-at-step", "4", preexec_fn=_limit_file_size(len(before) // 4))
     assert proc.returncode == 1, proc.stderr
-    assert "ckpt_000004.pt: could not write the checkpoint" in proc.stderr
+    assert "ckpt_000004.pt: could not write the checkpoint (File too large: over this " \
+        "process's file-size limit" in proc.stderr and "GiB free" not in proc.stderr
     assert "Traceback" not in proc.stderr
     assert (out / "ckpt_000002.pt").read_bytes() == before
     assert load(out / "ckpt_000002.pt")["step"] == 2
     assert sorted(p.name for p in out.iterdir() if "ckpt" in p.name) == ["ckpt_000002.pt"]
+
+
+def test_a_file_size_limit_is_named_as_the_reason_a_checkpoint_was_not_written(
+        tmp_path: Path) -> None:
+    """torch's zip writer hides the OS's error behind its own words ("unexpected pos"): the
+    message says the file-size limit, not the disk's free space, which is not the cause."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))
+    try:
+        with pytest.raises(CheckpointError) as e:
+            checkpoint.save_atomic({"w": torch.zeros(100_000)}, tmp_path / "ckpt_000001.pt")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert str(e.value) == (
+        f"{tmp_path / 'ckpt_000001.pt'}: could not write the checkpoint (File too large: over "
+        f"this process's file-size limit (100,000 bytes), `ulimit -f`; raise the limit); "
+        f"earlier checkpoints in {tmp_path} are untouched")
+    assert not list(tmp_path.iterdir())  # no partial file left
 
 
 def test_typo_in_config_file_names_the_key(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -45,7 +45,7 @@ from gpt.core.config import INIT_ONLY, Config, ConfigError, ModelConfig
 from gpt.core.config_check import assumed_defaults, check_saved
 from gpt.core.config_io import to_dict, upgrade_dict
 from gpt.core.errors import UserError
-from gpt.core.fileio import atomic_write, free_space
+from gpt.core.fileio import atomic_write, free_space, write_failure
 
 
 CKPT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
@@ -70,15 +70,23 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
     name, and a file that does not read back as written is not kept."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    failed: list[OSError] = []
+
+    def save(fh: BinaryIO) -> None:
+        torch.save(obj, _Recorded(fh, failed))
+
     try:
-        atomic_write(path, lambda fh: torch.save(obj, fh))
+        atomic_write(path, save)
     except (OSError, RuntimeError) as e:
         # torch.save reports a failed write (disk full, quota, file-size limit) as a
-        # RuntimeError from its zip writer, so both kinds land here.
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip()
+        # RuntimeError from its zip writer, in its own words: the OS's error, kept as the
+        # file was written, says what it was.
+        error = e if isinstance(e, OSError) else (failed[0] if failed else None)
+        reason = (write_failure(error, path.parent) if error is not None else
+                  f"{str(e).strip()}; {free_space(path.parent)}")
         raise CheckpointError(
-            f"{path}: could not write the checkpoint ({reason}; {free_space(path.parent)}); "
-            f"earlier checkpoints in {path.parent} are untouched"
+            f"{path}: could not write the checkpoint ({reason}); earlier checkpoints in "
+            f"{path.parent} are untouched"
         ) from None
     try:
         verify(path)
@@ -86,6 +94,24 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
         path.unlink(missing_ok=True)
         raise CheckpointError(f"{e}; it was removed, earlier checkpoints are untouched") from None
     return path
+
+
+class _Recorded:
+    """The file torch.save writes to, keeping the first OSError of a write (torch's zip
+    writer raises its own RuntimeError in its place)."""
+
+    def __init__(self, fh: BinaryIO, failed: list[OSError]) -> None:
+        self._fh, self._failed = fh, failed
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._fh.write(data)
+        except OSError as e:
+            self._failed.append(e)
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fh, name)
 
 
 def verify(path: Path) -> None:

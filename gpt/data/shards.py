@@ -165,6 +165,13 @@ def read_layout(path: Path) -> Layout:
 
 def _header_layout(path: Path, raw: bytes) -> Layout:
     """This trainer's header or llm.c's, both 256 little-endian int32 slots."""
+    if len(raw) < HEADER_BYTES and int.from_bytes(raw[:4], "little") not in (SHARD_MAGIC,
+                                                                            LLMC_MAGIC):
+        # short, and not even the start of a shard: a file that only bears a shard's name
+        raise ShardError(
+            f"{path}: not a shard (a file of {len(raw)} bytes that starts with neither this "
+            f"trainer's magic nor llm.c's, nor is a .npy array), only named like one: is "
+            f"--data-dir the folder of the shards? Else move it out of the data folder")
     if len(raw) < HEADER_BYTES:
         raise ShardError(
             f"{path}: truncated header ({len(raw)} bytes, need {HEADER_BYTES}); "

@@ -24,6 +24,7 @@ from gpt.checkpoint.files import list_checkpoints
 from gpt.core.config import Config, ConfigError, model_preset
 from gpt.core.errors import UserError
 from gpt.core.file_checks import free_bytes
+from gpt.core.text import one_line
 from gpt.core.units import format_duration, human_bytes, human_count
 from gpt.data.shards import find_shards
 from gpt.plan import speed
@@ -170,9 +171,10 @@ def lines(cfg: Config, device: torch.device, gpu: str, world: int,
     out = [f"expect:     {human_count(tokens)} tokens ({steps:,} steps x {per_step:,}{span})",
            "            " + time_line(cfg, device, gpu, world, estimate, start_step)]
     data = folder_bytes(Path(cfg.data.data_dir))
-    out_dir = Path(cfg.train.out_dir)
-    disk = [f"{cfg.data.data_dir} holds {human_bytes(data)}" if data is not None else
-            f"{cfg.data.data_dir} does not exist yet"]
+    # paths from a config file are anyone's text: printed escaped, as every error line is
+    data_dir, out_dir = one_line(cfg.data.data_dir, None), one_line(cfg.train.out_dir, None)
+    disk = [f"{data_dir} holds {human_bytes(data)}" if data is not None else
+            f"{data_dir} does not exist yet"]
     need, n, each = disk_needed(cfg, start_step)
     if n:
         disk.append(f"{out_dir} needs about {human_bytes(n * each)} for up to {n} checkpoint(s) "
@@ -183,7 +185,7 @@ def lines(cfg: Config, device: torch.device, gpu: str, world: int,
                        if need < n * each else ""))
     elif not cfg.checkpoint.save_checkpoints:
         disk.append(f"{out_dir}: no checkpoints (--no-save-checkpoints)")
-    free = free_bytes(out_dir)
+    free = free_bytes(Path(cfg.train.out_dir))
     out.append("            disk: " + "; ".join(disk)
                + (f"; {human_bytes(free)} free there" if free is not None else ""))
     return out
