@@ -282,7 +282,7 @@ def network_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     the probe with one that fails (tests/test_network.py)."""
     from gpt.core import network
 
-    monkeypatch.setattr(network, "_probe", lambda host, port, timeout_s: None)
+    monkeypatch.setattr(network, "_probe", lambda host, port, timeout_s, *how: None)
     monkeypatch.setattr(network, "_answers", {})
 
 

@@ -158,7 +158,7 @@ def npy_shards(folder: Path, bad_at: int, bad_id: int, dtype: str = "int32") -> 
 
 
 @pytest.mark.parametrize("bad_id,words", [(-1, "token id -1 at index 40 is negative"),
-                                          (60_000, "token id 60000 at index 40 is >= vocab_size")])
+                                          (60_000, "token id 60000 at index 40 is >= --vocab-size")])
 def test_an_id_out_of_range_is_named_by_every_loader(bad_id: int, words: str,
                                                      tmp_path: Path) -> None:
     data = npy_shards(tmp_path, bad_at=40, bad_id=bad_id)
@@ -192,7 +192,7 @@ def test_evaluate_names_an_id_beyond_the_vocabulary(tmp_path: Path, capsys) -> N
                      "--batch-size", "2", "--device", "cpu"])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
-    assert "val_000000.bin: token id 60000 at index 40 is >= vocab_size 50304" in err
+    assert "val_000000.bin: token id 60000 at index 40 is >= --vocab-size 50304" in err
 
 
 # ---------------------------------------------------------------------------------------

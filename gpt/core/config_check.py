@@ -200,6 +200,8 @@ def validate(cfg: Config) -> None:
            f"got {t.dist_timeout}")
     _check(0 <= t.seed < 2**32, f"--seed must be in [0, 2**32), got {t.seed}")
     _check(bool(t.out_dir), "--out-dir must not be empty")
+    _check(bool(cfg.data.data_dir), "--data-dir must not be empty (it would be the current "
+           "folder); name the folder of the shards ('.' if it is this one)")
     for name in ("val_steps", "sample_tokens", "num_samples"):
         _check(getattr(e, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(e, name)}")
     # Samples are printed for a person to read, in one batch: more would only exhaust memory.

@@ -1,6 +1,7 @@
 """A model's size by arithmetic on its config, and the judgement of it that comes before
 any model is built: the parameter count, the least memory a training run needs per
-device, a device's memory, and the checks that refuse a size that cannot be.
+device, a device's memory (and what is free of it for a reader's batch), and the checks
+that refuse a size that cannot be.
 
 Building even a meta-device GPT costs time and host memory in proportion to its layers,
 so a config from any source (flags, a TOML file, a checkpoint's saved config) is judged
@@ -77,6 +78,31 @@ def device_memory(device: torch.device) -> int | None:
     except ImportError:
         return None
     return int(psutil.virtual_memory().total)
+
+
+def free_memory(device: torch.device) -> tuple[int | None, str]:
+    """What a reader may still allocate on `device`, and where that is: the GPU's free
+    memory, or (CPU, and MPS's unified memory) the host's available memory; None where it
+    cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], str(device)
+    try:
+        import psutil
+    except ImportError:
+        return None, "this host"
+    return int(psutil.virtual_memory().available), "this host"
+
+
+def check_free_memory(need: int, device: torch.device, what: str, fix: str) -> None:
+    """A ConfigError if `need` bytes (a reader's batch: its logits, its cache, by
+    arithmetic) exceed what `device` has free, in one line naming `what` (the flags and
+    what they make) and `fix`: said before anything is allocated, not a kill by the
+    kernel or the allocator's traceback after it."""
+    free, where = free_memory(device)
+    if free is None or need <= free:
+        return
+    raise ConfigError(f"{what} needs at least {need / GiB:,.1f} GiB, and {where} has "
+                      f"{free / GiB:,.1f} GiB free: {fix}")
 
 
 def most_memory(device_type: str, gpus: Iterable[int]) -> tuple[int | None, str]:

@@ -24,10 +24,12 @@ In order, each check where what it needs is known:
   run        the parallel mode against the launch, the loss kernel and FP8 against the
              device, the batch against the world, the parameters against the device's
              memory (gpt/model/sizing.py)
-  data       enough tokens in each split for one step of every rank; with --check-tokens
-             every token id within the vocabulary; a folder fineweb.py is still writing
+  data       enough tokens in each split for one step of every rank; the first shard's
+             first token ids (with --check-tokens every one) within the vocabulary; a
+             folder fineweb.py is still writing
   files      --out-dir and the files the run opens there (gpt/checkpoint/run_folder.py),
-             --hellaswag-file's first examples, --eval-tasks' names and their folder
+             --hellaswag-file's examples, --eval-tasks' names and their folder, the
+             --torch-profile and --memory-snapshot paths, --sample-prompt's tokens
   disk       the checkpoints the run keeps at once against the space free at --out-dir
              (gpt/plan/expected.py)
   memory     (when asked) the planner's peak against the device's memory (gpt/plan/memory.py)
@@ -55,11 +57,15 @@ from gpt.core.config_check import grad_accum_steps
 from gpt.core.errors import UserError
 from gpt.core.units import format_duration
 from gpt.data.loader import steps_per_pass
-from gpt.data.shards import check_not_being_written, find_shards, read_shard, shard_num_tokens
+from gpt.data.tokenizer import gpt2_tokenizer
+from gpt.data.shards import (check_first_tokens, check_not_being_written, find_shards,
+                             read_shard, shard_num_tokens)
 from gpt.engine.parallel import check_mode
 from gpt.eval import harness_tasks, hellaswag
+from gpt.eval.sampling import prompt_ids
 from gpt.model import fp8, loss_kernels, sizing
 from gpt.plan import expected, layout, memory, speed
+from gpt.report.profiling import check_profile_paths
 from gpt.report.trackers import check_tracking
 from gpt.runtime import machine_load
 from gpt.runtime.device import device_name, pick_device, resolve_dtype
@@ -170,12 +176,18 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
         check(lambda: expected.check_disk(plan.cfg, plan.start.step if plan.start else 0))
     check(lambda: check_hellaswag_file(cfg))
     check(lambda: check_eval_tasks(cfg))
+    check(lambda: check_profile_paths(cfg.profile))
+    if cfg.eval.sample_every:  # the prompt the run samples from, as the run encodes it
+        check(lambda: prompt_ids(gpt2_tokenizer(), cfg.eval.sample_prompt,
+                                 plan.cfg.model.vocab_size, "--sample-prompt"))
     if plan.start is not None and plan.start.path is not None:
         _check_resume(plan, check)
     if plan_memory and plan.accum is not None and plan.dtype is not None:
-        plan.memory = (plan.layout.plan if plan.layout is not None and plan.layout.plan else
-                       check(lambda: memory.plan(plan.cfg, world_size=plan.runtime.world_size,
-                                                 device_type=plan.runtime.device_type)))
+        with memory.Progress("the memory of a step", sys.stdout) as progress:
+            progress(f"{plan.cfg.model.n_layer} blocks")  # said if it takes seconds
+            plan.memory = (plan.layout.plan if plan.layout is not None and plan.layout.plan else
+                           check(lambda: memory.plan(plan.cfg, world_size=plan.runtime.world_size,
+                                                     device_type=plan.runtime.device_type)))
         if plan.memory is not None:
             check(lambda: check_peak(plan.cfg, plan.runtime, plan.capacity, plan.memory))
     _estimate_time(plan)
@@ -266,6 +278,8 @@ def check_data(cfg: Config, world_size: int, warnings: list[str] | None = None) 
     def tokens(paths: list[Path]) -> int:
         if d.check_tokens:
             return sum(read_shard(p, cfg.model.vocab_size).size for p in paths)
+        if paths:  # a vocabulary too small for the data, found before the first batch
+            check_first_tokens(paths[0], cfg.model.vocab_size)
         return sum(shard_num_tokens(p) for p in paths)
 
     train_shards = find_shards(d.data_dir, "train")
@@ -294,8 +308,8 @@ def check_out_dir(cfg: Config) -> None:
 
 
 def check_hellaswag_file(cfg: Config) -> None:
-    """--hellaswag-file, where HellaSwag runs and it names a local file, exists and its
-    first examples are HellaSwag's JSONL (gpt/eval/hellaswag.py's check_file) (an http(s)
+    """--hellaswag-file, where HellaSwag runs and it names a local file, exists and every
+    example is HellaSwag's JSONL (gpt/eval/hellaswag.py's check_file) (an http(s)
     address, or none for the official set, is fetched when the run starts: it is cached,
     or its host answers)."""
     e = cfg.eval
@@ -309,7 +323,7 @@ def check_hellaswag_file(cfg: Config) -> None:
     if not Path(source).is_file():
         raise ConfigError(f"--hellaswag-file {source}: no such file; give a local HellaSwag "
                           f"jsonl, or leave the flag out to download the validation set")
-    try:  # its first examples read as the scorer reads them: the format, not the whole file
+    try:  # every example read as the scorer reads them (not tokenized)
         hellaswag.check_file(source)
     except hellaswag.HellaSwagError as err:
         raise ConfigError(f"--hellaswag-file {err}; give HellaSwag's jsonl (one JSON object a "

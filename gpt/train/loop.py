@@ -93,8 +93,15 @@ def stop_on_signal(run: Run, signum: int) -> int:
 
 
 def already_done(run: Run) -> bool:
-    """A resumed run at or past its last step says so, and leaves its record as it is."""
-    if run.state.step < run.end_step:
+    """A resumed run at or past its last step says so, and leaves its record as it is;
+    one at its last step whose end-of-run work was not done (a signal came as the last
+    step finished) does that work now."""
+    s = run.state
+    if s.step < run.end_step:
+        return False
+    if s.step == run.end_step and s.ended_at != s.step:
+        run.say(f"step {s.step} is the run's last and its end-of-run work was not done "
+                f"(it was stopped as the step finished): doing it now")
         return False
     which = "--stop-at-step" if run.end_step < run.cfg.train.max_steps else "--max-steps"
     run.say(f"nothing to do: the run is already at step {run.state.step} and {which} is "
@@ -135,13 +142,17 @@ def periodic_work(run: Run, at_end: bool, first: bool) -> bool:
     def due(every: int) -> bool:
         return every > 0 and (s.step % every == 0 or at_end)
 
+    if at_end:  # recorded by the checkpoint below, written after the evaluations
+        s.ended_at = s.step
+    # A run resumed at its last step starts there: its end's checkpoint and samples too.
+    later = not first or at_end
     jobs = [
         (run.val_loader is not None and due(e.val_every), validate),
         (bool(run.hellaswag_examples) and due(e.hellaswag_every), score_hellaswag),
         (run.tasks is not None and due(e.eval_tasks_every), lambda r: r.tasks.score(r, s.step)),
-        (run.cfg.checkpoint.save_checkpoints and not first
+        (run.cfg.checkpoint.save_checkpoints and later
          and (at_end or due(run.cfg.checkpoint.checkpoint_every)), save_checkpoint),
-        (run.tokenizer is not None and not first and due(e.sample_every), log_samples),
+        (run.tokenizer is not None and later and due(e.sample_every), log_samples),
     ]
     for wanted, job in jobs:
         if wanted:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import torch
 
+from gpt.core.text import one_line
 from gpt.data.tokenizer import GPT2_VOCAB
 from gpt.eval import bpb, hellaswag
-from gpt.eval.sampling import sample
+from gpt.eval.sampling import prompt_ids, sample
 from gpt.eval.validation import val_loss
 from gpt.runtime.world import all_reduce_mean
 from gpt.train.run import Run
@@ -35,9 +36,11 @@ def score_hellaswag(run: Run) -> None:
     # GPT-2's ids only: a padded vocabulary's extra rows are masked out.
     hs = hellaswag.evaluate(run.par.eval_model, run.hellaswag_examples, rt.device,
                             run.autocast_dtype, rt.rank, rt.world_size, valid_vocab=GPT2_VOCAB)
+    name = getattr(run.hellaswag_examples, "name", hellaswag.VAL_NAME)
+    named = "" if name == hellaswag.VAL_NAME else f" of {one_line(name, 200)}"  # a set of one's own
     run.say(f"step {run.state.step:6d} | hellaswag acc_norm {hs['acc_norm']:.4f} "
-            f"(acc {hs['acc']:.4f}, {hs['total']} examples)")
-    run.log.write({"type": "hellaswag", "step": run.state.step, **hs})
+            f"(acc {hs['acc']:.4f}, {hs['total']} examples{named})")
+    run.log.write({"type": "hellaswag", "step": run.state.step, "set": name, **hs})
 
 
 def save_checkpoint(run: Run, reason: str | None = None) -> Path | None:
@@ -74,10 +77,11 @@ def no_checkpoint_note(run: Run) -> str:
 def log_samples(run: Run) -> None:
     e, tok = run.cfg.eval, run.tokenizer
     gen = torch.Generator().manual_seed(run.cfg.train.seed + run.state.step)
-    ids = sample(run.model, tok.encode_ordinary(e.sample_prompt), max_new_tokens=e.sample_tokens,
+    prompt = prompt_ids(tok, e.sample_prompt, run.cfg.model.vocab_size, "--sample-prompt")
+    ids = sample(run.model, prompt, max_new_tokens=e.sample_tokens,
                  num_samples=e.num_samples, top_k=50, valid_vocab=tok.n_vocab, generator=gen,
                  autocast_dtype=run.autocast_dtype)
-    texts = [tok.decode(row.tolist()) for row in ids]
+    texts = [e.sample_prompt + tok.decode(row.tolist()[len(prompt):]) for row in ids]
     for i, text in enumerate(texts):
         run.say(f"--- sample {i} at step {run.state.step}:\n{text}")
     run.log.write({"type": "sample", "step": run.state.step, "samples": texts})
