@@ -211,7 +211,7 @@ def test_the_compiled_step_of_a_modern_model_has_no_graph_break(graph_backend, t
         for _ in range(2):
             _, norm = forward_backward(par.train_model, par.scaler, par.optimizer,
                                        run.train_loader, run.accum, 1.0, "cpu", torch.float32)
-            optimizer_step(par.optimizer, par.scaler, 1e-3, norm, muon_momentum=0.9)
+            optimizer_step(par.optimizer, par.scaler, 1e-3, norm, settings={"muon": {"momentum": 0.9}})
         assert graph_breaks() == 0 and graph_backend.frame_count == 1
         assert torch.isfinite(val_loss(par.eval_model, run.val_loader, 2, "cpu", torch.float32))
         examples = [hellaswag.Example(context=(1, 2, 3), endings=((4,), (5, 6), (7,), (8, 9)),

@@ -218,7 +218,7 @@ def test_muons_learning_rate_is_drawn_beside_adamws(tmp_path: Path) -> None:
 
     run = read_run(write_jsonl(tmp_path / "metrics.jsonl", [
         header(20, optimizer="muon", muon_lr=0.02), *(train(s, 5.0) for s in (0, 5, 10, 15, 19))]))
-    (steps, lrs), (muon_steps, muon) = run.lr_schedule["lr"], run.lr_schedule["muon lr"]
+    (steps, lrs), (muon_steps, muon) = run.lr_schedule["lr"], run.lr_schedule["muon_lr"]
     assert muon_steps == steps == list(range(20))
     assert muon == [lr * (0.02 / 3e-3) for lr in lrs]  # as the step sets it: x its lr_ratio
     fig = draw([run])

@@ -133,24 +133,9 @@ def validate(cfg: Config) -> None:
     m, d, o, t = cfg.model, cfg.data, cfg.optim, cfg.train
     e, c, p = cfg.eval, cfg.checkpoint, cfg.profile
     validate_model(m)
-    # Muon orthogonalises each matrix as a whole; under FSDP2 a rank holds row shards
-    _check(not (o.optimizer == "muon" and t.parallel == "fsdp"),
-           "--optimizer muon orthogonalises whole weight matrices, and --parallel fsdp holds "
-           "row shards of them: use --parallel ddp or zero1 with Muon")
     _check(0 < o.cooldown_frac <= 1, f"--cooldown-frac {o.cooldown_frac}: must be in (0, 1]")
-    for name in ("muon_lr", "muon_momentum", "muon_weight_decay"):
-        _check(getattr(o, name) >= 0 and math.isfinite(getattr(o, name)),
-               f"{flag(name)} {getattr(o, name)}: must be a finite number >= 0")
-    _check(o.muon_momentum < 1, f"--muon-momentum {o.muon_momentum}: must be below 1")
-    # Muon's update has about unit spectral norm whatever the gradient: its rate is a step
-    # size, and the speedrun's is 0.02-0.05
-    _check(o.muon_lr <= MAX_LR, f"--muon-lr must be <= {MAX_LR}, got {o.muon_lr} (the speedrun "
-           f"used 0.05)")
-    _check(o.muon_lr * o.muon_weight_decay < 1,
-           f"--muon-weight-decay {o.muon_weight_decay} x --muon-lr {o.muon_lr} must be < 1 "
-           f"(each step multiplies the weights by 1 - lr x weight decay)")
-    _check(o.muon_momentum_warmup >= 0,
-           f"--muon-momentum-warmup {o.muon_momentum_warmup}: must be >= 0")
+    # (the fields an optimizer owns, and the layouts it refuses, are its own checks:
+    # gpt/optim/kind.py's check and layout_problem, which the preflight asks)
     _check(t.chunked_loss is not False or t.loss_kernel in ("auto", "ours", "fused"),
            f"--loss-kernel {t.loss_kernel} is a kernel of the chunked loss, and "
            f"--no-chunked-loss turns that off: drop one of the two")

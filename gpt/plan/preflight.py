@@ -59,6 +59,7 @@ from gpt.data.shards import check_not_being_written, find_shards, read_shard, sh
 from gpt.engine.parallel import check_mode
 from gpt.eval import harness_tasks, hellaswag
 from gpt.model import fp8, loss_kernels, sizing
+from gpt.optim import optimizer
 from gpt.plan import expected, layout, memory, speed
 from gpt.report.trackers import check_tracking
 from gpt.runtime import machine_load
@@ -143,6 +144,8 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
         return plan  # a broken launch environment is the whole answer
     launch = plan.launch
     t = cfg.train
+    # the optimizer's own fields, and its layout: first, as the config's checks come first
+    check(lambda: optimizer.check(cfg.optim, t.parallel))
     check(lambda: check_tracking(t.tensorboard, t.wandb_project))
     if t.init_from:  # the model's shape is the checkpoint's on the hub or in the folder
         shaped = check(lambda: weights.pretrained_shape(cfg.model, t.init_from))
@@ -247,7 +250,8 @@ def check_run(cfg: Config, runtime: Runtime, capacity: int | None) -> int:
     fp8.check(cfg.train, runtime.device)
     d = cfg.data
     accum = grad_accum_steps(d.total_batch_tokens, d.batch_size, d.seq_len, runtime.world_size)
-    sizing.check_fits(cfg, runtime.world_size, capacity, str(runtime.device))
+    sizing.check_fits(cfg, runtime.world_size, capacity, str(runtime.device),
+                      optimizer.chosen(cfg.optim).least_state_bytes)
     return accum
 
 

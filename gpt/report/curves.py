@@ -9,8 +9,8 @@ million steps draws in the time and memory of a short one. A loss that was NaN o
 infinite breaks its line there and is marked (a red x at the top of the panel), never
 bridged by a line that makes a diverging run look healthy. The learning rate is the
 schedule's at every step where the caller computed it (RunMetrics.lr_schedule: this layer
-cannot, the schedule is gpt/optim's), Muon's beside AdamW's; else the rate the log
-sampled at its log steps."""
+cannot, the schedule is gpt/optim's), an optimizer's own rates dashed beside it; else the
+rate the log sampled at its log steps."""
 
 from __future__ import annotations
 
@@ -194,12 +194,11 @@ def _draw_loss(ax: Any, run: RunMetrics, c: Any, name: str, smooth: float) -> No
 
 def _draw_lr(ax: Any, run: RunMetrics, c: Any, many: bool) -> None:
     if run.lr_schedule:
-        muon = "muon lr" in run.lr_schedule
-        for key, (steps, values) in run.lr_schedule.items():
-            which = ("Muon" if key == "muon lr" else "AdamW") if muon else None
+        several = len(run.lr_schedule) > 1  # the schedule's, and an optimizer's own beside it
+        for i, (key, (steps, values)) in enumerate(run.lr_schedule.items()):
+            which = run.lr_labels.get(key, key) if several else None
             label = " ".join(filter(None, [run.label if many else None, which])) or None
-            ax.plot(steps, values, color=c, linestyle="--" if key == "muon lr" else "-",
-                    label=label)
+            ax.plot(steps, values, color=c, linestyle="-" if i == 0 else "--", label=label)
         return
     x, y = decimate(*run.column("train", "lr"))
     if len(x):

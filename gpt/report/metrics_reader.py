@@ -84,11 +84,13 @@ class RunMetrics:
     tables: dict[str, Table] = field(
         default_factory=lambda: {kind: Table(fields) for kind, fields in FIELDS.items()})
     bad_lines: int = 0
-    # The learning rates as the schedule set them at every step, by name ("lr", and "muon
-    # lr" under --optimizer muon), where a caller that can compute the schedule from the
-    # headers' config (gpt/optim/schedule.py: above this layer) has set them; else None
-    # and the figure draws the learning rate the log sampled at its log steps.
+    # The learning rates as the schedule set them at every step, by log field ("lr", and
+    # an optimizer's own where it has others), where a caller that can compute the
+    # schedule from the headers' config (gpt/optim/schedule.py: above this layer) has set
+    # them; else None and the figure draws the learning rate the log sampled at its log
+    # steps. lr_labels: each one's word in the legend, where there are several.
     lr_schedule: dict[str, tuple[list[int], list[float]]] | None = None
+    lr_labels: dict[str, str] = field(default_factory=dict)
 
     def steps(self, kind: str) -> list[int]:
         """The steps that have a record of this type."""

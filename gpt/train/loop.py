@@ -53,14 +53,14 @@ def run_loop(run: Run) -> dict[str, Any]:
                 break
 
             step = s.step
-            lr, momentum = schedule.lr(step), schedule.muon_momentum(step)
+            lr = schedule.lr(step)
             with profiler.step(step), stop_at_bad_data(run):
                 loss, norm = forward_backward(run.par.train_model, run.par.scaler, run.par.optimizer,
                                               run.train_loader, run.accum, cfg.optim.grad_clip,
                                               rt.device_type, run.autocast_dtype, cfg.profile.nvtx)
                 # Skipped on the device if the gradient is not finite (counted, read later).
                 run.skips.add(optimizer_step(run.par.optimizer, run.par.scaler, lr, norm,
-                                             cfg.profile.nvtx, momentum))
+                                             cfg.profile.nvtx, schedule.settings(step)))
             s.step += 1
             timer.steps += 1
 
@@ -69,7 +69,8 @@ def run_loop(run: Run) -> dict[str, Any]:
             if step % cfg.train.log_every == 0 or s.step == end:
                 steps, sec = timer.steps, timer.lap()
                 run.tally.steps_timed(steps, sec)
-                last_loss = log_step(run, step, loss, norm, lr, sec, check)
+                last_loss = log_step(run, step, loss, norm, lr, sec, check,
+                                     schedule.log_fields(step))
                 if slowdown is not None and (note := slowdown.observe(sec, read_load)):
                     run.say(f"note: {note}")  # once: the machine has become busy
             elif check:

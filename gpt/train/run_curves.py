@@ -111,6 +111,7 @@ def read_run(path: Path, label: str | None = None) -> RunMetrics:
     layer is below), where they can be computed."""
     run = load_metrics(path, label)
     last = run.last_step("train")
-    if last is not None:
-        run.lr_schedule = schedule_curves(run.runs, last)
+    curves = schedule_curves(run.runs, last) if last is not None else None
+    if curves is not None:
+        run.lr_schedule, run.lr_labels = curves
     return run

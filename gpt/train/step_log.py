@@ -15,10 +15,10 @@ from gpt.train.run_record import run_peak
 
 
 def log_step(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor, lr: float,
-             sec: float, check_weights: bool) -> float:
-    """The step's line and metrics record, the skipped steps since the last one, and (when
-    due) the check that the weights and optimizer state are finite; returns the loss
-    (mean over ranks)."""
+             sec: float, check_weights: bool, fields: dict[str, float] | None = None) -> float:
+    """The step's line and metrics record (with the optimizer's `fields`: its
+    log_fields), the skipped steps since the last one, and (when due) the check that the
+    weights and optimizer state are finite; returns the loss (mean over ranks)."""
     rt, flops_tok = run.runtime, flops_per_token(run.cfg.model, run.cfg.data.seq_len)
     # One collective (every rank joins, only on log steps) and one read-back for the loss,
     # the count of non-finite weight and state tensors, the (already global) norm and the
@@ -42,7 +42,7 @@ def log_step(run: Run, step: int, loss: torch.Tensor, norm: torch.Tensor, lr: fl
             + f" | mem {mem_gb:.2f} GiB | {progress.line()}")
     run.log.write({"type": "train", "step": step, "loss": mean_loss, "lr": lr,
                    "grad_norm": grad_norm, "ms": sec * 1000, "tokens_per_s": tok_s, "mfu": util,
-                   "peak_mem_gb": mem_gb, **progress.record()})
+                   "peak_mem_gb": mem_gb, **progress.record(), **(fields or {})})
     return mean_loss
 
 
