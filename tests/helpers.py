@@ -401,3 +401,8 @@ def lm_eval_command(monkeypatch: Any, *args: str) -> int:
     monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)
     monkeypatch.setattr(sys, "argv", ["gpt2-lm-eval", *args])
     return harness_cli.main()
+
+
+def val_loader(run: Any) -> Any:
+    """A built run's validation loader (what its validation loaded)."""
+    return next(held for ev, held in run.evaluations if ev.name == "val").loader

@@ -57,7 +57,7 @@ class Parallelized:
     """What parallelize() returns: the modules the loop calls, and the optimizer."""
 
     train_model: nn.Module  # compiled and/or wrapped; the bare model is sharded in place under FSDP
-    eval_model: nn.Module  # what validation and HellaSwag call (see parallelize)
+    eval_model: nn.Module  # what the evaluations call (see parallelize)
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler  # fp16's loss scaler; disabled (a no-op) otherwise
     fused: bool  # the optimizer runs the fused AdamW kernel
@@ -116,7 +116,7 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
         materialize(model, runtime.device)
         train_model = _replicate(model, runtime, compile_mode)
         # Evaluation gets a compiled callable of its own (inductor's usual kernels, static
-        # shapes): its no-grad graph and HellaSwag's shapes are compiled beside the
+        # shapes): its no-grad graph and each evaluation's shapes are compiled beside the
         # training graph, never in its place, and no CUDA graph outlives an eval call.
         eval_model = compiled(model, "default") if compile_mode else model
     fp16 = autocast_dtype == torch.float16
@@ -128,7 +128,7 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
 
 def compiled(fn: Callable[..., Any], mode: str) -> Any:
     """torch.compile with static shapes: each shape the run uses (the training batch,
-    the validation batch, HellaSwag's padded batch) gets a graph of its own, so no call
+    the validation batch, an evaluation's padded batch) gets a graph of its own, so no call
     ever turns another's graph into a dynamic-shape one."""
     if COMPILE_BACKEND == "inductor":
         return torch.compile(fn, mode=mode, dynamic=False)

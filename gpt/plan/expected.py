@@ -8,8 +8,8 @@ A time is only ever from a measurement: MEASURED holds the throughput of the GPT
 recipe as `python -m gpt.bench gpu` measured it (the file of each figure named), matched
 by GPU name, micro-batch and one process; any other run in one process is timed on the
 device it is on (gpt/plan/speed.py: the trainer's step on a slice of the model, scaled
-by FLOPs). Several processes are said to be untimed rather than guessed. HellaSwag,
-samples and checkpoints come on top.
+by FLOPs). Several processes are said to be untimed rather than guessed. The evaluations
+other than validation, samples and checkpoints come on top.
 """
 
 from __future__ import annotations

@@ -57,8 +57,8 @@ _ALWAYS = ("eager: torch.compile's fused kernels usually hold fewer activations,
            "allocated bytes, as torch.cuda.max_memory_allocated counts them; fits() adds "
            f"x{MARGIN} + {RESERVE // GiB} GiB for the CUDA context, workspaces and "
            "fragmentation",
-           "the training step only: validation and HellaSwag hold no gradients or "
-           "backward activations, so they need less")
+           "the training step only: the evaluations hold no gradients or backward "
+           "activations, so they need less")
 
 # Why an --fp8 step is planned as the same step without FP8, an upper bound: torchao's
 # float8 linear keeps the same high-precision input for its backward pass as nn.Linear

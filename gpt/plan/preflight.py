@@ -13,9 +13,9 @@ gpt2-lm-eval, a resume) judge a saved config's size with the same arithmetic
 
 In order, each check where what it needs is known:
   launch     the torchrun environment (a broken one is the whole answer)
+  optimizer  its own fields and the layouts it refuses (gpt/optim/optimizer.py's check)
   extras     the optional packages the flags need, imported as the run imports them
-             (gpt/core/extras.py): --tensorboard, --wandb-project, --fp8, a CUDA loss kernel,
-             --eval-tasks
+             (gpt/core/extras.py): --tensorboard, --wandb-project, --fp8, a CUDA loss kernel
   model      --init-from's depth and width (gpt/checkpoint/weights.py)
   device     the device of this rank, the precision it runs; on a CPU, a warning where other
              processes already hold the cores its threads need (gpt/runtime/machine_load.py)
@@ -26,10 +26,11 @@ In order, each check where what it needs is known:
              memory (gpt/model/sizing.py)
   data       enough tokens in each split for one step of every rank; with --check-tokens
              every token id within the vocabulary; a folder fineweb.py is still writing
-  files      --out-dir and the files the run opens there (gpt/checkpoint/run_folder.py),
-             --hellaswag-file's first examples, --eval-tasks' names and their folder
+  files      --out-dir and the files the run opens there (gpt/checkpoint/run_folder.py)
   disk       the checkpoints the run keeps at once against the space free at --out-dir
              (gpt/plan/expected.py)
+  evaluate   each evaluation the run makes (gpt/eval/evaluations.py): its files, the hosts
+             it downloads from, the packages it needs
   memory     (when asked) the planner's peak against the device's memory (gpt/plan/memory.py)
   time       on rank 0 of one process, the run's step timed on a slice of the model
              (gpt/plan/speed.py: about a second of the device's, the slice freed
@@ -57,7 +58,7 @@ from gpt.core.units import format_duration
 from gpt.data.loader import steps_per_pass
 from gpt.data.shards import check_not_being_written, find_shards, read_shard, shard_num_tokens
 from gpt.engine.parallel import check_mode
-from gpt.eval import harness_tasks, hellaswag
+from gpt.eval import evaluations
 from gpt.model import fp8, loss_kernels, sizing
 from gpt.optim import optimizer
 from gpt.plan import expected, layout, memory, speed
@@ -171,8 +172,8 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
     check(lambda: check_out_dir(cfg))
     if plan.accum is not None:  # the model's size judged: its checkpoint can be counted
         check(lambda: expected.check_disk(plan.cfg, plan.start.step if plan.start else 0))
-    check(lambda: check_hellaswag_file(cfg))
-    check(lambda: check_eval_tasks(cfg))
+    for ev in evaluations.enabled(cfg.eval):  # their files, hosts and packages
+        check(lambda ev=ev: ev.check(cfg))
     if plan.start is not None and plan.start.path is not None:
         _check_resume(plan, check)
     if plan_memory and plan.accum is not None and plan.dtype is not None:
@@ -295,40 +296,6 @@ def check_out_dir(cfg: Config) -> None:
     folder when it takes it, the dry run never."""
     t = cfg.train
     run_folder.check_run_folder(Path(t.out_dir), t.tensorboard, bool(t.wandb_project))
-
-
-def check_hellaswag_file(cfg: Config) -> None:
-    """--hellaswag-file, where HellaSwag runs and it names a local file, exists and its
-    first examples are HellaSwag's JSONL (gpt/eval/hellaswag.py's check_file) (an http(s)
-    address, or none for the official set, is fetched when the run starts: it is cached,
-    or its host answers)."""
-    e = cfg.eval
-    source = e.hellaswag_file
-    if e.hellaswag_every:  # a download that cannot happen (not cached, no network): now
-        hellaswag.check_reachable(source)
-    if not e.hellaswag_every or source is None or source.startswith(("http://", "https://")):
-        return
-    if source == "val" and not Path(source).exists():
-        return  # the official validation set's name
-    if not Path(source).is_file():
-        raise ConfigError(f"--hellaswag-file {source}: no such file; give a local HellaSwag "
-                          f"jsonl, or leave the flag out to download the validation set")
-    try:  # its first examples read as the scorer reads them: the format, not the whole file
-        hellaswag.check_file(source)
-    except hellaswag.HellaSwagError as err:
-        raise ConfigError(f"--hellaswag-file {err}; give HellaSwag's jsonl (one JSON object a "
-                          f"line with ctx, endings and label), or leave the flag out to "
-                          f"download the validation set") from None
-
-
-def check_eval_tasks(cfg: Config) -> None:
-    """--eval-tasks: lm-eval importable, --eval-tasks-include a folder, every task a name
-    the harness knows. No task's data is loaded (that may download): a task whose data
-    cannot be loaded is a warning when the run starts, and the run goes on without it."""
-    e = cfg.eval
-    if e.eval_tasks_every:
-        harness_tasks.check_tasks(e.eval_tasks, e.eval_tasks_include, flag="--eval-tasks",
-                                  include_flag="--eval-tasks-include")
 
 
 def check_peak(cfg: Config, runtime: Runtime, capacity: int | None,

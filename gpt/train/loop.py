@@ -1,5 +1,5 @@
 """The training loop, as the algorithm reads: at each step, the periodic work that is due
-(validation, HellaSwag, tasks, a checkpoint, samples), then the learning rate, one
+(the evaluations, a checkpoint, samples), then the learning rate, one
 optimizer step over the micro-batches (gpt/engine/step.py), a log line when due, and a
 stop when every rank agrees to one. How a run is built is gpt/train/build.py's; the
 run from start to end, gpt/train/trainer.py's."""
@@ -18,8 +18,8 @@ from gpt.optim.schedule import Schedule
 from gpt.report.metrics import Progress, StepTimer
 from gpt.report.profiling import Profiler
 from gpt.runtime.machine_load import SlowdownWatch, read_load
-from gpt.train.periodic import (log_samples, no_checkpoint_note, save_checkpoint, score_hellaswag,
-                                validate)
+from gpt.eval import evaluations
+from gpt.train.periodic import evaluate, log_samples, no_checkpoint_note, save_checkpoint
 from gpt.train.run import Run
 from gpt.train.run_curves import RunCurves
 from gpt.train.run_record import open_log
@@ -110,13 +110,13 @@ def finish(run: Run, stopped_by: int | None) -> None:
            f"--stop-at-step {run.end_step}" if run.end_step < run.cfg.train.max_steps else None)
     curves = run.curves.at_end() if run.curves else None
     run.tally.drawing_seconds = run.curves.seconds if run.curves else 0.0  # not training time
+    scores = [part for ev, _ in run.evaluations if ev.name in run.tally.last
+              and (part := ev.summary(run.tally.last[ev.name])) is not None]
     lines, record = summarize(run.tally, Ending(
         cfg=run.cfg, state=run.state, stopped_by=why, checkpoint=run.checkpointer.last_saved,
-        out_dir=run.out_dir, curves=curves, val=run.val_loader is not None,
-        hellaswag=bool(run.hellaswag_examples), distributed=run.runtime.distributed,
-        val_batches=(min(run.cfg.eval.val_steps, run.val_loader.steps_per_pass)
-                     * run.runtime.world_size if run.val_loader is not None else 0),
-        compiled=bool(run.par.compiled)))
+        out_dir=run.out_dir, curves=curves, distributed=run.runtime.distributed,
+        evaluate=evaluations.evaluate_flags(run.cfg, run.evaluations, bool(run.par.compiled)),
+        scores=scores))
     for line in lines:
         run.say(line)
     run.log.write(record)
@@ -129,17 +129,17 @@ def outcome(run: Run, loss: float | None = None, stopped_by: int | None = None) 
 
 
 def periodic_work(run: Run, at_end: bool, first: bool) -> bool:
-    """Validation, HellaSwag, checkpoint and samples, each when its interval (or the end)
+    """The evaluations, a checkpoint and samples, each when its interval (or the end)
     comes; the last two not on the step a run starts at. Returns whether any ran."""
     s, e = run.state, run.cfg.eval
 
     def due(every: int) -> bool:
         return every > 0 and (s.step % every == 0 or at_end)
 
-    jobs = [
-        (run.val_loader is not None and due(e.val_every), validate),
-        (bool(run.hellaswag_examples) and due(e.hellaswag_every), score_hellaswag),
-        (run.tasks is not None and due(e.eval_tasks_every), lambda r: r.tasks.score(r, s.step)),
+    jobs = [(due(ev.every(e)), lambda r, ev=ev, held=held: evaluate(r, ev, held))
+            for ev, held in run.evaluations]
+    evaluated = any(wanted for wanted, _ in jobs)
+    jobs += [
         (run.cfg.checkpoint.save_checkpoints and not first
          and (at_end or due(run.cfg.checkpoint.checkpoint_every)), save_checkpoint),
         (run.tokenizer is not None and not first and due(e.sample_every), log_samples),
@@ -148,8 +148,8 @@ def periodic_work(run: Run, at_end: bool, first: bool) -> bool:
         if wanted:
             with fp8.high_precision(run.model):  # evaluation as any reader of the weights
                 job(run)
-    if jobs[0][0] and not at_end and run.curves is not None:  # the end draws its own
-        run.curves.after_validation()  # after HellaSwag and the tasks, to show them too
+    if evaluated and not at_end and run.curves is not None:  # the end draws its own
+        run.curves.after_evaluations()  # after all of them, to show them all
     return any(wanted for wanted, _ in jobs)
 
 

@@ -1,43 +1,37 @@
-"""The loop's periodic work, each job when its interval comes: validation, HellaSwag,
-a checkpoint, samples. The loop decides when (gpt/train/loop.py's periodic_work); each
-job here reads its own section of the config."""
+"""The loop's periodic work, each job when its interval comes: the evaluations (the list
+in gpt/eval/evaluations.py), a checkpoint, samples. The loop decides when
+(gpt/train/loop.py's periodic_work); each job here reads its own section of the config."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from gpt.data.tokenizer import GPT2_VOCAB
-from gpt.eval import bpb, hellaswag
+from gpt.eval.evaluation import Evaluation, Scoring
 from gpt.eval.sampling import sample
-from gpt.eval.validation import val_loss
-from gpt.runtime.world import all_reduce_mean
 from gpt.train.run import Run
 from gpt.train.step_log import account_skips
 
 
-def validate(run: Run) -> None:
-    # Every rank scores its own disjoint slice; the mean is over all of them.
+def evaluate(run: Run, ev: Evaluation, loaded: Any) -> None:
+    """One evaluation at the run's step: scored (on every rank, or on rank 0 where it
+    says so), said and logged; the run's validation loss taken from the one that has it."""
     rt, s = run.runtime, run.state
-    s.last_val, per_token = all_reduce_mean(
-        val_loss(run.par.eval_model, run.val_loader, run.cfg.eval.val_steps, rt.device_type,
-                 run.autocast_dtype, bpb.token_bytes(run.cfg.model.vocab_size, rt.device)),
-        rt).tolist()
-    bits = bpb.bits_per_byte(s.last_val, per_token)
-    run.tally.validated(s.step, s.last_val)
-    run.say(f"step {s.step:6d} | val loss {s.last_val:.4f} | {bits:.4f} bits/byte")
-    run.log.write({"type": "val", "step": s.step, "val_loss": s.last_val, "val_bpb": bits})
-
-
-def score_hellaswag(run: Run) -> None:
-    rt = run.runtime
-    # GPT-2's ids only: a padded vocabulary's extra rows are masked out.
-    hs = hellaswag.evaluate(run.par.eval_model, run.hellaswag_examples, rt.device,
-                            run.autocast_dtype, rt.rank, rt.world_size, valid_vocab=GPT2_VOCAB)
-    run.say(f"step {run.state.step:6d} | hellaswag acc_norm {hs['acc_norm']:.4f} "
-            f"(acc {hs['acc']:.4f}, {hs['total']} examples)")
-    run.log.write({"type": "hellaswag", "step": run.state.step, **hs})
+    if not (ev.every_rank or rt.is_master):
+        return
+    result = ev.score(loaded, Scoring(run.model, run.par.eval_model, rt, run.autocast_dtype,
+                                      s.step))
+    if result is None:
+        return
+    if ev.loss is not None:
+        s.last_val = result.record[ev.loss]
+        run.tally.validated(s.step, s.last_val)
+    run.tally.scored(ev.name, result.record)
+    for line in result.lines:
+        run.say(f"step {s.step:6d} | {line}")
+    run.log.write(result.record)
 
 
 def save_checkpoint(run: Run, reason: str | None = None) -> Path | None:

@@ -14,12 +14,12 @@ from gpt.core.config import Config
 from gpt.data.loader import ShardLoader
 from gpt.engine import parallel
 from gpt.engine.step import SkippedSteps
+from gpt.eval.evaluations import Loaded
 from gpt.model.transformer import GPT
 from gpt.report.metrics import MetricsLog, Progress
 from gpt.runtime.world import Runtime
 from gpt.train.run_curves import RunCurves
 from gpt.train.run_summary import Tally
-from gpt.train.train_tasks import TrainingTasks
 
 
 @dataclass
@@ -34,11 +34,9 @@ class Run:
     autocast_dtype: torch.dtype
     accum: int
     train_loader: ShardLoader
-    val_loader: ShardLoader | None
     checkpointer: Checkpointer
     tokenizer: Any
-    hellaswag_examples: list[Any] = field(default_factory=list)
-    tasks: TrainingTasks | None = None  # --eval-tasks
+    evaluations: Loaded = field(default_factory=list)  # each the run makes, what it loaded
     layout_choice: dict[str, Any] | None = None  # what the auto layout chose (gpt/plan/layout.py)
     trackers: list[Any] = field(default_factory=list)  # TensorBoard / W&B, rank 0 only
     state: LoopState = field(default_factory=LoopState)
