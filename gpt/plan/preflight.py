@@ -133,67 +133,68 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
     are the errors, in the order found."""
     plan = Plan(cfg=cfg)
 
-    def check(what: Callable[[], T]) -> T | None:
+    def attempt(what: Callable[[], T]) -> T | None:
+        """A check: its value, or None with its problem noted in the plan."""
         try:
             return what()
         except UserError as e:
             plan.problems.append(e)
             return None
 
-    plan.launch = check(lambda: launch_environment(os.environ if env is None else env))
+    plan.launch = attempt(lambda: launch_environment(os.environ if env is None else env))
     if plan.problems:
         return plan  # a broken launch environment is the whole answer
     launch = plan.launch
     t = cfg.train
     # the optimizer's own fields, and its layout: first, as the config's checks come first
-    check(lambda: optimizer.check(cfg.optim, t.parallel))
-    check(lambda: check_tracking(t.tensorboard, t.wandb_project))
+    attempt(lambda: optimizer.check(cfg.optim, t.parallel))
+    attempt(lambda: check_tracking(t.tensorboard, t.wandb_project))
     if t.init_from:  # the model's shape is the checkpoint's on the hub or in the folder
-        shaped = check(lambda: weights.pretrained_shape(cfg.model, t.init_from))
+        shaped = attempt(lambda: weights.pretrained_shape(cfg.model, t.init_from))
         plan.cfg = dataclasses.replace(cfg, model=shaped) if shaped is not None else cfg
-    device = check(lambda: pick_device(t.device, launch.local_rank if launch else 0))
-    if device is not None and check(lambda: check_launch_device(device, launch) or True):
+    device = attempt(lambda: pick_device(t.device, launch.local_rank if launch else 0))
+    if device is not None and attempt(lambda: check_launch_device(device, launch) or True):
         plan.runtime = Runtime(device=device, rank=launch.rank if launch else 0,
                                local_rank=launch.local_rank if launch else 0,
                                world_size=launch.world_size if launch else 1,
                                distributed=launch is not None)
-        plan.dtype = check(lambda: resolve_dtype(t.dtype, device))
+        plan.dtype = attempt(lambda: resolve_dtype(t.dtype, device))
         plan.capacity = sizing.device_memory(device)
         if device.type == "cpu":  # other processes on the cores its threads would use
             busy = machine_load.busy_warning(machine_load.read_load(env))
             plan.warnings += [busy] if busy else []
-    plan.start = check(lambda: resume_point(Path(t.out_dir), cfg.checkpoint.resume,
+    plan.start = attempt(lambda: resume_point(Path(t.out_dir), cfg.checkpoint.resume,
                                             verify_resume))
     if plan.runtime is not None:
-        _settle_layout(plan, check)
+        _settle_layout(plan, attempt)
     if plan.runtime is not None and not layout.unsettled(plan.cfg):
-        plan.accum = check(lambda: check_run(plan.cfg, plan.runtime, plan.capacity))
-        plan.data = check(lambda: check_data(plan.cfg, plan.runtime.world_size, plan.warnings))
-    check(lambda: check_out_dir(cfg))
+        plan.accum = attempt(lambda: check_run(plan.cfg, plan.runtime, plan.capacity))
+        plan.data = attempt(lambda: check_data(plan.cfg, plan.runtime.world_size, plan.warnings))
+    attempt(lambda: check_out_dir(cfg))
     if plan.accum is not None:  # the model's size judged: its checkpoint can be counted
-        check(lambda: expected.check_disk(plan.cfg, plan.start.step if plan.start else 0))
+        attempt(lambda: expected.check_disk(plan.cfg, plan.start.step if plan.start else 0))
     for ev in evaluations.enabled(cfg.eval):  # their files, hosts and packages
-        check(lambda ev=ev: ev.check(cfg))
+        attempt(lambda ev=ev: ev.check(cfg))
     if plan.start is not None and plan.start.path is not None:
-        _check_resume(plan, check)
+        _check_resume(plan, attempt)
     if plan_memory and plan.accum is not None and plan.dtype is not None:
         plan.memory = (plan.layout.plan if plan.layout is not None and plan.layout.plan else
-                       check(lambda: memory.plan(plan.cfg, world_size=plan.runtime.world_size,
+                       attempt(lambda: memory.plan(plan.cfg, world_size=plan.runtime.world_size,
                                                  device_type=plan.runtime.device_type)))
         if plan.memory is not None:
-            check(lambda: check_peak(plan.cfg, plan.runtime, plan.capacity, plan.memory))
+            attempt(lambda: check_peak(plan.cfg, plan.runtime, plan.capacity, plan.memory))
     _estimate_time(plan)
     return plan
 
 
-def _settle_layout(plan: Plan, check: Callable) -> None:
+def _settle_layout(plan: Plan, attempt: Callable) -> None:
     """The automatic layout's values, from the checkpoint resumed from where they can run
     here, else from the planner against the device's memory."""
     runtime, start = plan.runtime, plan.start
     saved = start.saved if start is not None else None
     # on stdout, before the layout line it leads to: stderr is for what went wrong
     with memory.Progress("the layout (auto)", sys.stdout) as progress:
-        settled = check(lambda: layout.settle(
+        settled = attempt(lambda: layout.settle(
             plan.cfg, runtime.world_size, runtime.device_type, plan.capacity, saved,
             runtime.distributed, progress=progress if runtime.is_master else memory.quiet))
     if settled is not None:
@@ -224,11 +225,11 @@ def _estimate_time(plan: Plan) -> None:
                                             plan.estimate, start)
 
 
-def _check_resume(plan: Plan, check: Callable) -> None:
+def _check_resume(plan: Plan, attempt: Callable) -> None:
     """The checkpoint is one of this model, with this optimizer (a refusal); settings
     changed since are said (from a verified checkpoint: its resume says them otherwise)."""
     start = plan.start
-    notes = check(lambda: resume_differences(start.saved, plan.cfg, start.path))
+    notes = attempt(lambda: resume_differences(start.saved, plan.cfg, start.path))
     if start.contents is not None:
         plan.warnings += list(start.notes)
         plan.warnings += [f"setting changed since the checkpoint: {n}" for n in notes or []]
