@@ -17,8 +17,11 @@ import math
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Sequence
 
+from gpt.core.config import Config
+from gpt.core.config_io import from_dict
+from gpt.core.errors import UserError
 from gpt.core.units import human_count
 
 
@@ -162,6 +165,26 @@ def run_title(run: RunMetrics) -> str:
     except (KeyError, TypeError, ValueError):  # a header from another version: the folder
         return str(run.path.parent)
     return f"{run.path.parent}: " + "; ".join(parts)
+
+
+def run_starts(headers: Sequence[Mapping[str, Any]]) -> list[tuple[int, Config]] | None:
+    """A run's starts from its log's header records (one a start, each with its config and
+    "start_step"): each start's step and config, in order, a start dropping the earlier
+    ones at or after its step (a resume from an earlier checkpoint supersedes what ran
+    from there). None where a header lacks what this needs (a log from elsewhere, or of
+    another version's config)."""
+    starts: list[tuple[int, Config]] = []
+    for head in headers:
+        start, cfg = head.get("start_step", 0 if not starts else None), head.get("config")
+        if isinstance(start, bool) or not isinstance(start, int) or not isinstance(cfg, dict):
+            return None
+        try:
+            config = from_dict(cfg)
+        except (UserError, TypeError, ValueError, KeyError):  # another version's config
+            return None
+        starts = [(s, c) for s, c in starts if s < start]
+        starts.append((start, config))
+    return starts or None
 
 
 def resolve_path(path: str | Path) -> Path:

@@ -27,7 +27,7 @@ from pathlib import Path
 from gpt.core.extras import have, install
 from gpt.eval import evaluations
 from gpt.optim.schedule import schedule_curves
-from gpt.report.metrics_reader import RunMetrics, load_metrics, run_title
+from gpt.report.metrics_reader import RunMetrics, load_metrics, run_starts, run_title
 
 
 CURVES_NAME = "curves.png"
@@ -113,7 +113,8 @@ def read_run(path: Path, label: str | None = None) -> RunMetrics:
     both from layers above the figure's."""
     run = load_metrics(path, label, evaluations.panels())
     last = run.last_step("train")
-    curves = schedule_curves(run.runs, last) if last is not None else None
+    starts = run_starts(run.runs)  # the configs its headers hold
+    curves = schedule_curves(starts, last) if starts and last is not None else None
     if curves is not None:
         run.lr_schedule, run.lr_labels = curves
     return run
