@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from gpt.checkpoint import weights
-from gpt.checkpoint.checkpointer import Checkpointer
+from gpt.checkpoint.checkpointer import Checkpointer, LoopState, Parts
 from gpt.checkpoint.files import model_weights
 from gpt.core.compat import old_torch_note
 from gpt.core.config import DataConfig, ModelConfig
@@ -80,16 +80,22 @@ def build_run(plan: Plan, runtime: Runtime) -> Run:
         samples = e.sample_every > 0 and parallel.samples_on_this_rank(t.parallel, runtime)
         model = build_model(cfg.model, runtime, ckpt, t.init_from)
         par = parallel.parallelize(model, t, cfg.optim, runtime, autocast_dtype)
-        run = Run(cfg=cfg, runtime=runtime, out_dir=checkpointer.out_dir, model=model, par=par,
-                  autocast_dtype=autocast_dtype, accum=plan.accum, train_loader=train_loader,
-                  checkpointer=checkpointer, tokenizer=gpt2_tokenizer() if samples else None,
-                  evaluations=evaluations)
+        state = LoopState()
         if ckpt is not None:
-            checkpointer.restore(run.parts(), ckpt)
-            run.say(f"resumed from {resume_path} at step {run.state.step}")
-        if runtime.is_master:  # last: W&B can fail to start (no login)
-            run.trackers = open_trackers(t.tensorboard, t.wandb_project, run.out_dir, to_dict(cfg))
+            checkpointer.restore(Parts(model, par.optimizer, par.scaler, train_loader, state, cfg),
+                                 ckpt)
+            if runtime.is_master:
+                print(f"resumed from {resume_path} at step {state.step}", flush=True)
+        # last: W&B can fail to start (no login)
+        trackers = (open_trackers(t.tensorboard, t.wandb_project, checkpointer.out_dir,
+                                  to_dict(cfg)) if runtime.is_master else [])
     except BaseException:
         checkpointer.close(failed_at_start=True)
         raise
-    return run
+    return Run(cfg=cfg, runtime=runtime, out_dir=checkpointer.out_dir, model=model, par=par,
+               autocast_dtype=autocast_dtype, accum=plan.accum, train_loader=train_loader,
+               checkpointer=checkpointer, tokenizer=gpt2_tokenizer() if samples else None,
+               evaluations=evaluations, state=state, trackers=trackers,
+               # what --parallel/--activation-checkpointing/--batch-size auto settled on, for
+               # the metrics header
+               layout_choice=plan.layout.to_json() if plan.layout is not None else None)

@@ -11,11 +11,11 @@ import torch
 
 from gpt.eval.evaluation import Evaluation, Scoring
 from gpt.eval.sampling import sample
-from gpt.train.run import Run
+from gpt.train.run import Records, Run
 from gpt.train.step_log import account_skips
 
 
-def evaluate(run: Run, ev: Evaluation, loaded: Any) -> None:
+def evaluate(run: Run, rec: Records, ev: Evaluation, loaded: Any) -> None:
     """One evaluation at the run's step: scored (on every rank, or on rank 0 where it
     says so), said and logged; the run's validation loss taken from the one that has it."""
     rt, s = run.runtime, run.state
@@ -27,14 +27,14 @@ def evaluate(run: Run, ev: Evaluation, loaded: Any) -> None:
         return
     if ev.loss is not None:
         s.last_val = result.record[ev.loss]
-        run.tally.validated(s.step, s.last_val)
-    run.tally.scored(ev.name, result.record)
+        rec.tally.validated(s.step, s.last_val)
+    rec.tally.scored(ev.name, result.record)
     for line in result.lines:
         run.say(f"step {s.step:6d} | {line}")
-    run.log.write(result.record)
+    rec.log.write(result.record)
 
 
-def save_checkpoint(run: Run, reason: str | None = None) -> Path | None:
+def save_checkpoint(run: Run, rec: Records, reason: str | None = None) -> Path | None:
     """Write a checkpoint (a collective) and record it, with why if not periodic. None
     under --no-save-checkpoints, and during a streak of skipped steps: weights whose loss
     is not finite are no place to go back to (every rank knows the streak: the norm that
@@ -43,16 +43,16 @@ def save_checkpoint(run: Run, reason: str | None = None) -> Path | None:
     if not run.cfg.checkpoint.save_checkpoints:
         return None
     if s.step > 0:  # the skips of the steps since the last log line (one read)
-        account_skips(run, s.step - 1, run.skips.counts(run.runtime.device).tolist())
+        account_skips(run, rec, s.step - 1, run.skips.counts(run.runtime.device).tolist())
     if s.bad_in_row:
         run.say(f"step {s.step:6d} | no checkpoint: the last {s.bad_in_row} step(s) had a "
                 f"non-finite loss or gradient")
-        run.log.write({"type": "checkpoint", "step": s.step, "path": None,
+        rec.log.write({"type": "checkpoint", "step": s.step, "path": None,
                        "reason": f"not saved: {s.bad_in_row} skipped step(s) in a row"})
         return None
     path = run.checkpointer.save(run.parts())
     record = {"type": "checkpoint", "step": run.state.step, "path": str(path)}
-    run.log.write(record if reason is None else {**record, "reason": reason})
+    rec.log.write(record if reason is None else {**record, "reason": reason})
     if reason is None:
         run.say(f"saved checkpoint {path}")
     return path
@@ -65,7 +65,7 @@ def no_checkpoint_note(run: Run) -> str:
     return run.checkpointer.last_good()
 
 
-def log_samples(run: Run) -> None:
+def log_samples(run: Run, rec: Records) -> None:
     e, tok = run.cfg.eval, run.tokenizer
     gen = torch.Generator().manual_seed(run.cfg.train.seed + run.state.step)
     ids = sample(run.model, tok.encode_ordinary(e.sample_prompt), max_new_tokens=e.sample_tokens,
@@ -74,4 +74,4 @@ def log_samples(run: Run) -> None:
     texts = [tok.decode(row.tolist()) for row in ids]
     for i, text in enumerate(texts):
         run.say(f"--- sample {i} at step {run.state.step}:\n{text}")
-    run.log.write({"type": "sample", "step": run.state.step, "samples": texts})
+    rec.log.write({"type": "sample", "step": run.state.step, "samples": texts})

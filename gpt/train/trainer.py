@@ -68,9 +68,6 @@ def build_and_run(plan: Plan, runtime: Runtime) -> dict[str, Any]:
     """The run lives in this frame alone, so it is gone by the time the process group is
     torn down (see gpt/runtime/world.py's shutdown)."""
     run = build_run(plan, runtime)
-    # what --parallel/--activation-checkpointing/--batch-size auto settled on, for the
-    # metrics header
-    run.layout_choice = plan.layout.to_json() if plan.layout is not None else None
     try:
         return run_loop(run)
     finally:
