@@ -441,3 +441,8 @@ class silent_host:
 
     def __exit__(self, *exc: object) -> None:
         self.sock.close()
+
+
+def val_loader(run: Any) -> Any:
+    """A built run's validation loader (what its validation loaded)."""
+    return next(held for ev, held in run.evaluations if ev.name == "val").loader

@@ -16,7 +16,7 @@ from gpt.checkpoint.files import load
 from gpt.core.config import ModelConfig, model_preset
 from gpt.model.transformer import GPT, Rotary
 from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one,
-                     meta_build_and_reference, run_cli, write_random_shards)
+                     meta_build_and_reference, run_cli, val_loader, write_random_shards)
 from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
 
 OPTIONS: dict[str, dict[str, object]] = {
@@ -213,9 +213,9 @@ def test_the_compiled_step_of_a_modern_model_has_no_graph_break(graph_backend, t
         for _ in range(2):
             _, norm = forward_backward(par.train_model, par.scaler, par.optimizer,
                                        run.train_loader, run.accum, 1.0, "cpu", torch.float32)
-            optimizer_step(par.optimizer, par.scaler, 1e-3, norm, muon_momentum=0.9)
+            optimizer_step(par.optimizer, par.scaler, 1e-3, norm, settings={"muon": {"momentum": 0.9}})
         assert graph_breaks() == 0 and graph_backend.frame_count == 1
-        assert torch.isfinite(val_loss(par.eval_model, run.val_loader, 2, "cpu", torch.float32))
+        assert torch.isfinite(val_loss(par.eval_model, val_loader(run), 2, "cpu", torch.float32))
         examples = [hellaswag.Example(context=(1, 2, 3), endings=((4,), (5, 6), (7,), (8, 9)),
                                       label=1)] * 3
         assert hellaswag.evaluate(par.eval_model, examples, "cpu", batch_examples=2)["total"] == 3

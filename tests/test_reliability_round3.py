@@ -34,7 +34,7 @@ from gpt.plan.preflight import preflight
 from gpt.report.metrics import MetricsLog
 from gpt.runtime.launch import WORKER_VARS, RendezvousError, launch_environment
 from gpt.runtime.world import Runtime, init_runtime
-from gpt.train.build import build_loaders
+from gpt.train.build import build_loader
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
@@ -355,9 +355,8 @@ def test_allow_incomplete_data_trains_with_a_warning(tmp_path: Path) -> None:
     lock = FolderLock(data, "fineweb.py run").acquire()
     try:
         plan = preflight(cfg).settled()  # the trainer's checks, with the warning it prints
-        train_loader, _ = build_loaders(cfg.data, Runtime(device=torch.device("cpu")),
-                                        seed=cfg.train.seed, vocab_size=cfg.model.vocab_size,
-                                        validation=False)
+        train_loader = build_loader(cfg.data, Runtime(device=torch.device("cpu")),
+                                    seed=cfg.train.seed, vocab_size=cfg.model.vocab_size)
     finally:
         lock.release()
     assert train_loader.num_tokens == 9_000

@@ -274,7 +274,7 @@ def test_no_checkpoint_is_saved_during_a_streak_of_skipped_steps(monkeypatch, da
 def test_a_val_shard_failing_mid_run_stops_with_a_checkpoint(monkeypatch, data_dir: Path,
                                                               tmp_path: Path) -> None:
     from gpt.data.shards import DataError, ShardError
-    import gpt.train.periodic as periodic
+    import gpt.eval.validation as periodic  # where validation scores (lazily imported)
 
     real = periodic.val_loss
     calls = {"n": 0}

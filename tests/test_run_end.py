@@ -204,7 +204,7 @@ def test_summary_after_a_resume_counts_the_best_of_before() -> None:
     tally.validated(10, 5.25)
     state = LoopState(step=10, last_val=5.25, best_val=5.0)
     end = Ending(cfg=cfg, state=state, stopped_by=None, checkpoint=None, out_dir=Path("r"),
-                 curves=None, val=True, hellaswag=False, distributed=False)
+                 curves=None, distributed=False)
     lines, record = summarize(tally, end)
     assert "val loss 5.2500, best 5.0000 before the resume" in lines[0]
     assert "1.02k tokens in 0s" in lines[0] and "(2.56k in all)" in lines[0]
@@ -313,8 +313,8 @@ def test_a_figure_that_costs_more_is_redrawn_less_often(tmp_path: Path,
     curves = run_curves.RunCurves(tmp_path, enabled=True)
     curves.last = time.monotonic() - 100.0  # drawn 100 s ago
     curves.cost = 10.0  # in 10 s: the next waits 500 s
-    curves.after_validation()
+    curves.after_evaluations()
     assert drawn == []
     curves.cost = 1.0  # in 1 s: the next waits the minute
-    curves.after_validation()
+    curves.after_evaluations()
     assert drawn == [1.0]

@@ -220,7 +220,7 @@ def test_the_memory_planner_counts_the_value_tables() -> None:
 def test_the_flex_attention_block_mask_is_the_sdpa_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     """The BlockMask used under torch.compile on CUDA allows exactly what the boolean mask
     does: forward only here (FlexAttention has no backward on CPU), eager."""
-    from gpt.model import attention_mask
+    from gpt.model import attention
 
     torch.manual_seed(0)
     model = GPT(cfg(rotary=True, **ALL)).eval()
@@ -228,8 +228,8 @@ def test_the_flex_attention_block_mask_is_the_sdpa_mask(monkeypatch: pytest.Monk
     x = tokens()
     with torch.no_grad():
         want, _ = model(x)
-        monkeypatch.setattr(attention_mask, "flex_wanted", lambda idx: True)
-        assert isinstance(model.attn_mask(x), attention_mask.BlockMask)
+        monkeypatch.setattr(attention, "flex_wanted", lambda idx: True)
+        assert isinstance(model.attn_mask(x), attention.BlockMask)
         got, _ = model(x)
     assert torch.allclose(got, want, atol=1e-5)
 

@@ -386,7 +386,7 @@ def resume_differences(saved: dict[str, Any], cfg: Config, path: Path) -> list[s
         raise CheckpointError(
             f"{path}: the checkpoint's model differs from this config: " + "; ".join(diffs)
         )
-    was = saved["optim"]["optimizer"]  # "adamw" in a checkpoint from before Muon
+    was = saved["optim"]["optimizer"]  # the default in a checkpoint from before the choice
     if was != cfg.optim.optimizer:
         raise CheckpointError(
             f"{path}: the checkpoint holds {was}'s state, and this run asks for --optimizer "

@@ -1,5 +1,5 @@
 """Can a download's host be reached? Asked before each download (GPT-2's weights and
-datasets from the Hugging Face hub, lm-eval's task data, HellaSwag's validation set), so
+datasets from the Hugging Face hub, lm-eval's task data, the evaluations' data sets), so
 that a machine without network is told so at once, in one line, rather than after a
 minute or two of the libraries' retries.
 

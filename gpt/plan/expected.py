@@ -8,8 +8,8 @@ A time is only ever from a measurement: MEASURED holds the throughput of the GPT
 recipe as `python -m gpt.bench gpu` measured it (the file of each figure named), matched
 by GPU name, micro-batch and one process; any other run in one process is timed on the
 device it is on (gpt/plan/speed.py: the trainer's step on a slice of the model, scaled
-by FLOPs). Several processes are said to be untimed rather than guessed. HellaSwag,
-samples and checkpoints come on top.
+by FLOPs). Several processes are said to be untimed rather than guessed. The evaluations
+other than validation, samples and checkpoints come on top.
 """
 
 from __future__ import annotations
@@ -21,18 +21,17 @@ from pathlib import Path
 import torch
 
 from gpt.checkpoint.files import list_checkpoints
-from gpt.core.config import Config, ConfigError, model_preset
+from gpt.core.config import Config, ConfigError, OptimConfig, model_preset
 from gpt.core.errors import UserError
 from gpt.core.file_checks import free_bytes
 from gpt.core.text import one_line
 from gpt.core.units import format_duration, human_bytes, human_count
 from gpt.data.shards import find_shards
+from gpt.optim import optimizer
 from gpt.plan import speed
 
 
 WEIGHT_BYTES = 4  # fp32 master weights, whatever the autocast precision
-ADAMW_STATE_BYTES = 8  # exp_avg and exp_avg_sq in fp32
-MUON_STATE_BYTES = 4  # one fp32 momentum buffer for each hidden matrix
 
 
 @dataclass(frozen=True)
@@ -64,13 +63,13 @@ MEASURED = (
 def as_measured(cfg: Config, device_type: str) -> bool:
     """Whether the run's step costs what the measured cells' did: GPT-2 124M as the preset
     has it, T=1024, bf16 autocast with TF32, compiled in the default mode, the whole
-    logits, AdamW, no FP8, no activation checkpointing."""
+    logits, the default optimizer (AdamW), no FP8, no activation checkpointing."""
     t, o = cfg.train, cfg.optim
     return (device_type == "cuda" and cfg.model == model_preset("gpt2")
             and cfg.data.seq_len == 1024 and t.dtype in ("auto", "bf16") and t.tf32
             and t.compile_on(device_type) and t.compile_mode == "default"
             and not t.chunked_loss_on(device_type) and t.fp8 == "none"
-            and t.activation_checkpointing == "none" and o.optimizer == "adamw")
+            and t.activation_checkpointing == "none" and o.optimizer == OptimConfig().optimizer)
 
 
 def measured_for(cfg: Config, gpu: str, device_type: str, world: int) -> Measured | None:
@@ -81,20 +80,17 @@ def measured_for(cfg: Config, gpu: str, device_type: str, world: int) -> Measure
 
 
 def checkpoint_bytes(cfg: Config) -> int:
-    """A checkpoint's size, about: the fp32 weights and the optimizer's state (AdamW's two
-    moments; Muon's one momentum for the hidden matrices), counted on a model built on
-    the meta device (no memory); the rest (loader positions, RNG states, config) is
+    """A checkpoint's size, about: the fp32 weights and the optimizer's state (as its
+    state_bytes counts it: AdamW's two moments a weight), counted on a model built on the
+    meta device (no memory); the rest (loader positions, RNG states, config) is
     kilobytes."""
     from gpt.model.transformer import GPT
-    from gpt.optim.muon import hidden_matrices
 
     with torch.device("meta"):
         model = GPT(dataclasses.replace(cfg.model, dropout=0.0))
     params = list(model.parameters())  # each tied tensor once, as a checkpoint holds it
-    total = sum(p.numel() for p in params) * (WEIGHT_BYTES + ADAMW_STATE_BYTES)
-    if cfg.optim.optimizer == "muon":
-        total -= sum(p.numel() for p in hidden_matrices(model)) * (ADAMW_STATE_BYTES - MUON_STATE_BYTES)
-    return total
+    return (sum(p.numel() for p in params) * WEIGHT_BYTES
+            + optimizer.chosen(cfg.optim).state_bytes(model))
 
 
 def validates(cfg: Config) -> bool:

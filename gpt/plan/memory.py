@@ -35,6 +35,7 @@ import torch
 from gpt.core.config import AUTO, Config, ConfigError
 from gpt.core.config_check import grad_accum_steps
 from gpt.model import loss_kernels, sizing
+from gpt.optim import optimizer
 from gpt.plan.memory_trace import CATEGORY, head_and_loss_peak, measure_step
 
 
@@ -56,8 +57,8 @@ _ALWAYS = ("eager: torch.compile's fused kernels usually hold fewer activations,
            "allocated bytes, as torch.cuda.max_memory_allocated counts them; fits() adds "
            f"x{MARGIN} + {RESERVE // GiB} GiB for the CUDA context, workspaces and "
            "fragmentation",
-           "the training step only: validation and HellaSwag hold no gradients or "
-           "backward activations, so they need less")
+           "the training step only: the evaluations hold no gradients or backward "
+           "activations, so they need less")
 
 # Why an --fp8 step is planned as the same step without FP8, an upper bound: torchao's
 # float8 linear keeps the same high-precision input for its backward pass as nn.Linear
@@ -134,7 +135,8 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
     # is refused by arithmetic (gpt/model/sizing.py) before anything is traced
     accum = grad_accum_steps(cfg.data.total_batch_tokens, cfg.data.batch_size,
                              cfg.data.seq_len, world_size)
-    sizing.check_fits(cfg, world_size, *sizing.most_memory(device_type, CAPACITIES.values()))
+    sizing.check_fits(cfg, world_size, *sizing.most_memory(device_type, CAPACITIES.values()),
+                      optimizer.chosen(cfg.optim).least_state_bytes)
     if cfg.model.n_layer > TRACED_LAYERS:
         return _extrapolated(cfg, world_size, device_type)
     # What the trainer would run on device_type (gpt.engine.parallel), pinned: the fake run is on
@@ -152,7 +154,7 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
         fp8_head=False))
     d, t = cfg.data, cfg.train
     dtype = _planned_dtype(t.dtype, device_type)
-    fused = cfg.optim.fused if cfg.optim.fused is not None else device_type in ("cuda", "cpu", "mps")
+    fused = optimizer.want_fused(cfg.optim, device_type)
     if t.parallel == "fsdp" and dtype is torch.float16:
         fused = False  # as gpt.engine.parallel does: the sharded fp16 scaler needs the unfused AdamW
     fsdp = t.parallel == "fsdp"

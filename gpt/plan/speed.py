@@ -76,8 +76,8 @@ class Estimate:
         gpu = ("; hours on this machine: the recipe is meant for a GPU"
                if self.meant_for_gpu(device_type) else "")
         return (f"time: about {format_duration(self.train_s)} of training{val} on {device}, "
-                f"{self.tokens_per_s:,.0f} tokens/s ({self.basis}); samples, HellaSwag and "
-                f"checkpoints come on top{gpu}")
+                f"{self.tokens_per_s:,.0f} tokens/s ({self.basis}); samples, other evaluations "
+                f"and checkpoints come on top{gpu}")
 
 
 @dataclass(frozen=True)

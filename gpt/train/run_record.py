@@ -48,13 +48,13 @@ def open_log(run: Run) -> Iterator[MetricsLog]:
             atomic_write(run.out_dir / CONFIG_NAME, lambda fh: fh.write(text.encode()))
         except OSError as e:
             raise ConfigError(f"{run.out_dir / CONFIG_NAME}: cannot write it ({e.strerror or e})") from None
-    run.log = MetricsLog(run.out_dir / METRICS_NAME, enabled=run.runtime.is_master,
-                         trackers=run.trackers)
+    log = MetricsLog(run.out_dir / METRICS_NAME, enabled=run.runtime.is_master,
+                     trackers=run.trackers)
     try:
-        run.log.write(banner(run))
-        yield run.log
+        log.write(banner(run))
+        yield log
     finally:
-        run.log.close()
+        log.close()
 
 
 def banner(run: Run) -> dict[str, Any]:
