@@ -37,7 +37,7 @@ class LoopState:
     best_checkpoint: str | None = None
     bad_in_row: int = 0  # not saved: a resumed run starts a fresh streak
     skipped: int = 0
-    # The step whose end-of-run work (the last validation, HellaSwag, tasks) was done: a
+    # The step whose end-of-run work (the last evaluations) was done: a
     # run stopped by a signal after its last step was saved without it, and its resume
     # does it (gpt/train/loop.py).
     ended_at: int | None = None

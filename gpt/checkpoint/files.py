@@ -17,7 +17,7 @@ objects), so loading it never runs code:
     best_val_loss   the best validation loss so far, or None
     best_checkpoint file name of the checkpoint with best_val_loss, or None
     skipped_steps   steps skipped so far for a non-finite loss or gradient
-    ended_at        the step whose end-of-run work (last validation, HellaSwag, tasks) was
+    ended_at        the step whose end-of-run work (the last evaluations) was
                     done, or None (absent in older files: their step counts as ended)
 Checkpointer.save (gpt/checkpoint/checkpointer.py) writes this dict; Checkpointer.restore reads it
 back, check_contents (gpt/checkpoint/contents.py) vets it first, and model_weights reads
