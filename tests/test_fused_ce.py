@@ -28,6 +28,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -72,7 +73,7 @@ def interpreted() -> Iterator[Worker]:
         pool = multiprocessing.get_context("spawn").Pool(1)
     try:
         pool.apply(warm)  # its imports (torch, the package, Triton): the fixture's time
-        yield lambda fn, *args, **kwargs: pool.apply(fn, args, kwargs)
+        yield lambda fn, *args, **kwargs: pool.apply(in_worker, (fn, args, kwargs))
     finally:
         pool.close()
         pool.join()
@@ -80,6 +81,18 @@ def interpreted() -> Iterator[Worker]:
 
 def warm() -> None:
     kernels()
+
+
+def in_worker(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """fn(*args, **kwargs) in the interpreter's worker, a failure of any kind raised back as
+    an AssertionError with its traceback: pytest's own outcomes (pytest.raises's "DID NOT
+    RAISE", pytest.fail) cannot be pickled, and the pool would wait for them forever."""
+    try:
+        return fn(*args, **kwargs)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 -- pytest's outcomes are BaseExceptions
+        raise AssertionError(traceback.format_exc()) from None
 
 
 def kernels() -> Any:
@@ -322,6 +335,37 @@ def the_forward_mode_is_the_backward_modes_gradient_written_early() -> None:
 @needs_triton
 def test_the_forward_mode_writes_the_backward_modes_gradient_early(interpreted: Worker) -> None:
     interpreted(the_forward_mode_is_the_backward_modes_gradient_written_early)
+
+
+def the_forward_modes_edge_cases() -> None:
+    """A second backward through one call (retain_graph) is refused, whether the first
+    rescaled the gradient or not (after a rescaling, a second would scale it again: a
+    quarter of the gradient where half was asked); under torch.no_grad, logits that require
+    a gradient (a leaf, say) are not written over, and nothing is expected."""
+    fce = kernels()
+    x, t = logits(5, 33, seed=12), torch.tensor([1, 2, 3, -100, 32])
+    for inplace in (False, True):
+        for expected in (0.5, 1.0):  # expecting right, and a loop's first call
+            guess = fce.expected_grad("cpu", expected)
+            z = x.clone().requires_grad_() * 1.0
+            loss = fce.cross_entropy(z, t, inplace=inplace, block=16, expected_grad=guess)
+            loss.backward(torch.tensor(0.5), retain_graph=True)
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                loss.backward(torch.tensor(0.5))
+    for inplace in (False, True):
+        leaf = x.clone().requires_grad_()
+        guess = fce.expected_grad("cpu", 0.5)
+        with torch.no_grad():
+            loss = fce.cross_entropy(leaf, t, inplace=inplace, block=16, expected_grad=guess)
+        assert torch.equal(leaf.detach(), x) and leaf.grad is None and leaf._version == 0
+        assert torch.equal(loss, fce.cross_entropy(x.clone(), t, block=16))
+        assert guess.item() == 0.5
+
+
+@needs_triton
+def test_the_forward_mode_refuses_a_second_backward_and_writes_nothing_without_grad(
+        interpreted: Worker) -> None:
+    interpreted(the_forward_modes_edge_cases)
 
 
 def gpt_loss_is_the_kernels_on_the_heads_logits(cap: float) -> None:

@@ -196,13 +196,16 @@ class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, softcap: float,
                 ignore_index: int, inplace: bool, block: int,
-                expected: torch.Tensor | None) -> torch.Tensor:
+                expected: torch.Tensor | None, grad_mode: bool) -> torch.Tensor:
         n, v = logits.shape
         losses = torch.empty(n, dtype=torch.float32, device=logits.device)
         counted = (targets != ignore_index).sum()  # on the device: no sync
         common = dict(SOFTCAP=bool(softcap), BLOCK=block, num_warps=NUM_WARPS)
         ctx.softcap, ctx.ignore_index, ctx.inplace, ctx.block = softcap, ignore_index, inplace, block
-        ctx.expected = expected if ctx.needs_input_grad[0] else None
+        # a gradient is wanted only where autograd will record this call: the logits require
+        # it (needs_input_grad says no more) and grad mode was on at the call (inside
+        # forward it is always off), so under torch.no_grad nothing is written
+        ctx.expected = expected if ctx.needs_input_grad[0] and grad_mode else None
         if ctx.expected is not None:  # the forward mode, where a gradient is wanted
             used = expected.detach().float().reshape(1).clone()  # as this forward wrote it
             grad = logits if inplace else torch.empty_like(logits)
@@ -230,10 +233,14 @@ class _FusedCrossEntropy(torch.autograd.Function):
             if grad.shape[0]:
                 _rescale_kernel[(grad.shape[0],)](grad, grad.stride(0), got, used, grad.shape[1],
                                                   BLOCK=ctx.block, num_warps=NUM_WARPS)
+            # the saved gradient now holds this backward's scale, no longer `used`'s: a second
+            # backward (retain_graph) would rescale it again, so it is refused, as the
+            # backward mode's in place is, by the version check of the saved tensors
+            torch.autograd.graph.increment_version(grad)
             # the next forward expects what this backward got; not a zero (a forward that
             # wrote zeros could not be rescaled) nor a NaN or inf: those keep the last one
             ctx.expected.copy_(torch.where((got != 0) & got.isfinite(), got, ctx.expected))
-            return grad, None, None, None, None, None, None
+            return grad, None, None, None, None, None, None, None
         logits, targets, lse, counted = ctx.saved_tensors
         n, v = logits.shape
         scale = (grad_loss.float() / counted).reshape(1)
@@ -244,7 +251,7 @@ class _FusedCrossEntropy(torch.autograd.Function):
                                BLOCK=ctx.block, num_warps=NUM_WARPS)
         if ctx.inplace:
             torch.autograd.graph.increment_version(logits)  # as in the forward mode's forward
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
 def interpreted() -> bool:
@@ -268,7 +275,11 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softcap: float = 
     incoming gradient (over the logits, with `inplace`: from the forward on they are gone);
     the backward checks on the device that the incoming gradient is that one, rescales
     the gradient where it is not, and stores it in `expected_grad`, the next call's
-    expectation. None: the backward mode, the gradient written in the backward."""
+    expectation. A gradient is wanted where grad mode is on and the logits require one:
+    under torch.no_grad nothing is written. A second backward through one call
+    (retain_graph) is refused, as the backward mode's with `inplace` is: its gradient was
+    rescaled in place by the first. None: the backward mode, the gradient written in the
+    backward."""
     if logits.dim() != 2 or targets.shape != logits.shape[:1]:
         raise ValueError(f"cross_entropy takes logits (N, V) and targets (N,), got "
                          f"{tuple(logits.shape)} and {tuple(targets.shape)}")
@@ -284,7 +295,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softcap: float = 
     if logits.stride(1) != 1:
         logits = logits.contiguous()
     return _FusedCrossEntropy.apply(logits, targets.contiguous(), float(softcap), int(ignore_index),
-                                    bool(inplace), int(block), expected_grad)
+                                    bool(inplace), int(block), expected_grad,
+                                    torch.is_grad_enabled())
 
 
 def expected_grad(device: torch.device | str, value: float = 1.0) -> torch.Tensor:
