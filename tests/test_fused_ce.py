@@ -141,16 +141,19 @@ def error_bounds(z: torch.Tensor, t: torch.Tensor, block: int, cap: float,
 
 def check_against_reference(x: torch.Tensor, t: torch.Tensor, block: int | None = None,
                             cap: float = 0.0, grad_out: float = 0.37,
-                            expected: float | None = None) -> None:
+                            expected: float | None = None, launch: str | None = None) -> None:
     """The kernels' mean loss and its gradient (times grad_out) against float64's
     F.cross_entropy of the same fp32 logits, within error_bounds(); `block`: the kernels'
-    columns a step (default: theirs); `expected`: the forward mode, expecting that incoming
-    gradient (None: the backward mode)."""
+    columns a step (default: the launch's); `expected`: the forward mode, expecting that
+    incoming gradient (None: the backward mode); `launch`: one of LAUNCHES by name (default:
+    the mode's)."""
     fce = kernels()
-    block = block or fce.BLOCK
+    how = fce.LAUNCHES[launch] if launch else (
+        fce.BACKWARD_LAUNCH if expected is None else fce.FORWARD_LAUNCH)
+    block = block or how.block
     a = x.clone().requires_grad_()
     guess = None if expected is None else fce.expected_grad("cpu", expected)
-    loss = fce.cross_entropy(a, t, cap, block=block, expected_grad=guess)
+    loss = fce.cross_entropy(a, t, cap, block=block, expected_grad=guess, launch=how)
     loss.backward(torch.tensor(grad_out))
     if guess is not None:
         assert guess.item() == pytest.approx(grad_out, rel=1e-7)  # the next call's expectation
@@ -187,6 +190,9 @@ def logits(n: int, v: int, seed: int, scale: float = 3.0) -> torch.Tensor:
 # the kernels, under Triton's interpreter
 
 
+# gpt/model/fused_ce.py's LAUNCHES, by name (importing it here would fix Triton's interpreter
+# setting in this process: see the interpreted fixture)
+LAUNCH_NAMES = ("8w-4096", "8w-4096-l2", "16w-8192-l2", "32w-8192", "32w-8192-l2")
 # the backward mode; the forward mode expecting the incoming gradient it gets (the
 # checks' 0.37), and expecting another (1.0, what expected_grad() starts from: rescaled)
 MODES = {"backward": None, "forward": 0.37, "forward, rescaled": 1.0}
@@ -243,11 +249,39 @@ def test_the_soft_cap(interpreted: Worker, cap: float, mode: str) -> None:
 def test_gpt2s_padded_vocabulary(interpreted: Worker, cap: float, mode: str) -> None:
     """50,257 token ids in 50,304 columns, as GPT.logits makes them: the padded columns are
     not masked there (their weights learn to keep them improbable), so they take part here
-    too, and get a gradient; 50,304 is not a multiple of the kernels' block (4,096)."""
+    too, and get a gradient; 50,304 is not a multiple of the kernels' blocks (4,096, 8,192)."""
     x = logits(4, 50304, seed=8)
     x[:, 50257:] += 2.0  # mass the padded columns must be seen to carry
     t = torch.tensor([0, 50256, 17, -100])
     interpreted(check_against_reference, x, t, cap=cap, expected=MODES[mode])
+
+
+@needs_triton
+@pytest.mark.parametrize("cap", [0.0, 30.0])
+def test_every_launch_of_the_forward_mode_computes_the_same_function(interpreted: Worker,
+                                                                     cap: float) -> None:
+    """Each launch the GPU's loss bench sweeps (the block, and the l2 order: the second
+    pass from the row's end with cache hints), at GPT-2's padded vocabulary, against
+    float64 within the kernels' bound; and, at one block, the l2 order changes no bit."""
+    x = logits(3, 50304, seed=13)
+    t = torch.tensor([50303, 5, -100])
+    for name in LAUNCH_NAMES:
+        interpreted(check_against_reference, x, t, cap=cap, expected=0.37, launch=name)
+    interpreted(the_l2_order_changes_no_bit, x, t, cap)
+
+
+def the_l2_order_changes_no_bit(x: torch.Tensor, t: torch.Tensor, cap: float) -> None:
+    fce = kernels()
+    assert tuple(fce.LAUNCHES) == LAUNCH_NAMES
+    out = []
+    for l2 in (False, True):
+        z = x.clone().requires_grad_()
+        launch = fce.Launch(8192, 32, l2)
+        loss = fce.cross_entropy(z, t, cap, expected_grad=fce.expected_grad("cpu", 0.5),
+                                 launch=launch)
+        loss.backward(torch.tensor(0.5))
+        out.append((loss.detach(), z.grad))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
 
 
 def written_over_the_logits() -> None:
@@ -392,7 +426,7 @@ def gpt_loss_is_the_kernels_on_the_heads_logits(cap: float) -> None:
     with torch.no_grad():
         whole = model.loss(x, targets)
     e_loss, _ = error_bounds(head.detach().double().reshape(-1, 97), targets.reshape(-1),
-                             fce.BLOCK, cap, 1.0)
+                             fce.BACKWARD_LAUNCH.block, cap, 1.0)
     # F.cross_entropy's fp32 has errors of the same kinds, within the same bound (its sums
     # are shorter), and each side's mean of 32 rows adds 33u of it
     assert abs(fused.item() - whole.item()) <= 2 * (e_loss.max().item() + 33 * U * whole.item())
@@ -436,48 +470,129 @@ def test_a_compiled_model_runs_them_between_its_graphs(interpreted: Worker) -> N
     interpreted(compiled_as_eager)
 
 
+H100_SMS, H100_L2 = 132, 50 * 2**20  # an H100 SXM's multiprocessors and L2 cache (bytes)
+SM_WARPS, SM_REGISTERS = 64, 65536  # what one Hopper SM holds at once (CUDA's occupancy limits)
+GPT2_ROW_BYTES = 50304 * 2  # a row of GPT-2's padded logits in bf16
+
+
+def compile_for_an_h100() -> None:
+    """Every kernel compiled by Triton for sm_90a (Hopper's own target; its GPUTarget of
+    capability 90) in bf16, without and with the cap, each launch of the forward mode's
+    kernel among them, with the specialisation a launch on GPT-2's logits gets (pointers,
+    strides and the vocabulary divisible by 16); ptxas's resource report of each (Triton
+    ships ptxas: no GPU needed), printed one JSON line a kernel. Run without the
+    interpreter, in a process of its own."""
+    import re
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from gpt.model import fused_ce
+
+    assert not fused_ce.interpreted()
+    ptr, i32 = "*bf16", "i32"
+    common = {"V": i32, "ignore_index": i32, "softcap": "fp32", "SOFTCAP": "constexpr",
+              "BLOCK": "constexpr"}
+    kernels = {  # name: (kernel, signature, launches)
+        "_lse_kernel": (fused_ce._lse_kernel, {"x_ptr": ptr, "x_stride": i32, "t_ptr": "*i64",
+                        "loss_ptr": "*fp32", "lse_ptr": "*fp32", **common},
+                        {"backward": fused_ce.BACKWARD_LAUNCH}),
+        "_grad_kernel": (fused_ce._grad_kernel, {"x_ptr": ptr, "x_stride": i32, "g_ptr": ptr,
+                         "g_stride": i32, "t_ptr": "*i64", "lse_ptr": "*fp32",
+                         "scale_ptr": "*fp32", **common}, {"backward": fused_ce.BACKWARD_LAUNCH}),
+        "_loss_grad_kernel": (fused_ce._loss_grad_kernel, {"x_ptr": ptr, "x_stride": i32,
+                              "g_ptr": ptr, "g_stride": i32, "t_ptr": "*i64", "loss_ptr": "*fp32",
+                              "scale_ptr": "*fp32", **common, "L2": "constexpr"},
+                              fused_ce.LAUNCHES),
+        "_rescale_kernel": (fused_ce._rescale_kernel, {"g_ptr": ptr, "g_stride": i32,
+                            "got_ptr": "*fp32", "want_ptr": "*fp32", "V": i32,
+                            "BLOCK": "constexpr"}, {"forward": fused_ce.FORWARD_LAUNCH}),
+    }
+    print(json.dumps({"forward_launch": fused_ce.FORWARD_LAUNCH.name}))
+    divisible = ("x_ptr", "x_stride", "g_ptr", "g_stride", "t_ptr", "loss_ptr", "lse_ptr",
+                 "scale_ptr", "got_ptr", "want_ptr", "V")
+    ptxas = get_ptxas(90).path
+    for name, (kernel, signature, launches) in kernels.items():
+        names = list(signature)
+        attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in divisible if a in names}
+        for launch_name, launch in launches.items():
+            for cap in (False, True) if "SOFTCAP" in signature else (False,):
+                constexprs = {"BLOCK": launch.block, "SOFTCAP": cap, "L2": launch.l2}
+                src = ASTSource(fn=kernel, signature=signature, attrs=attrs,
+                                constexprs={k: v for k, v in constexprs.items() if k in signature})
+                compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                          options={"num_warps": launch.warps})
+                ptx = compiled.asm["ptx"]
+                with tempfile.TemporaryDirectory() as folder:
+                    path = Path(folder) / "k.ptx"
+                    path.write_text(ptx)
+                    report = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", str(path), "-o",
+                                             str(path.with_suffix(".o"))], capture_output=True,
+                                            text=True, check=True).stderr
+                print(json.dumps({
+                    "kernel": name, "launch": launch_name, "warps": launch.warps, "cap": cap,
+                    "target": re.findall(r"\.target (\S+)", ptx),
+                    "registers": int(re.search(r"Used (\d+) registers", report).group(1)),
+                    "spill_bytes": sum(map(int, re.findall(r"(\d+) bytes spill", report))),
+                    "shared_bytes": compiled.metadata.shared,
+                    "accesses": sorted(set(re.findall(r"\b(?:ld|st)\.global[\w.:]*", ptx)))}))
+
+
+def rows_in_flight(warps: int, registers: int, shared: int) -> int:
+    """Programs (rows) an H100 runs at once, by CUDA's occupancy limits: an SM's warps, its
+    registers (allocated 8 a thread at a time), its 228 KB of shared memory, 32 programs."""
+    per_sm = min(SM_WARPS // warps, SM_REGISTERS // (warps * 32 * -(-registers // 8) * 8),
+                 228 * 1024 // max(shared, 1), 32)
+    return H100_SMS * per_sm
+
+
 @needs_triton
 @pytest.mark.slow
-def test_the_kernels_compile_for_an_h100(tmp_path: Path) -> None:
-    """Triton's compiler, without the interpreter, turns both kernels into sm_90 machine
-    code in bf16, with and without the cap (it needs no GPU: ptxas ships with Triton).
-    What the interpreter accepts, the compiler may not: this is the check that it does."""
-    code = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from gpt.model import fused_ce
-assert not fused_ce.interpreted()
-common = {"V": "i32", "ignore_index": "i32", "softcap": "fp32", "SOFTCAP": "constexpr",
-          "BLOCK": "constexpr"}
-signatures = {
-    fused_ce._lse_kernel: {"x_ptr": "*bf16", "x_stride": "i32", "t_ptr": "*i64", "loss_ptr": "*fp32",
-                           "lse_ptr": "*fp32"},
-    fused_ce._grad_kernel: {"x_ptr": "*bf16", "x_stride": "i32", "g_ptr": "*bf16", "g_stride": "i32",
-                            "t_ptr": "*i64", "lse_ptr": "*fp32", "scale_ptr": "*fp32"},
-    fused_ce._loss_grad_kernel: {"x_ptr": "*bf16", "x_stride": "i32", "g_ptr": "*bf16",
-                                 "g_stride": "i32", "t_ptr": "*i64", "loss_ptr": "*fp32",
-                                 "scale_ptr": "*fp32"}}
-rescale = {"g_ptr": "*bf16", "g_stride": "i32", "got_ptr": "*fp32", "want_ptr": "*fp32", "V": "i32",
-           "BLOCK": "constexpr"}
-compiles = [(k, {**sig, **common}, {"SOFTCAP": cap, "BLOCK": fused_ce.BLOCK})
-            for k, sig in signatures.items() for cap in (False, True)]
-compiles.append((fused_ce._rescale_kernel, rescale, {"BLOCK": fused_ce.BLOCK}))
-for kernel, signature, constexprs in compiles:
-    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": fused_ce.NUM_WARPS})
-    assert compiled.asm["cubin"], kernel
-print("compiled")
-"""
+def test_the_kernels_compile_for_an_h100_and_the_forward_launch_keeps_its_rows_in_l2(
+        tmp_path: Path) -> None:
+    """Triton's compiler, without the interpreter, turns every kernel into sm_90a machine
+    code in bf16 (what the interpreter accepts, the compiler may not: this is the check
+    that it does), nothing spilled, every logit read and written 16 bytes at a time. Its
+    registers and shared memory fix how many rows an H100 runs at once: the forward mode's
+    launch holds them within L2, so each row's second read can come from there, where the
+    launch it had (8 warps, BLOCK 4,096: 1,056 rows, 106 MB) could not; and its l2 order's
+    hints are in the code (the first pass's loads kept in L2, the second's let go, the
+    gradient stored streaming)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=str(REPO), TRITON_CACHE_DIR=str(tmp_path / "cache"),
-               TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300)
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
+               TRITON_CACHE_DIR=str(tmp_path / "cache"), TRITON_DEFAULT_FP_FUSION="1")
+    proc = subprocess.run([sys.executable, "-c", "import test_fused_ce as t; t.compile_for_an_h100()"],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO / "tests")
     if "No module named 'triton.backends.nvidia'" in proc.stderr:
         pytest.skip("this Triton has no NVIDIA backend")
-    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    chosen = lines[0]["forward_launch"]
+    compiled = lines[1:]
+    assert {c["kernel"] for c in compiled} == {"_lse_kernel", "_grad_kernel", "_loss_grad_kernel",
+                                               "_rescale_kernel"}
+    assert len(compiled) == 2 + 2 + 2 * len(LAUNCH_NAMES) + 1
+    for c in compiled:
+        print(c["kernel"], c["launch"], f"cap {c['cap']}:", c["registers"], "registers,",
+              c["shared_bytes"], "bytes shared,", rows_in_flight(c["warps"], c["registers"],
+                                                                 c["shared_bytes"]), "rows at once")
+        assert c["target"] == ["sm_90a"] and c["spill_bytes"] == 0, c
+        logits = [a for a in c["accesses"] if a.endswith(".v4.b32")]  # 8 bf16 at a time
+        assert any(a.startswith("ld.") for a in logits), c
+        if c["kernel"] != "_lse_kernel":
+            assert any(a.startswith("st.") for a in logits), c
+    forward = [c for c in compiled if c["kernel"] == "_loss_grad_kernel"]
+    fits = {c["launch"] for c in forward} - {
+        c["launch"] for c in forward  # a launch fits when it does with and without the cap
+        if rows_in_flight(c["warps"], c["registers"], c["shared_bytes"]) * GPT2_ROW_BYTES > H100_L2}
+    assert chosen in fits and "8w-4096" not in fits, (chosen, fits)
+    for c in forward:
+        if c["launch"].endswith("-l2"):
+            assert {"st.global.cs.v4.b32", "ld.global.L1::evict_last.L2::cache_hint.v4.b32",
+                    "ld.global.L1::evict_first.L2::cache_hint.v4.b32"} <= set(c["accesses"]), c
 
 
 @needs_triton
