@@ -600,8 +600,9 @@ def test_the_kernels_compile_for_an_h100_and_the_forward_launch_keeps_its_rows_i
 def test_the_gpu_loss_bench_runs_both_modes_under_the_interpreter(tmp_path: Path) -> None:
     """The GPU acceptance's loss-bench cell (gpt/bench/gpu/loss_bench.py), every variant
     run, on a CPU under Triton's interpreter, so that its GPU minutes are not the first to
-    run the fused modes' code there: each one's loss and gradient beside the whole logits'
-    loss's, in fp32, within the kernels' fp32 error (error_bounds: far below 1e-5 here)."""
+    run the fused modes' code there, the forward mode at each launch it sweeps: each one's
+    loss and gradient judged by the bench against the whole logits' loss's, in fp32 (its
+    TOLERANCES: the fp32 differences), and its choice of launch and mode made."""
     out = tmp_path / "loss_bench.json"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "gpt.bench.gpu.loss_bench", "--out", str(out),
@@ -609,14 +610,21 @@ def test_the_gpu_loss_bench_runs_both_modes_under_the_interpreter(tmp_path: Path
                            "--warmup", "0", "--repeats", "1"], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    variants = json.loads(out.read_text())["variants"]
+    report = json.loads(out.read_text())
+    variants = report["variants"]
+    forward = ["fused-forward"] * len(LAUNCH_NAMES)
     assert [(v["variant"], v["softcap"]) for v in variants] == [
-        (name, cap) for cap in (0.0, 15.0) for name in ("compiled", "fused-backward", "fused-forward",
-                                                         "fused-forward, expected wrong")]
+        (name, cap) for cap in (0.0, 15.0)
+        for name in ("compiled", "fused-backward", *forward, "fused-forward, expected wrong")]
+    assert sorted(v["launch"] for v in variants[2:2 + len(forward)]) == sorted(LAUNCH_NAMES)
     for v in variants:
         assert v["status"] == "ok" and v["total_ms"] > 0, v
-        if v["variant"] != "compiled":
-            assert v["loss_rel_diff"] < 1e-5 and v["grad_max_diff_over_max"] < 1e-5, v
+        if v["variant"] != "compiled":  # judged in fp32: within the fp32 differences
+            assert v["loss_tolerance"] == 1e-5 and v["loss_rel_diff"] <= 1e-5, v
+            assert v["grad_max_rel_diff"] <= v["grad_tolerance"] <= 1e-4 + 2 ** -22, v
+    assert report["choice"]["launch"] in LAUNCH_NAMES and report["choice"]["mode"] in ("forward",
+                                                                                     "backward")
+    assert "choice: the forward mode's fastest right launch" in proc.stdout
 
 
 # ---------------------------------------------------------------------------------------
@@ -691,6 +699,47 @@ def test_on_cuda_in_bf16_it_equals_the_whole_logits(cap: float) -> None:
     # each entry rounded to bf16 on both sides: 2^-8 relative, plus fp32 differences
     err = (a.grad.float() - b.grad.float()).abs()
     assert (err <= 2 ** -7 * b.grad.float().abs() + 1e-9).all(), err.max().item()
+
+
+@needs_triton
+@pytest.mark.cuda
+@pytest.mark.parametrize("expected", [0.37, 1.0])
+@pytest.mark.parametrize("cap", [0.0, 15.0])
+def test_on_cuda_the_forward_mode_in_bf16_against_float64(cap: float, expected: float) -> None:
+    """The forward mode at its launch on bf16 logits at GPT-2's vocabulary, expecting the
+    incoming gradient it gets (0.37) and expecting another (1.0: rescaled), against
+    F.cross_entropy in float64 of the same bf16 values: the loss (fp32 inside) within the
+    kernels' fp32 bound (error_bounds); each gradient entry within it plus one rounding to
+    bf16 (2^-8 of the entry: to nearest on a GPU, where Triton's interpreter truncates, so
+    this runs on a GPU only), and a second where the backward rescaled it."""
+    from gpt.model.fused_ce import FORWARD_LAUNCH, cross_entropy, expected_grad
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = (torch.randn(2048, 50304, device="cuda", generator=g) * 3).bfloat16()
+    t = torch.randint(0, 50257, (2048,), device="cuda", generator=g)
+    t[::7] = -100
+    z = x.clone().requires_grad_()
+    guess = expected_grad("cuda", expected)
+    loss = cross_entropy(z * 1, t, cap, inplace=True, expected_grad=guess)
+    loss.backward(torch.tensor(0.37, device="cuda"))
+    assert guess.item() == pytest.approx(0.37, rel=1e-7)
+    ref_in = x.double().requires_grad_()
+    ref = F.cross_entropy(cap * torch.tanh(ref_in / cap) if cap else ref_in, t)
+    ref.backward(torch.tensor(0.37, device="cuda", dtype=torch.float64))
+    counted = t != -100
+    n = int(counted.sum())
+    e_loss, e_grad = error_bounds(x.double(), t, FORWARD_LAUNCH.block, cap, 0.37 / n)
+    bound = e_loss[counted].max() + U * (n + 1) * ref.abs()  # as check_against_reference's
+    assert abs(loss.double() - ref) <= bound, (loss.item(), ref.item(), bound.item())
+    # fp32's error e, then each rounding to bf16 (2^-8 of the value: of the exact one, plus
+    # e, plus the first rounding's, hence the 1 + 2^-7); a rescaling's own fp32 ratio, 4u
+    roundings = 1 if expected == 0.37 else 2
+    e = e_grad.unsqueeze(1) + (4 * U * 0.37 / n if roundings == 2 else 0.0)
+    exact = ref_in.grad
+    allowed = (roundings * 2.0 ** -8 * exact.abs() + e) * (1 + 2.0 ** -7) + e
+    err = (z.grad.double() - exact).abs()
+    assert (err <= allowed).all(), (err - allowed).max().item()
+    assert (z.grad[~counted] == 0).all()
 
 
 @pytest.mark.cuda

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from gpt.bench.gpu import accept as gpu
 from gpt.bench.gpu import nanogpt
@@ -218,6 +219,79 @@ def test_each_loss_kernel_against_the_whole_logits_in_the_summary() -> None:
     rows = [line for line in gpu_results.summary(report).splitlines()
             if line.startswith("| ours-b64-default-liger | liger")]
     assert rows == ["| ours-b64-default-liger | liger | 380.0 (0.950x) | 344,926 (1.053x) | 18.00 (0.900x) |"]
+
+
+@pytest.mark.numerics
+def test_the_loss_bench_judges_a_fused_variant_by_bf16s_rounding() -> None:
+    """A fused variant's bf16 gradient one ulp from the compiled loss's, each entry (two
+    fp32 values rounded to nearest land at most one bf16 ulp apart: 2^-7 of the value at
+    most), is right; two ulps from it, or its loss 2e-3 off (a row in bf16, a row
+    miscounted), or NaN, is wrong, with the reason; a rescaled one is allowed a rounding
+    more. The choice takes the fastest launch judged right under every cap."""
+    from gpt.bench.gpu import loss_bench
+
+    g = torch.Generator().manual_seed(0)
+    ref = (torch.randn(64, 300, generator=g) * 1e-3).bfloat16()
+    loss = torch.tensor(10.8)
+    bits = ref.view(torch.int16)
+
+    def verdict(grad: torch.Tensor, got_loss: torch.Tensor, variant: str = "fused-forward") -> dict:
+        row = {"variant": variant, "status": "ok", **loss_bench.distances(got_loss, grad, loss, ref)}
+        loss_bench.judge(row, torch.bfloat16)
+        return row
+
+    one_ulp = (bits + 1).view(torch.bfloat16)  # the next bf16 away from zero, every entry
+    two_ulps = bits.clone()
+    two_ulps[5, 7] += 2
+    assert verdict(ref, loss)["status"] == "ok"
+    assert verdict(one_ulp, loss + 1e-4)["status"] == "ok"  # 1e-5 relative: fp32's differences
+    wrong = verdict(two_ulps.view(torch.bfloat16), loss)
+    assert wrong["status"] == "wrong" and wrong["reason"].startswith("a gradient entry ")
+    assert verdict(two_ulps.view(torch.bfloat16), loss, loss_bench.WRONG)["status"] == "ok"
+    assert verdict(ref, loss * (1 + 2e-3))["reason"].startswith("loss 0.002 from the compiled")
+    nan = ref.clone()
+    nan[0, 0] = float("nan")
+    assert verdict(nan, loss)["status"] == "wrong"
+    assert verdict(ref, torch.tensor(float("nan")))["status"] == "wrong"
+    rows = [{"variant": v, "launch": launch, "softcap": cap, "status": status, "total_ms": ms}
+            for v, launch, cap, status, ms in (
+                ("compiled", None, 0.0, "ok", 9.0), ("compiled", None, 15.0, "ok", 10.0),
+                ("fused-backward", None, 0.0, "ok", 7.0), ("fused-backward", None, 15.0, "ok", 8.0),
+                ("fused-forward", "8w-4096", 0.0, "ok", 4.0),
+                ("fused-forward", "8w-4096", 15.0, "wrong", 4.0),  # fastest, but wrong
+                ("fused-forward", "32w-8192-l2", 0.0, "ok", 5.0),
+                ("fused-forward", "32w-8192-l2", 15.0, "ok", 6.0))]
+    choice = loss_bench.choose(rows)
+    assert (choice["launch"], choice["mode"]) == ("32w-8192-l2", "forward")
+    assert choice["mode_ms"] == {"forward": 11.0, "backward": 15.0} and choice["compiled_ms"] == 19.0
+
+
+def test_the_loss_bench_says_what_it_judged_and_chose_in_the_summary() -> None:
+    variants = [{"variant": "compiled", "softcap": 0.0, "status": "ok", "forward_ms": 4.0,
+                 "backward_ms": 5.0, "total_ms": 9.0, "gb_per_s": 2000.0},
+                {"variant": "fused-forward", "launch": "32w-8192-l2", "softcap": 0.0, "status": "ok",
+                 "forward_ms": 4.5, "backward_ms": 0.01, "total_ms": 4.51, "gb_per_s": 2900.0,
+                 "total_over_compiled": 0.5, "loss_rel_diff": 1e-6, "grad_max_rel_diff": 0.006,
+                 "loss_tolerance": 1e-4, "grad_tolerance": 2 ** -7 + 1e-4},
+                {"variant": "fused-forward, expected wrong", "launch": "32w-8192-l2", "softcap": 0.0,
+                 "status": "wrong", "reason": "a gradient entry 0.5 from the compiled loss's, "
+                 "tolerance 0.0119", "forward_ms": 4.5, "backward_ms": 2.0, "total_ms": 6.5,
+                 "gb_per_s": 3000.0, "loss_rel_diff": 1e-6, "grad_max_rel_diff": 0.5,
+                 "loss_tolerance": 1e-4, "grad_tolerance": 2 ** -7 + 1e-4 + 2 ** -8}]
+    choice = {"over_softcaps": [0.0], "compiled_ms": 9.0, "launch": "32w-8192-l2",
+              "launch_ms": {"32w-8192-l2": 4.51}, "mode": "forward",
+              "mode_ms": {"forward": 4.51, "backward": None}}
+    cell = {"name": "loss-bench", "kind": "loss-bench", "status": "failed", "params": {},
+            "estimate_s": 60, "result": {"dtype": "bfloat16", "variants": variants, "choice": choice}}
+    text = gpu_results.summary({"stage": "loss-kernels", "smoke": False, "seconds": 1,
+                                "budget_s": None, "command": "c", "cells": [cell], "env": ENV})
+    assert "| - fused-forward 32w-8192-l2, cap 0 | ok |" in text
+    assert "loss 1.0e-06 (<= 1e-04), grad 6.0e-03 (<= 7.9e-03)" in text
+    assert ("each fused variant judged against the compiled loss on the same bfloat16 logits: the "
+            "loss within 1e-04 relative, each gradient entry within 0.00791 of itself (0.0118 where "
+            "the forward mode rescales)") in text
+    assert "1 right, 1 wrong; wrong: fused-forward, expected wrong 32w-8192-l2, cap 0: a gradient" in text
+    assert "the forward mode's fastest right launch is 32w-8192-l2 (4.51 ms, the compiled loss 9.00 ms)" in text
 
 
 def test_fp8_against_bf16_with_its_losses_step_by_step() -> None:

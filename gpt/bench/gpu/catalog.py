@@ -31,8 +31,9 @@ STAGES: dict[str, Stage] = {
                 "does XL train, at what MFU, in how much memory, and what the trainer's own "
                 "choice of layout buys"),
     "loss-kernels": Stage("the whole logits' loss on its own (inductor's compiled loss, our fused "
-                          "Triton cross-entropy's backward and forward modes, without and with "
-                          "the soft cap); then GPT-2 124M at micro-batch 64: the whole logits, the "
+                          "Triton cross-entropy's backward mode and its forward mode at each "
+                          "launch, without and with the soft cap, judged against the compiled "
+                          "loss); then GPT-2 124M at micro-batch 64: the whole logits, the "
                           "chunked loss through Liger Kernel's and Cut Cross-Entropy's kernels, "
                           "and the whole logits through our fused cross-entropy",
                           "what each head + loss kernel costs on CUDA against the whole logits, "

@@ -60,12 +60,13 @@ PLANNER_S = {"gpt2": 3.0, "gpt2-xl": 13.0}
 PROFILE_S = 15.0  # writing and summarising a trace of two steps (the profiled 124M cell took 25 s in all)
 EAGER_SLOWDOWN = 2.0  # an eager step against a compiled one (the tokens stage runs eagerly)
 # gpt/bench/gpu/loss_bench.py (not measured): inductor compiles the whole logits' loss
-# forward and backward once per soft cap (a small graph: two kernels); Triton builds the
-# fused kernels once per mode and cap; 8 variants x 13 iterations of ~20 ms, each after a
+# forward and backward once per soft cap (a small graph: two kernels); Triton builds each
+# fused kernel once per launch and cap (the backward mode's two, the forward mode's at 5
+# launches, its rescaling once: 15); 16 variants x 13 iterations of ~20 ms, each after a
 # 6.6 GB copy of the logits
 LOSS_GRAPH_COMPILE_S, LOSS_GRAPHS = 20.0, 2
-TRITON_KERNEL_S, TRITON_KERNELS = 2.0, 8
-LOSS_BENCH_RUN_S = 10.0
+TRITON_KERNEL_S, TRITON_KERNELS = 2.0, 15
+LOSS_BENCH_RUN_S = 15.0
 
 
 def step_seconds(model: str, tokens: int, seq_len: int, recompute: bool = False) -> float:

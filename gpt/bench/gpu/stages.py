@@ -301,8 +301,9 @@ def tokens_cell(s: Sizes, w: Where) -> Cell:
 
 def loss_bench_cell(s: Sizes, tmp: Path) -> Cell:
     """The whole logits' loss on its own (gpt/bench/gpu/loss_bench.py): inductor's compiled
-    loss and the fused kernels' two modes, without and with the soft cap, at the 124M cells'
-    micro-batch; tiny and eager in --smoke (the fused modes then skipped: CUDA only)."""
+    loss and the fused kernels' two modes, the forward mode at each of its launches, without
+    and with the soft cap, at the 124M cells' micro-batch, each judged against the compiled
+    loss; tiny and eager in --smoke (the fused modes then skipped: CUDA only)."""
     out = tmp / "loss_bench.json"
     cmd = [sys.executable, "-m", "gpt.bench.gpu.loss_bench", "--out", str(out)]
     if s.smoke:
