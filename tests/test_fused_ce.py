@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -442,32 +443,227 @@ def test_gpt_loss_runs_the_kernels_on_the_heads_logits(interpreted: Worker,
     interpreted(gpt_loss_is_the_kernels_on_the_heads_logits, cap)
 
 
-def compiled_as_eager() -> None:
-    """The whole model under torch.compile (aot_eager: autograd's graphs, no code
-    generation), the kernels a graph break between the head and the compiled backward."""
+# ---------------------------------------------------------------------------------------
+# the forward mode in the model's loss: its expected incoming gradient, one a model
+
+
+SMALL = ModelConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=97, block_size=16)
+
+
+class Batches:
+    """The same micro-batches for every run of a seed (random tokens of SMALL's vocabulary)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # 18 rows: few, for the interpreter's time, and not a power of 2, so that a rescaling
+        # by 1/3 rounds otherwise than the backward mode's 1/3 / rows
+        x = torch.randint(0, 97, (3, 7), generator=self.gen)
+        return x[:, :-1], x[:, 1:]
+
+
+def in_mode(mode: str) -> Any:
+    """gpt/model/loss_kernels.py's FUSED_MODE set for a block (the constant the GPU's
+    measurement settles), put back after it."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def context() -> Iterator[None]:
+        saved = loss_kernels.FUSED_MODE
+        loss_kernels.FUSED_MODE = mode
+        try:
+            yield
+        finally:
+            loss_kernels.FUSED_MODE = saved
+
+    return context()
+
+
+def trained_grads(mode: str, accum: int, steps: int = 2, cap: float = 0.0, recompute: str = "none",
+                  scale: float | None = None) -> tuple[list[dict[str, torch.Tensor]], GPT]:
+    """Each of `steps` steps' gradients (gpt/engine/step.py's forward_backward: `accum`
+    micro-batches, each loss / accum; fp16's GradScaler at `scale` where given) of SMALL
+    with --loss-kernel fused in `mode`, and `recompute`'s activation checkpointing."""
+    from gpt.engine.recompute import apply
+    from gpt.engine.step import forward_backward, optimizer_step
+
     kernels()
-    for cap in (0.0, 15.0):
-        torch.manual_seed(0)
-        model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=97, block_size=16,
-                                logit_softcap=cap))
-        model.loss_kernel = "fused"
-        idx, targets = torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16))
-        eager = model(idx, targets)[1]
-        eager.backward()
-        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-        model.zero_grad()
-        compiled = torch.compile(model, backend="aot_eager")(idx, targets)[1]
-        compiled.backward()
-        # the same ops on the same values in the same order: equal, not merely close
-        assert torch.equal(compiled, eager), cap
-        for name, p in model.named_parameters():
-            assert torch.equal(p.grad, grads[name]), (cap, name)
+    torch.manual_seed(0)
+    model = GPT(replace(SMALL, logit_softcap=cap))
+    model.loss_kernel = "fused"
+    apply(model, recompute)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
+    batches, grads = Batches(), []
+    with in_mode(mode):
+        for _ in range(steps):
+            _, norm = forward_backward(model, scaler, opt, batches, accum, 0.0, "cpu", torch.float32)
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+            optimizer_step(opt, scaler, 0.0, norm)  # at 0: the same weights every step
+    return grads, model
+
+
+def the_forward_mode_in_the_models_loss() -> None:
+    """The model's loss in the forward mode gives the backward mode's gradients, bit for
+    bit, with the soft cap, 2 micro-batches a step (its first backward rescales by 1/2,
+    exactly, and corrects its expectation: the second micro-batch's is written right);
+    under torch.no_grad (validation) it writes nothing and leaves its expectation alone."""
+    ref, _ = trained_grads("backward", 2, steps=1, cap=15.0)
+    got, model = trained_grads("forward", 2, steps=1, cap=15.0)
+    assert model.expected_grad.tensor.item() == 0.5
+    assert all(torch.equal(ref[0][n], got[0][n]) for n in ref[0])
+    x, y = Batches(1).next_batch()
+    with in_mode("forward"), torch.no_grad():
+        loss = model(x, y)[1]
+    with in_mode("backward"), torch.no_grad():
+        assert torch.equal(loss, model(x, y)[1])
+    assert model.expected_grad.tensor.item() == 0.5
+
+
+def the_forward_mode_under_accumulation_checkpointing_and_the_scaler() -> None:
+    """As above: with one micro-batch a step (it expects 1, as it starts) and 3 (1/3 rounds:
+    the run's first micro-batch within a rounding, every later one bit for bit), under
+    both kinds of activation checkpointing, and under fp16's GradScaler (its scale in the
+    incoming gradient)."""
+    ref, _ = trained_grads("backward", 1)
+    got, model = trained_grads("forward", 1)
+    assert model.expected_grad.tensor.item() == 1.0
+    assert all(torch.equal(a[n], b[n]) for a, b in zip(ref, got) for n in a)
+    ref, _ = trained_grads("backward", 3)
+    got, model = trained_grads("forward", 3)
+    assert model.expected_grad.tensor.item() == pytest.approx(1 / 3, rel=1e-7)
+    # the first micro-batch's logits' gradient rescaled by 1/3 in fp32: each entry within
+    # 4u of the backward mode's, which the backward through the head and the blocks carries
+    # as a few u of each gradient's largest entry (3e-7 of it, seen): 1e-5 of it is room
+    # for any CPU's sums, far under a rescaling left out (2/3 of the gradient) or doubled
+    for n in ref[0]:
+        assert (ref[0][n] - got[0][n]).abs().max() <= 1e-5 * ref[0][n].abs().max(), n
+    assert all(torch.equal(ref[1][n], got[1][n]) for n in ref[1])
+    plain, _ = trained_grads("backward", 2)
+    for recompute in ("selective", "blocks"):
+        got, _ = trained_grads("forward", 2, recompute=recompute)
+        assert all(torch.equal(a[n], b[n]) for a, b in zip(plain, got) for n in a), recompute
+    ref, _ = trained_grads("backward", 2, scale=1024.0)
+    got, model = trained_grads("forward", 2, scale=1024.0)
+    assert model.expected_grad.tensor.item() == 512.0  # the scale over the micro-batches
+    assert all(torch.equal(a[n], b[n]) for a, b in zip(ref, got) for n in a)
+
+
+@needs_triton
+def test_the_forward_mode_in_the_models_loss_gives_the_backward_modes_gradients(
+        interpreted: Worker) -> None:
+    interpreted(the_forward_mode_in_the_models_loss)
+
+
+@needs_triton
+@pytest.mark.slow
+def test_the_forward_mode_under_accumulation_checkpointing_and_the_scaler(
+        interpreted: Worker) -> None:
+    interpreted(the_forward_mode_under_accumulation_checkpointing_and_the_scaler)
+
+
+def _ranks_worker(rank: int, folder: str, parallel: str) -> None:
+    """One of two gloo ranks under the interpreter: SMALL under `parallel` (DDP, its first
+    micro-batch under no_sync; FSDP2), 2 micro-batches a step, 2 steps, in each mode; its
+    gradients (this rank's shards) written for the test to compare."""
+    import torch.distributed as dist
+
+    from gpt.core.config import OptimConfig
+    from gpt.engine import parallel as engine
+    from gpt.engine.step import forward_backward
+    from gpt.runtime.world import Runtime
+
+    kernels()
+    dist.init_process_group("gloo", init_method=f"file://{folder}/pg", rank=rank, world_size=2)
+    try:
+        rt = Runtime(device=torch.device("cpu"), rank=rank, world_size=2, distributed=True,
+                     control_group=dist.new_group(backend="gloo"))
+        out = {}
+        for mode in ("backward", "forward"):
+            torch.manual_seed(0)
+            with torch.device("meta"):
+                model = GPT(SMALL)
+            par = engine.parallelize(model, TrainConfig(parallel=parallel, compile=False,
+                                                        loss_kernel="fused", chunked_loss=False),
+                                     OptimConfig(), rt)
+            assert model.loss_kernel == "fused"
+            batches, grads = Batches(rank), []
+            with in_mode(mode):
+                for _ in range(2):
+                    forward_backward(par.train_model, par.scaler, par.optimizer, batches, 2, 0.0,
+                                     "cpu", torch.float32)
+                    grads.append({n: engine.local_tensor(p.grad).clone()
+                                  for n, p in model.named_parameters()})
+            out[mode] = (grads, model.expected_grad.tensor)
+        torch.save(out, Path(folder) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_triton
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_the_forward_mode_under_ddp_and_fsdp(parallel: str, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks (gloo, the kernels under the interpreter): DDP, whose first micro-batch of
+    a step runs under no_sync, and FSDP2, sharded: each rank's gradients in the forward mode
+    are the backward mode's, bit for bit (its one rescaling, by 1/2, is exact), and each
+    rank's model expects 1/2 after."""
+    import torch.multiprocessing as mp
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the ranks import Triton with it set
+    mp.spawn(_ranks_worker, args=(str(tmp_path), parallel), nprocs=2, join=True)
+    for rank in range(2):
+        out = torch.load(tmp_path / f"rank{rank}.pt")
+        (ref, _), (got, expected) = out["backward"], out["forward"]
+        assert expected.item() == 0.5
+        for a, b in zip(ref, got):
+            assert all(torch.equal(a[n], b[n]) for n in a), (parallel, rank)
+
+
+def compiled_as_eager() -> dict[str, int]:
+    """The whole model under torch.compile (aot_eager: autograd's graphs, no code
+    generation), the kernels a graph break between the head and the compiled backward, in
+    both modes (the forward mode over two backwards, its expectation corrected by the
+    first); dynamo's graph breaks, by reason, returned."""
+    from torch._dynamo.utils import counters
+
+    kernels()
+    torch._dynamo.reset()
+    counters.clear()
+    for mode in ("backward", "forward"):
+        for cap in (0.0, 15.0):
+            torch.manual_seed(0)
+            model = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=97, block_size=16,
+                                    logit_softcap=cap))
+            model.loss_kernel = "fused"
+            idx, targets = torch.randint(0, 97, (2, 16)), torch.randint(0, 97, (2, 16))
+            runs = {}
+            with in_mode(mode):
+                for name, run in (("eager", model), ("compiled", torch.compile(model, backend="aot_eager"))):
+                    model.expected_grad.tensor = None  # each run starts expecting 1
+                    out = []
+                    for _ in range(2):
+                        model.zero_grad()
+                        loss = run(idx, targets)[1]
+                        (loss * 0.5).backward()
+                        out.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+                    runs[name] = out
+            # the same ops on the same values in the same order: equal, not merely close
+            for (a, ga), (b, gb) in zip(runs["eager"], runs["compiled"]):
+                assert torch.equal(a, b), (mode, cap)
+                assert all(torch.equal(ga[n], gb[n]) for n in ga), (mode, cap)
+    return dict(counters["graph_break"])
 
 
 @needs_triton
 @pytest.mark.slow
 def test_a_compiled_model_runs_them_between_its_graphs(interpreted: Worker) -> None:
-    interpreted(compiled_as_eager)
+    """... with one graph break in the model's forward: the kernels' call (torch.compiler.
+    disable: Triton launches and a write over the logits, which compiled code must not see)."""
+    breaks = interpreted(compiled_as_eager)
+    assert len(breaks) == 1 and "disable" in next(iter(breaks)).lower(), breaks
 
 
 H100_SMS, H100_L2 = 132, 50 * 2**20  # an H100 SXM's multiprocessors and L2 cache (bytes)

@@ -147,18 +147,35 @@ def test_the_users_guide_says_what_the_plan_says() -> None:
 # cells, by their command lines
 
 
-def test_a_cell_loss_is_the_default_or_one_of_four() -> None:
+def test_a_cell_loss_is_the_default_or_one_of_five(monkeypatch) -> None:
     flags = {loss: gpu_stages.ours_cell(SMOKE, NOWHERE, 8, loss=loss) for loss in gpu_stages.LOSSES}
     assert [c.name for c in flags.values()] == [
         "ours-b8-default", "ours-b8-default-unchunked", "ours-b8-default-liger", "ours-b8-default-cce",
-        "ours-b8-default-fused"]
+        "ours-b8-default-fused", "ours-b8-default-fused-forward"]
     assert all(c.params["loss"] == loss for loss, c in flags.items())
     assert "--no-chunked-loss" in flags["unchunked"].cmd
     assert argv_of(flags["fused"]).endswith("--loss-kernel fused --warmup-steps 10")
+    # the forward mode's cell: the same trainer flags, run through gpt/bench/gpu/fused_mode.py,
+    # which sets the mode and hands them to the trainer's command
+    forward = flags["fused-forward"]
+    assert argv_of(forward).replace("-fused-forward", "-fused") == argv_of(flags["fused"])
+    assert forward.cmd[1:4] == ["-m", "gpt.bench.gpu.fused_mode", "forward"]
+    assert forward.cmd[4:] == forward.params["trainer_argv"]
+    from gpt.bench.gpu import fused_mode
+    from gpt.model import loss_kernels
+
+    seen = []
+    monkeypatch.setattr(fused_mode, "train_main", lambda argv: seen.append(
+        (loss_kernels.FUSED_MODE, loss_kernels.describe(False, "fused"), argv)) or 0)
+    monkeypatch.setattr(loss_kernels, "FUSED_MODE", loss_kernels.FUSED_MODE)  # put back after
+    assert fused_mode.main(forward.cmd[3:]) == 0
+    assert seen == [("forward", "whole logits (fused, forward mode)", forward.cmd[4:])]
+    assert fused_mode.main(["sideways", "--max-steps", "1"]) == 2 and len(seen) == 1
     assert "--chunked-loss" not in flags["default"].cmd and "--loss-kernel" not in flags["default"].cmd
     # ours is not offered on CUDA (gpt/model/loss_kernels.py): no cell asks for it
     assert not any("ours" in c.cmd for c in flags.values())
-    with pytest.raises(ValueError, match="loss must be one of default, unchunked, liger, cce, fused"):
+    with pytest.raises(ValueError, match="loss must be one of default, unchunked, liger, cce, fused, "
+                                         "fused-forward"):
         gpu_stages.ours_cell(SMOKE, NOWHERE, 8, loss="chunked")
 
 
@@ -617,10 +634,12 @@ def test_loss_kernels_smoke(tmp_path: Path) -> None:
         ("compiled", 0.0), ("compiled", 15.0)]  # the fused modes are CUDA's
     assert all(v["forward_ms"] > 0 for v in variants if v["status"] == "ok")
     assert "| - fused-forward 32w-8192-l2, cap 15 | skipped" in (tmp_path / "gpu_loss-kernels.md").read_text()
-    assert [c["params"]["loss"] for c in cells.values()] == ["unchunked", "liger", "cce", "fused"]
+    assert [c["params"]["loss"] for c in cells.values()] == ["unchunked", "liger", "cce", "fused",
+                                                            "fused-forward"]
     assert cells["ours-b8-default-unchunked"]["status"] == "ok"
     for name, kernel in (("ours-b8-default-liger", "liger"), ("ours-b8-default-cce", "cce"),
-                         ("ours-b8-default-fused", "fused")):
+                         ("ours-b8-default-fused", "fused"),
+                         ("ours-b8-default-fused-forward", "fused-forward")):
         assert cells[name]["status"] == "skipped" and "command" not in cells[name]
         assert cells[name]["reason"] == f"--smoke: --loss-kernel {kernel} runs Triton kernels on CUDA only"
     report = json.loads((tmp_path / "gpu_loss-kernels.json").read_text())

@@ -35,7 +35,8 @@ STAGES: dict[str, Stage] = {
                           "launch, without and with the soft cap, judged against the compiled "
                           "loss); then GPT-2 124M at micro-batch 64: the whole logits, the "
                           "chunked loss through Liger Kernel's and Cut Cross-Entropy's kernels, "
-                          "and the whole logits through our fused cross-entropy",
+                          "and the whole logits through our fused cross-entropy in each of its "
+                          "modes",
                           "what each head + loss kernel costs on CUDA against the whole logits, "
                           "and the memory it saves",
                           optional=("liger_kernel", "cut_cross_entropy")),

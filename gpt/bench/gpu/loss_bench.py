@@ -264,6 +264,65 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "choice": choose(results)}
 
 
+# ---------------------------------------------------------------------------------------
+# its part of the stage's summary (gpt/bench/gpu/results.py)
+
+
+def summary_row(v: dict[str, Any]) -> dict[str, str]:
+    """A variant's figures in words: its name, status, times (forward + backward = total
+    ms), its traffic's rate, its time over the compiled loss's, its peak memory above the
+    logits, and its distances from the compiled loss (the loss relative, the largest
+    gradient entry's relative to itself) beside their tolerances."""
+    launch = f" {v['launch']}" if v.get("launch") else ""
+    row = {"variant": f"- {v['variant']}{launch}, cap {v['softcap']:g}", "status": v["status"]}
+    if "total_ms" not in v:
+        return {**row, "time": v.get("reason", "")}
+    peak = v.get("peak_above_gib")
+    row.update(time=f"{v['forward_ms']:.2f} + {v['backward_ms']:.2f} = {v['total_ms']:.2f}",
+               rate=f"{v['gb_per_s']:,.0f} GB/s",
+               ratio=(f"{v['total_over_compiled']:.3f}x compiled" if "total_over_compiled" in v
+                      else "-"),
+               peak=f"{peak:.2f} above" if peak is not None else "-")
+    if "loss_rel_diff" in v:
+        row["distance"] = (f"loss {v['loss_rel_diff']:.1e} (<= {v['loss_tolerance']:.0e}), "
+                           f"grad {v['grad_max_rel_diff']:.1e} (<= {v['grad_tolerance']:.1e})")
+    return row
+
+
+def summary_lines(cell: str, r: dict[str, Any]) -> list[str]:
+    """What the loss-bench cell `cell` (its result `r`) judged, by what tolerance, and what
+    it chose."""
+    judged = [v for v in r["variants"] if "loss_rel_diff" in v]
+    if not judged:
+        return []
+    wrong = [v for v in judged if v["status"] == "wrong"]
+    rescaled = next((v["grad_tolerance"] for v in judged if v["variant"] == WRONG), None)
+    lines = ["", f"Loss bench ({cell}): each fused variant judged against the compiled loss on "
+             f"the same {r['dtype']} logits: the loss within {judged[0]['loss_tolerance']:.0e} "
+             f"relative, each gradient entry within "
+             f"{min(v['grad_tolerance'] for v in judged):.3g} of itself"
+             + (f" ({rescaled:.3g} where the forward mode rescales)" if rescaled else "")
+             + f" (gpt/bench/gpu/loss_bench.py's TOLERANCES): {len(judged) - len(wrong)} right, "
+             f"{len(wrong)} wrong" + "".join(f"; wrong: {v['variant']} {v.get('launch', '')}, cap "
+                                             f"{v['softcap']:g}: {v['reason']}" for v in wrong) + "."]
+    choice = r.get("choice") or {}
+    if choice.get("launch"):
+        ms, compiled = choice["mode_ms"], choice.get("compiled_ms")
+        backward = (f"{ms['backward']:.2f} ms" if ms.get("backward") is not None
+                    else "not right or not run")
+        lines.append(
+            f"Choice (over caps {', '.join(f'{c:g}' for c in choice['over_softcaps'])}): the "
+            f"forward mode's fastest right launch is {choice['launch']} "
+            f"({choice['launch_ms'][choice['launch']]:.2f} ms"
+            + (f", the compiled loss {compiled:.2f} ms" if compiled else "") + "); the faster "
+            f"mode is {choice['mode']} (forward {ms['forward']:.2f} ms, backward {backward}): "
+            f"gpt/model/fused_ce.py's FORWARD_LAUNCH and gpt/model/loss_kernels.py's FUSED_MODE "
+            f"follow it.")
+    elif choice:
+        lines.append(f"Choice: none ({choice.get('reason')}).")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpt.bench.gpu.loss_bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

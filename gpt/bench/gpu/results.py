@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from gpt.bench import trace_summary
-from gpt.bench.gpu import nanogpt
+from gpt.bench.gpu import loss_bench, nanogpt
 from gpt.bench.gpu.estimates import WARMUP
 from gpt.bench.gpu.stages import Cell, Sizes
 from gpt.bench.runs import read_metrics
@@ -325,7 +325,7 @@ def summary(report: dict[str, Any]) -> str:
     lines += [profile_line(c) for c in report["cells"] if (c.get("result") or {}).get("profile")]
     for c in report["cells"]:
         if "variants" in (c.get("result") or {}):
-            lines += loss_bench_lines(c)
+            lines += loss_bench.summary_lines(c["name"], c["result"])
     return "\n".join(lines) + "\n"
 
 
@@ -345,57 +345,14 @@ def profile_line(cell: dict[str, Any]) -> str:
 
 
 def loss_variant_row(v: dict[str, Any]) -> dict[str, str]:
-    """A loss-bench variant as a summary row: its times, its traffic's rate in the tokens/s
-    column's place, its time over the compiled loss's in the ratio's, its peak memory, and
-    its distances from the compiled loss in the final loss's (loss relative, the largest
-    gradient entry's relative to itself)."""
-    launch = f" {v['launch']}" if v.get("launch") else ""
-    row = {"cell": f"- {v['variant']}{launch}, cap {v['softcap']:g}", "status": v["status"]}
-    if "total_ms" not in v:
-        return {**row, STEP: v.get("reason", "")}
-    peak = v.get("peak_above_gib")
-    row.update({STEP: f"{v['forward_ms']:.2f} + {v['backward_ms']:.2f} = {v['total_ms']:.2f}",
-                "tokens/s": f"{v['gb_per_s']:,.0f} GB/s",
-                "ours / build-nanogpt": (f"{v['total_over_compiled']:.3f}x compiled"
-                                         if "total_over_compiled" in v else "-"),
-                "peak GiB (predicted, ratio)": f"{peak:.2f} above" if peak is not None else "-"})
-    if "loss_rel_diff" in v:
-        row["final loss"] = (f"loss {v['loss_rel_diff']:.1e} (<= {v['loss_tolerance']:.0e}), "
-                             f"grad {v['grad_max_rel_diff']:.1e} (<= {v['grad_tolerance']:.1e})")
-    return row
-
-
-def loss_bench_lines(cell: dict[str, Any]) -> list[str]:
-    """What a loss-bench cell judged, by what tolerance, and what it chose."""
-    r = cell["result"]
-    judged = [v for v in r["variants"] if "loss_rel_diff" in v]
-    if not judged:
-        return []
-    wrong = [v for v in judged if v["status"] == "wrong"]
-    rescaled = next((v["grad_tolerance"] for v in judged if v["variant"].endswith("expected wrong")),
-                    None)
-    lines = ["", f"Loss bench ({cell['name']}): each fused variant judged against the compiled "
-             f"loss on the same {r['dtype']} logits: the loss within "
-             f"{judged[0]['loss_tolerance']:.0e} relative, each gradient entry within "
-             f"{min(v['grad_tolerance'] for v in judged):.3g} of itself"
-             + (f" ({rescaled:.3g} where the forward mode rescales)" if rescaled else "")
-             + f" (gpt/bench/gpu/loss_bench.py's TOLERANCES): {len(judged) - len(wrong)} right, "
-             f"{len(wrong)} wrong" + "".join(f"; wrong: {v['variant']} {v.get('launch', '')}, cap "
-                                             f"{v['softcap']:g}: {v['reason']}" for v in wrong) + "."]
-    choice = r.get("choice") or {}
-    if choice.get("launch"):
-        ms = choice["mode_ms"]
-        compiled = choice.get("compiled_ms")
-        lines.append(
-            f"Choice (over caps {', '.join(f'{c:g}' for c in choice['over_softcaps'])}): the forward "
-            f"mode's fastest right launch is {choice['launch']} ({choice['launch_ms'][choice['launch']]:.2f} ms"
-            + (f", the compiled loss {compiled:.2f} ms" if compiled else "") + "); the faster mode "
-            f"is {choice['mode']} (forward {ms['forward']:.2f} ms, backward "
-            + (f"{ms['backward']:.2f} ms)" if ms.get("backward") is not None else "not right or not run)")
-            + ": fused_ce.FORWARD_LAUNCH and loss_kernels.FUSED_MODE follow it.")
-    elif choice:
-        lines.append(f"Choice: none ({choice.get('reason')}).")
-    return lines
+    """A loss-bench variant as a summary row (gpt/bench/gpu/loss_bench.py's summary_row): its
+    times in the step's column, its traffic's rate in the tokens/s column's place, its time
+    over the compiled loss's in the ratio's, its peak memory in the memory's, its
+    distances from the compiled loss in the final loss's."""
+    row = loss_bench.summary_row(v)
+    return {"cell": row["variant"], "status": row["status"], STEP: row["time"],
+            "tokens/s": row.get("rate", ""), "ours / build-nanogpt": row.get("ratio", ""),
+            "peak GiB (predicted, ratio)": row.get("peak", ""), "final loss": row.get("distance", "")}
 
 
 def memory_text(cell: dict[str, Any]) -> str:

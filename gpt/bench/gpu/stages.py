@@ -98,17 +98,21 @@ NOWHERE = Where(Path("/nowhere"), Path("/nowhere"), Path("/nowhere"), Path("/now
 # side in loss-kernels, the whole logits named (--no-chunked-loss), the chunked loss
 # through Liger Kernel's or Cut Cross-Entropy's kernel (--loss-kernel; ours is not offered
 # on CUDA, gpt/model/loss_kernels.py), and the whole logits' loss in our Triton kernels
-# (--loss-kernel fused, gpt/model/fused_ce.py): its name's suffix and its flags. (The fused
-# kernels' forward mode is measured on its own, in the loss-bench cell: loss_bench.py.)
+# (--loss-kernel fused, gpt/model/fused_ce.py) in each of its modes (FUSED_MODE; the forward
+# mode's cell runs the trainer through gpt/bench/gpu/fused_mode.py): its name's suffix and
+# its flags.
 LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "default": ("", ()), "unchunked": ("-unchunked", ("--no-chunked-loss",)),
     "liger": ("-liger", ("--loss-kernel", "liger")), "cce": ("-cce", ("--loss-kernel", "cce")),
-    "fused": ("-fused", ("--loss-kernel", "fused"))}
+    "fused": ("-fused", ("--loss-kernel", "fused")),
+    "fused-forward": ("-fused-forward", ("--loss-kernel", "fused"))}
+# the losses whose trainer runs in a mode of the fused loss other than FUSED_MODE's value
+FUSED_MODE_LOSSES = {"fused-forward": "forward"}
 # the whole logits first: the others' baseline
-KERNEL_LOSSES = ("unchunked", "liger", "cce", "fused")
+KERNEL_LOSSES = ("unchunked", "liger", "cce", "fused", "fused-forward")
 # Triton kernels: --smoke (CPU) records them as skipped (fused needs no package of its own:
 # CUDA builds of torch bring Triton)
-CUDA_ONLY_LOSSES = ("liger", "cce", "fused")
+CUDA_ONLY_LOSSES = ("liger", "cce", "fused", "fused-forward")
 LOSS_PACKAGES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
 FP8_PACKAGE = "torchao"  # every --fp8 cell's (skipped without it)
 FP8_RECIPES = ("tensorwise", "rowwise")  # --fp8: torchao's float8 scaling, per tensor or per row
@@ -341,7 +345,10 @@ def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int | st
         argv += ["--warmup-steps", str(LR_WARMUP_STEPS)]
     if not s.smoke:
         argv += ["--compile-mode", mode]
-    return Cell(name, "trainer", estimate, trainer_command(argv),
+    cmd = trainer_command(argv)
+    if loss in FUSED_MODE_LOSSES:  # the same trainer, the fused loss in that mode
+        cmd = [sys.executable, "-m", "gpt.bench.gpu.fused_mode", FUSED_MODE_LOSSES[loss], *argv]
+    return Cell(name, "trainer", estimate, cmd,
                 {"model": model or s.model, "batch_size": batch, "compile_mode": mode, "out": str(out),
                  "tokens_per_step": tokens, "steps": steps, "loss": loss, "fp8": fp8 or "off",
                  "recipe": recipe or "default",
