@@ -939,8 +939,17 @@ def test_on_cuda_the_forward_mode_in_bf16_against_float64(cap: float, expected: 
 
 
 @pytest.mark.cuda
-def test_a_compiled_trainer_run_with_fused_logs_the_whole_logits_losses(tmp_path: Path) -> None:
+def test_a_compiled_trainer_run_with_fused_logs_the_whole_logits_losses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 compiled steps of 2 micro-batches with the soft cap: --loss-kernel fused in each
+    mode (the forward mode set as gpt/bench/gpu/fused_mode.py sets it; the trainer runs in
+    this process) logs the whole logits' losses, to bf16's noise over 4 steps."""
     runs = cuda_run_losses(tmp_path, {"whole": ["--no-chunked-loss"],
                                       "fused": ["--loss-kernel", "fused"]}, 1024)
     assert "loss whole logits (fused)" in runs["fused"][1]
     assert runs["fused"][0] == pytest.approx(runs["whole"][0], rel=2e-2)
+    monkeypatch.setattr(loss_kernels, "FUSED_MODE", "forward")
+    (tmp_path / "forward").mkdir()
+    forward = cuda_run_losses(tmp_path / "forward", {"fused": ["--loss-kernel", "fused"]}, 1024)
+    assert "loss whole logits (fused, forward mode)" in forward["fused"][1]
+    assert forward["fused"][0] == pytest.approx(runs["whole"][0], rel=2e-2)
