@@ -68,7 +68,7 @@ def test_plan_lists_every_stage_its_cells_and_estimates(capsys, monkeypatch) -> 
     by_name = {s["stage"]: s for s in stages}
     assert by_name["throughput"]["needs"] == ["nanogpt"] and by_name["tokens"]["needs"] == ["corpus"]
     assert by_name["fp8"]["optional_packages"] == ["torchao"] and not by_name["fp8"]["measured"]
-    assert not any(s["requires"] for s in stages)  # a missing package skips cells, not stages
+    assert all("requires" not in s for s in stages)  # a missing package skips cells, not stages
     assert [c["name"] for c in by_name["throughput"]["cells"]] == [
         "ours-b64-default", "build-nanogpt-b64", "ours-b32-default", "build-nanogpt-b32",
         "ours-b16-default", "build-nanogpt-b16"]
@@ -295,11 +295,16 @@ def wheel(folder: Path, module: str, body: str = "MARK = 'from the wheel'\n") ->
     return path
 
 
+def cells_of(*stages: str, only: tuple[str, ...] = ()) -> list[gpu_stages.Cell]:
+    return [c for stage in stages for c in gpu_stages.stage_cells(stage, gpu_stages.FULL, NOWHERE)
+            if not only or c.name in only]
+
+
 def test_wheels_are_installed_for_the_cells_only_where_not_importable(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(gpu_inputs, "importable", lambda module: module == "cut_cross_entropy")
     wheels = tmp_path / "wheels"
     wheel(wheels, "liger_kernel")
-    packages = gpu_inputs.prepare(["loss-kernels", "xl"], wheels, tmp_path / "site")
+    packages = gpu_inputs.prepare(cells_of("loss-kernels", "xl"), wheels, tmp_path / "site")
     assert packages.status == {"liger_kernel": f"installed from {wheels / 'liger_kernel-0.0.1-py3-none-any.whl'}",
                                "cut_cross_entropy": "importable"} and not packages.missing
     assert (tmp_path / "site" / "liger_kernel" / "__init__.py").is_file()
@@ -307,26 +312,76 @@ def test_wheels_are_installed_for_the_cells_only_where_not_importable(tmp_path, 
                            env={"PATH": "/usr/bin:/bin", **packages.env}, capture_output=True, text=True)
     assert probe.stdout.strip() == "from the wheel", probe.stderr
     monkeypatch.setattr(gpu_inputs, "importable", lambda module: False)
-    missing = gpu_inputs.prepare(["loss-kernels"], None, tmp_path / "site2")
+    missing = gpu_inputs.prepare(cells_of("loss-kernels"), None, tmp_path / "site2")
     assert not missing.env and set(missing.missing) == {"liger_kernel", "cut_cross_entropy"}
     assert "no --wheels DIR was given" in missing.missing["liger_kernel"]
     # a cell whose package is missing is skipped with the reason, on the GPU as well
     liger = gpu_stages.ours_cell(gpu_stages.FULL, NOWHERE, 64, loss="liger")
     record = gpu.run_cell(liger, 60, gpu_stages.FULL, gpu.make_tokens(10, 10), None, tmp_path, None, missing)
     assert record["status"] == "skipped" and record["reason"] == missing.missing["liger_kernel"]
-    assert gpu_inputs.prepare(["xl", "throughput"], None, tmp_path / "site3") == Packages()
+    assert gpu_inputs.prepare(cells_of("xl", "throughput"), None, tmp_path / "site3") == Packages()
 
 
-def test_a_wheel_that_does_not_install_or_import_is_one_line(tmp_path, monkeypatch) -> None:
+def test_only_the_packages_the_chosen_cells_use_are_looked_at(tmp_path, monkeypatch) -> None:
+    """--only loss-bench of loss-kernels: none (the stage's Liger and Cut Cross-Entropy cells
+    are not chosen); the CUDA tests use Liger and Cut Cross-Entropy where there are
+    (theirs skip without), the fp8 stage's FP8 cells need torchao, its bf16 cells nothing."""
+    looked: list[str] = []
+    monkeypatch.setattr(gpu_inputs, "importable", lambda module: looked.append(module) or True)
+    assert gpu_inputs.prepare(cells_of("loss-kernels", only=("loss-bench",)), tmp_path, tmp_path) == Packages()
+    assert looked == []
+    gpu_inputs.prepare(cells_of("loss-kernels", "fp8", only=("loss-bench", "ours-b64-default",
+                                                              "ours-b64-default-liger")), tmp_path, tmp_path)
+    assert looked == ["liger_kernel"]
+    looked.clear()
+    gpu_inputs.prepare(cells_of("cuda-tests", "fp8"), tmp_path, tmp_path)
+    assert looked == ["liger_kernel", "cut_cross_entropy", "torchao"]
+    by_name = {c.name: c for c in cells_of("cuda-tests", "fp8")}
+    assert by_name["pytest-cuda"].needs == () and by_name["ours-b64-default"].needs == ()
+    assert by_name["ours-b64-default-fp8-tensorwise"].needs == ("torchao",)
+
+
+def test_a_wheel_that_does_not_install_or_import_skips_only_its_cells(tmp_path, capsys,
+                                                                      monkeypatch) -> None:
+    """A wheel that installs but does not import, or that pip cannot install: its package is
+    missing, with the reason in one line; the cells that need it are skipped with it, and
+    every other cell runs (the bf16 cells beside FP8's)."""
     monkeypatch.setattr(gpu_inputs, "importable", lambda module: False)
     wheels = tmp_path / "wheels"
     wheel(wheels, "torchao", body="raise ImportError('needs a newer torch')\n")
-    with pytest.raises(gpu_inputs.StageError, match="installed but `import torchao` fails: "
-                                                    "ImportError: needs a newer torch; nothing was run"):
-        gpu_inputs.prepare(["fp8"], wheels, tmp_path / "site")
+    wheel(wheels, "liger_kernel")
+    cells = cells_of("fp8", "loss-kernels", only=("ours-b64-default", "ours-b64-default-fp8-tensorwise",
+                                                  "ours-b64-default-liger"))
+    packages = gpu_inputs.prepare(cells, wheels, tmp_path / "site")
+    assert packages.missing == {"torchao": f"--wheels {wheels}: torchao-0.0.1-py3-none-any.whl installed "
+                                           "but `import torchao` fails: ImportError: needs a newer torch"}
+    assert packages.status == {"liger_kernel": f"installed from {wheels / 'liger_kernel-0.0.1-py3-none-any.whl'}"}
+    ran = []
+    monkeypatch.setattr(cell_run, "run_group", lambda cmd, *a, **k: ran.append(cmd) or (1, "", "stand-in"))
+    records = {c.name: gpu.run_cell(c, 60, gpu_stages.FULL, gpu.make_tokens(10, 10), None, tmp_path,
+                                    io_log(), packages) for c in cells}
+    assert records["ours-b64-default-fp8-tensorwise"]["status"] == "skipped"
+    assert records["ours-b64-default-fp8-tensorwise"]["reason"] == packages.missing["torchao"]
+    assert len(ran) == 2 and all(r["status"] != "skipped" for n, r in records.items() if "fp8" not in n)
     (wheels / "torchao-0.0.1-py3-none-any.whl").write_text("not a zip")
-    with pytest.raises(gpu_inputs.StageError, match="pip could not install torchao-0.0.1"):
-        gpu_inputs.prepare(["fp8"], wheels, tmp_path / "site")
+    broken = gpu_inputs.prepare(cells, wheels, tmp_path / "site2")
+    assert broken.missing["torchao"].startswith(f"--wheels {wheels}: pip could not install "
+                                                "torchao-0.0.1-py3-none-any.whl: ")
+    assert "\n" not in broken.missing["torchao"] and "liger_kernel" in broken.status
+    # the command: the stage runs, saying why once (the cells said nothing was run before)
+    capsys.readouterr()
+    monkeypatch.setattr(gpu, "run_cell", fake_cells(names := []))
+    assert bench_main(["gpu", "fp8", "--smoke", "--out", str(tmp_path / "out"), "--wheels",
+                       str(wheels)]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("torchao:")]
+    assert said == [f"torchao: {broken.missing['torchao'].splitlines()[0]}; the cells that need "
+                    "it are skipped"] and names
+
+
+def io_log():
+    import io
+
+    return io.StringIO()
 
 
 # ---------------------------------------------------------------------------------------
@@ -443,7 +498,7 @@ def test_a_missing_optional_package_skips_its_cells_not_the_call(tmp_path, capsy
     """torchao missing (the GPU machines' image lacks it) and no wheel: each FP8 cell is
     skipped with the reason, the bf16 cells beside them run; the run says so once."""
     monkeypatch.setattr(gpu_inputs, "importable", lambda module: module != "torchao")
-    missing = gpu_inputs.prepare(["fp8"], None, tmp_path / "site")
+    missing = gpu_inputs.prepare(cells_of("fp8"), None, tmp_path / "site")
     assert set(missing.missing) == {"torchao"}
     for cell in gpu_stages.stage_cells("fp8", gpu_stages.FULL, NOWHERE):
         record = gpu.run_cell(cell, 60, gpu_stages.FULL, gpu.make_tokens(10, 10), None, tmp_path,

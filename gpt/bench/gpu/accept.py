@@ -20,9 +20,10 @@ trainer runs), and recorded as a timeout. Without --budget, a cell is stopped on
 HANG_FACTOR times its estimate (at least 10 minutes): hung. SIGTERM (a time limit's) or
 Ctrl-C stops the cell running the same way, records the cells left as not run, writes
 every stage's files and exits 1. A stage that lacks an input it needs (--nanogpt,
---corpus) fails at once, running nothing; a cell whose optional package is missing (Liger
-Kernel, Cut Cross-Entropy, torchao), neither importable nor in --wheels, is skipped with
-the reason, in one line, and the others run. A cell whose command an earlier stage of the
+--corpus) fails at once, running nothing; a cell whose optional package (Liger Kernel,
+Cut Cross-Entropy, torchao) cannot be had (not importable, no wheel in --wheels, or one
+that does not install or import) is skipped with the reason, in one line, and the others
+run; only the packages the chosen cells use are looked at. A cell whose command an earlier stage of the
 invocation ran takes that measurement ("same_as"). Results, per stage, under --out:
 `gpu_<stage>.json` (the machine, versions, commit, command, every cell's raw figures and
 estimate, the comparisons, each trainer cell's predicted peak memory beside the measured
@@ -146,9 +147,10 @@ def run(args: argparse.Namespace) -> int:
         if device.type == "cuda" and not torch.cuda.is_available():
             raise NoGPU("no CUDA device; run on a GPU machine, or use --smoke to check the "
                         "plumbing on the CPU")
-        packages = inputs.prepare(list(stages), inputs.wheels_dir(args), tmp / "site")
+        packages = inputs.prepare([c for cells in stages.values() for c in cells],
+                                  inputs.wheels_dir(args), tmp / "site")
         for module, why in packages.missing.items():  # once here; each cell says it again
-            print(f"{module}: {why}; its cells are skipped", flush=True)
+            print(f"{module}: {why}; the cells that need it are skipped", flush=True)
         return run_stages(args, sizes, stages, device, tmp, packages, t0)
 
 
@@ -195,7 +197,7 @@ def run_stages(args: argparse.Namespace, sizes: Sizes, stages: dict[str, list[Ce
                 "estimates": "each cell's estimate_s is gpt/bench/gpu/estimates.py's for one H100, "
                              "not measured; beside its seconds (what it took) it says how far off it is",
                 "env": env, "packages": {m: packages.status.get(m, "missing") for m in
-                                         (*STAGES[name].requires, *STAGES[name].optional)},
+                                         dict.fromkeys(m for c in cells for m in (*c.needs, *c.uses))},
                 "cells": [], "finished": False,
             }
             started = clock()

@@ -14,8 +14,9 @@ class Stage:
     title: str
     question: str
     needs: tuple[str, ...] = ()  # "nanogpt", "corpus": inputs without which it cannot run
-    requires: tuple[str, ...] = ()  # packages it cannot run without (installed from --wheels)
-    optional: tuple[str, ...] = ()  # packages some of its cells use (skipped without)
+    # packages some of its cells use (installed from --wheels where not importable; the
+    # cells that need one are skipped without it: a cell's own needs and uses, stages.py)
+    optional: tuple[str, ...] = ()
     measured: bool = True  # whether a GPU run has checked its estimates
 
 

@@ -40,6 +40,11 @@ class Cell:
     estimate_s: float  # on one H100, compilation included (estimates.py)
     cmd: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    # optional packages by import name (gpt/bench/gpu/inputs.py installs them from --wheels
+    # where they are not importable): those it cannot run without (skipped where one cannot
+    # be imported), and those it uses where they can be (the CUDA tests: theirs skip without)
+    needs: tuple[str, ...] = ()
+    uses: tuple[str, ...] = ()
 
 
 def same_command(cell: Cell) -> str:
@@ -179,7 +184,7 @@ def pytest_cell(tmp: Path, workers: int) -> Cell:
     if workers > 1:  # the tests' trainer runs are mostly compiling: CPU work
         cmd += ["-n", str(workers)]
     return Cell("pytest-cuda", "pytest", pytest_estimate(workers), [*cmd, str(REPO / "tests")],
-                {"workers": workers})
+                {"workers": workers}, uses=tuple(LOSS_PACKAGES.values()))
 
 
 def ours_cell(s: Sizes, w: Where, batch: int, mode: str = "default", loss: str = "default",
@@ -348,8 +353,9 @@ def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int | st
     cmd = trainer_command(argv)
     if loss in FUSED_MODE_LOSSES:  # the same trainer, the fused loss in that mode
         cmd = [sys.executable, "-m", "gpt.bench.gpu.fused_mode", FUSED_MODE_LOSSES[loss], *argv]
-    return Cell(name, "trainer", estimate, cmd,
-                {"model": model or s.model, "batch_size": batch, "compile_mode": mode, "out": str(out),
-                 "tokens_per_step": tokens, "steps": steps, "loss": loss, "fp8": fp8 or "off",
-                 "recipe": recipe or "default",
-                 "trainer_argv": argv, "world_size": 1, "device_type": "cpu" if s.smoke else "cuda"})
+    needs = tuple(m for m in (LOSS_PACKAGES.get(loss), FP8_PACKAGE if fp8 else None) if m)
+    params = {"model": model or s.model, "batch_size": batch, "compile_mode": mode, "out": str(out),
+              "tokens_per_step": tokens, "steps": steps, "loss": loss, "fp8": fp8 or "off",
+              "recipe": recipe or "default", "trainer_argv": argv, "world_size": 1,
+              "device_type": "cpu" if s.smoke else "cuda"}
+    return Cell(name, "trainer", estimate, cmd, params, needs=needs)
