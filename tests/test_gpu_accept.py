@@ -208,12 +208,35 @@ def test_fp8_speedrun_and_loss_check_cells_are_these_command_lines() -> None:
     assert (gpt2.params["recipe"], speedrun.params["recipe"]) == ("gpt2", "speedrun")
 
 
-def test_pytest_estimate_counts_workers() -> None:
+def test_the_cuda_tests_spread_over_the_workers_one_test_at_a_time() -> None:
+    """The CUDA tests' cell hands tests, not files, to its workers (the settings' loadfile
+    would put tests/test_cuda.py's 22 on one worker), and its estimate is the busiest
+    worker's share of the tests' measured seconds: under the serial sum, over the longest
+    test, and over the sum of any one file's tests over the workers."""
+    from gpt.bench.gpu.estimates import CUDA_TESTS, PYTEST_START_S
+
     serial, parallel = pytest_estimate(1), pytest_estimate(4)
-    assert parallel < serial
+    assert serial == pytest.approx(PYTEST_START_S + sum(CUDA_TESTS.values()))
+    assert PYTEST_START_S + max(CUDA_TESTS.values()) <= parallel < serial / 2
+    cuda_file = sum(s for t, s in CUDA_TESTS.items() if t.startswith("test_cuda.py::"))
+    assert parallel < PYTEST_START_S + cuda_file  # what one worker took under loadfile
     cell = gpu_stages.pytest_cell(Path("/t"), 4)
-    assert cell.cmd[-3:] == ["-n", "4", str(REPO / "tests")] and cell.estimate_s == parallel
+    assert cell.cmd[-5:] == ["-n", "4", "--dist", "load", str(REPO / "tests")]
+    assert cell.estimate_s == parallel
     assert "-n" not in gpu_stages.pytest_cell(Path("/t"), 0).cmd
+
+
+@pytest.mark.slow
+def test_the_cuda_tests_estimate_names_every_cuda_test() -> None:
+    """gpt/bench/gpu/estimates.py's CUDA_TESTS holds a figure for exactly the tests that
+    `pytest -m cuda` collects, in their order: a test added or renamed is planned for."""
+    from gpt.bench.gpu.estimates import CUDA_TESTS
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "cuda", "--collect-only", "-q",
+                           "-n", "0", "-p", "no:cacheprovider", "tests"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    collected = [line.removeprefix("tests/") for line in proc.stdout.splitlines() if "::" in line]
+    assert collected == list(CUDA_TESTS), proc.stdout[-3000:]
 
 
 # ---------------------------------------------------------------------------------------
@@ -632,6 +655,10 @@ def run_stage(stage: str, out: Path, *flags: str) -> dict:
 def test_cuda_tests_smoke(tmp_path: Path) -> None:
     tests = run_stage("cuda-tests", tmp_path)["pytest-cuda"]["result"]
     assert tests["tests"] >= 10 and tests["skipped"] == tests["tests"]  # no GPU here
+    # each test's seconds, by the names the estimates use: the next GPU run's measurements
+    from gpt.bench.gpu.estimates import CUDA_TESTS
+
+    assert set(CUDA_TESTS) <= set(tests["durations_s"])
 
 
 @pytest.mark.slow

@@ -182,7 +182,9 @@ def pytest_cell(tmp: Path, workers: int) -> Cell:
     cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider",
            "--continue-on-collection-errors", f"--junitxml={tmp / 'junit.xml'}"]
     if workers > 1:  # the tests' trainer runs are mostly compiling: CPU work
-        cmd += ["-n", str(workers)]
+        # one test at a time to whichever worker is free, not the settings' whole file a
+        # worker (--dist loadfile: tests/test_cuda.py's tests alone are 400 s on one)
+        cmd += ["-n", str(workers), "--dist", "load"]
     return Cell("pytest-cuda", "pytest", pytest_estimate(workers), [*cmd, str(REPO / "tests")],
                 {"workers": workers}, uses=tuple(LOSS_PACKAGES.values()))
 
