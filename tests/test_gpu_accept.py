@@ -373,8 +373,9 @@ def test_a_wheel_that_does_not_install_or_import_skips_only_its_cells(tmp_path, 
     wheels = tmp_path / "wheels"
     wheel(wheels, "torchao", body="raise ImportError('needs a newer torch')\n")
     wheel(wheels, "liger_kernel")
-    cells = cells_of("fp8", "loss-kernels", only=("ours-b64-default", "ours-b64-default-fp8-tensorwise",
+    cells = cells_of("fp8", "loss-kernels", only=("ours-b64-default-fp8-tensorwise",
                                                   "ours-b64-default-liger"))
+    cells.insert(0, gpu_stages.ours_cell(gpu_stages.FULL, NOWHERE, 64))  # bf16, beside FP8
     packages = gpu_inputs.prepare(cells, wheels, tmp_path / "site")
     assert packages.missing == {"torchao": f"--wheels {wheels}: torchao-0.0.1-py3-none-any.whl installed "
                                            "but `import torchao` fails: ImportError: needs a newer torch"}
@@ -546,7 +547,7 @@ def test_fp8_at_xl_fused_compile_and_loss_bench_cells_are_these_command_lines() 
     assert fp8.params["fp8"] == "tensorwise" and fp8.estimate_s > bf16.estimate_s
     cells = gpu_stages.stage_cells("fused-compile", full, NOWHERE)
     assert [c.name for c in cells] == [
-        "ours-b64-default-unchunked-cap15", "ours-b64-default-fused-cap15",
+        "ours-b64-default-cap15", "ours-b64-default-fused-cap15",
         "ours-b64-reduce-overhead-fused-cap15", "ours-b64-max-autotune-fused-cap15"]
     assert all("--logit-softcap 15" in argv_of(c) and c.params["softcap"] == 15.0 for c in cells)
     assert argv_of(cells[2]).endswith("--compile-mode reduce-overhead")
@@ -583,9 +584,12 @@ def test_the_loss_bench_on_a_cpu_times_the_whole_logits_loss_and_skips_the_fused
         assert "--device cuda: no CUDA device here" in capsys.readouterr().err
 
 
-PREPARED_CELLS = ["loss-bench", "ours-b64-default", "build-nanogpt-b64", "ours-b64-default-fp8-tensorwise",
-                  "gpt2-xl-auto-1gpu", "gpt2-xl-auto-1gpu-fp8-tensorwise", "recipe-gpt2-b64",
-                  "recipe-speedrun-b64"]  # the issue's priority order
+# the issue's priority order: the loss launches and modes against the compiled loss and
+# Liger, ours against build-nanogpt at micro-batch 64, the CUDA tests, XL, FP8
+PREPARED_CELLS = ["loss-bench", "ours-b64-default", "ours-b64-default-liger", "ours-b64-default-fused",
+                  "ours-b64-default-fused-forward", "build-nanogpt-b64", "pytest-cuda",
+                  "gpt2-xl-auto-1gpu", "ours-b64-default-fp8-tensorwise",
+                  "gpt2-xl-auto-1gpu-fp8-tensorwise"]
 
 
 def doc_command(start: str) -> list[str]:
@@ -600,30 +604,45 @@ def doc_command(start: str) -> list[str]:
     return words
 
 
-def test_the_prepared_call_runs_its_cells_in_priority_order_within_its_budget(capsys, monkeypatch) -> None:
-    """benchmarks/gpu/README.md's one prepared call (about 8 minutes of an H100 or H200):
-    its cells in the issue's priority order; by the estimates (--plan), the first ones and
-    the recipes fit its --budget, XL's two cells wait for a faster run or the second call,
-    as the guide says, with the figures it quotes."""
-    refuse_to_run(monkeypatch)
-    command = doc_command("python -m gpt.bench gpu loss-kernels throughput fp8 xl speedrun")
+def planned(capsys, command: list[str]) -> tuple[list[dict], float]:
+    """The plan (--plan --json) of a documented call: its cells, and its budget."""
     stages = command[4:command.index("--budget")]
     budget = float(command[command.index("--budget") + 1])
     only = command[command.index("--only") + 1:]
-    assert stages == ["loss-kernels", "throughput", "fp8", "xl", "speedrun"] and only == PREPARED_CELLS
     assert bench_main(["gpu", "--plan", *stages, "--budget", str(budget), "--only", *only, "--json"]) == 0
-    cells = [c for s in json.loads(capsys.readouterr().out)["stages"] for c in s["cells"]]
+    return [c for s in json.loads(capsys.readouterr().out)["stages"] for c in s["cells"]], budget
+
+
+def test_the_prepared_call_runs_its_cells_in_priority_order_within_its_budget(capsys, monkeypatch) -> None:
+    """benchmarks/gpu/README.md's prepared call (8 minutes of an H100 or H200): its cells
+    in the priority order; by the estimates (--plan), the loss cells and build-nanogpt fit
+    its --budget, and what does not waits for a faster run or the second call, as the guide
+    says, with the figures it quotes; the second call runs what the first skips."""
+    refuse_to_run(monkeypatch)
+    command = doc_command("python -m gpt.bench gpu loss-kernels throughput cuda-tests xl fp8")
+    assert command[4:command.index("--budget")] == ["loss-kernels", "throughput", "cuda-tests", "xl", "fp8"]
+    assert command[command.index("--only") + 1:] == PREPARED_CELLS
+    assert float(command[command.index("--budget") + 1]) <= 480  # 8 minutes
+    cells, budget = planned(capsys, command)
     run = [c["name"] for c in cells if not c.get("same_as")]
-    assert run == [*PREPARED_CELLS[:6], "gpt2-xl-auto-1gpu", *PREPARED_CELLS[6:]]  # in order
+    # in order; the fp8 stage's bf16 124M cell is the loss cells' first, its XL one the xl
+    # stage's, planned again as that one would not fit
+    assert run == [*PREPARED_CELLS[:9], "gpt2-xl-auto-1gpu", PREPARED_CELLS[9]]
     fits = [c["name"] for c in cells if c["fits"] and not c.get("same_as")]
-    assert fits == [*PREPARED_CELLS[:4], *PREPARED_CELLS[6:]]
+    assert fits == PREPARED_CELLS[:6]
     used = sum(c["estimate_s"] for c in cells if c["fits"])
-    xl = [c["estimate_s"] for c in cells if c["name"].startswith("gpt2-xl")][:2]
+    by_name = {c["name"]: c["estimate_s"] for c in cells if not c.get("same_as")}
     doc = " ".join(DOC.read_text().split())
     assert f"{used} s of the {budget - gpu_plan.RESERVE_S:.0f} the budget leaves its cells" in doc
-    assert f"XL's two cells ({xl[0]} and {xl[1]} s:" in doc
-    second = doc_command("python -m gpt.bench gpu fp8 xl --budget")
-    assert second[second.index("--only") + 1:] == PREPARED_CELLS[4:6]
+    assert (f"the CUDA tests ({by_name['pytest-cuda']} s), XL ({by_name['gpt2-xl-auto-1gpu']} s: "
+            "five layout plans and XL's compile) and FP8 would not") in doc
+    second = doc_command("python -m gpt.bench gpu cuda-tests xl fp8 --budget")
+    assert second[second.index("--only") + 1:] == ["pytest-cuda", "gpt2-xl-auto-1gpu", "ours-b64-default",
+                                                   "ours-b64-default-fp8-tensorwise",
+                                                   "gpt2-xl-auto-1gpu-fp8-tensorwise"]
+    cells, _ = planned(capsys, second)
+    assert [c["name"] for c in cells if c["fits"] and not c.get("same_as")] == ["pytest-cuda",
+                                                                                "gpt2-xl-auto-1gpu"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -716,9 +735,9 @@ def test_loss_kernels_smoke(tmp_path: Path) -> None:
         ("compiled", 0.0), ("compiled", 15.0)]  # the fused modes are CUDA's
     assert all(v["forward_ms"] > 0 for v in variants if v["status"] == "ok")
     assert "| - fused-forward 32w-8192-l2, cap 15 | skipped" in (tmp_path / "gpu_loss-kernels.md").read_text()
-    assert [c["params"]["loss"] for c in cells.values()] == ["unchunked", "liger", "cce", "fused",
+    assert [c["params"]["loss"] for c in cells.values()] == ["default", "liger", "cce", "fused",
                                                             "fused-forward"]
-    assert cells["ours-b8-default-unchunked"]["status"] == "ok"
+    assert cells["ours-b8-default"]["status"] == "ok"
     for name, kernel in (("ours-b8-default-liger", "liger"), ("ours-b8-default-cce", "cce"),
                          ("ours-b8-default-fused", "fused"),
                          ("ours-b8-default-fused-forward", "fused-forward")):
@@ -726,7 +745,7 @@ def test_loss_kernels_smoke(tmp_path: Path) -> None:
         assert cells[name]["reason"] == f"--smoke: --loss-kernel {kernel} runs Triton kernels on CUDA only"
     report = json.loads((tmp_path / "gpu_loss-kernels.json").read_text())
     assert report["loss_comparison"] == []  # the skipped kernels have none
-    assert "| ours-b8-default-unchunked | ok" in (tmp_path / "gpu_loss-kernels.md").read_text()
+    assert "| ours-b8-default | ok" in (tmp_path / "gpu_loss-kernels.md").read_text()
 
 
 @pytest.mark.slow

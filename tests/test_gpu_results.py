@@ -203,14 +203,14 @@ def trainer(name: str, ms: float, mem: float, *, batch: int = 64, status: str = 
 
 
 def test_each_loss_kernel_against_the_whole_logits_in_the_summary() -> None:
-    cells = [trainer("ours-b64-default-unchunked", 400.0, 20.0, loss="unchunked"),
+    cells = [trainer("ours-b64-default", 400.0, 20.0),
              trainer("ours-b64-default-liger", 380.0, 18.0, loss="liger"),
              trainer("ours-b64-default-cce", 1.0, 1.0, status="failed", loss="cce"),
              trainer("ours-b16-default-liger", 100.0, 5.0, batch=16, loss="liger")]  # no base at 16
     found = gpu_results.loss_comparisons(cells)
     assert [c["cell"] for c in found] == ["ours-b64-default-liger"]
     liger = found[0]
-    assert liger["ours"] == "ours-b64-default-unchunked"
+    assert liger["ours"] == "ours-b64-default"
     assert liger["step_ms_over_ours"] == pytest.approx(0.95)
     assert liger["tokens_per_s_over_ours"] == pytest.approx(400 / 380)
     assert liger["peak_mem_over_ours"] == pytest.approx(0.9)
@@ -292,6 +292,42 @@ def test_the_loss_bench_says_what_it_judged_and_chose_in_the_summary() -> None:
             "the forward mode rescales)") in text
     assert "1 right, 1 wrong; wrong: fused-forward, expected wrong 32w-8192-l2, cap 0: a gradient" in text
     assert "the forward mode's fastest right launch is 32w-8192-l2 (4.51 ms, the compiled loss 9.00 ms)" in text
+
+
+def test_build_nanogpt_against_each_of_ours_the_invocation_measured() -> None:
+    """The throughput stage's build-nanogpt at micro-batch 64 set beside ours at 64 from the
+    invocation's earlier stages too (the loss kernels' cells: the whole logits, Liger's,
+    the fused loss in each mode), the fastest marked and named in the summary; a cell the
+    stage reused (same_as) counted once."""
+    def nanogpt(ms: float) -> dict:
+        steps = [{"ms": ms, "loss": 5.0}] * 8
+        return {"name": "build-nanogpt-b64", "kind": "nanogpt", "status": "ok", "seconds": 9,
+                "estimate_s": 9, "params": {"batch_size": 64, "steps": 8},
+                "result": gpu_results.step_figures(steps, 2**17, "gpt2", 1024, "cpu")}
+
+    earlier = [{**trainer("ours-b64-default", 266.0, 29.0), "stage": "loss-kernels"},
+               {**trainer("ours-b64-default-liger", 279.0, 23.0, loss="liger"), "stage": "loss-kernels"},
+               {**trainer("ours-b64-default-fused-forward", 258.0, 27.0, loss="fused-forward"),
+                "stage": "loss-kernels"},
+               {**trainer("ours-b64-default-fused", 1.0, 1.0, status="failed", loss="fused"),
+                "stage": "loss-kernels"}]
+    cells = [{**earlier[0], "same_as": "loss-kernels"}, nanogpt(272.0)]
+    found = gpu_results.comparisons(cells, earlier)
+    assert [(r["cell"], r.get("stage")) for r in found] == [
+        ("ours-b64-default", None), ("ours-b64-default-liger", "loss-kernels"),
+        ("ours-b64-default-fused-forward", "loss-kernels")]
+    fastest = [r for r in found if r.get("fastest")]
+    assert [r["cell"] for r in fastest] == ["ours-b64-default-fused-forward"]
+    assert fastest[0]["ours_over_baseline"] == pytest.approx(272.0 / 258.0)
+    report = {"stage": "throughput", "smoke": False, "seconds": 1, "budget_s": None, "command": "c",
+              "cells": cells, "comparison": found, "env": ENV}
+    text = gpu_results.summary(report)
+    assert ("Ours against build-nanogpt at micro-batch 64, every cell of this invocation: "
+            "ours-b64-default 1.023x; ours-b64-default-liger (loss-kernels) 0.975x; "
+            "ours-b64-default-fused-forward (loss-kernels) 1.054x. The fastest: "
+            "ours-b64-default-fused-forward (loss fused-forward), 1.054x") in " ".join(text.split())
+    own = gpu_results.comparisons(cells)  # without the earlier stages: its own cells
+    assert [(r["cell"], r.get("fastest")) for r in own] == [("ours-b64-default", True)]
 
 
 def test_fp8_against_bf16_with_its_losses_step_by_step() -> None:

@@ -162,11 +162,14 @@ def check_only(args: argparse.Namespace, names: list[str], known: list[str]) -> 
                           f"(their cells: {', '.join(dict.fromkeys(known))})")
 
 
-def write_stage(out: Path, stem: str, report: dict[str, Any], started: float) -> None:
+def write_stage(out: Path, stem: str, report: dict[str, Any], started: float,
+                earlier: list[dict[str, Any]] | None = None) -> None:
     """The stage's JSON and summary as they stand: after every cell, so that whatever ends
-    the run, every finished cell's figures are on disk."""
+    the run, every finished cell's figures are on disk. `earlier`: the cells of the
+    invocation's earlier stages (build-nanogpt is compared with each of ours at its
+    micro-batch, whichever stage measured it)."""
     report["seconds"] = round(clock() - started, 1)
-    report.update(comparisons_of(report["cells"]))
+    report.update(comparisons_of(report["cells"], earlier or []))
     write_json(out / f"{stem}.json", report, indent=1)
     write_text(out / f"{stem}.md", summary(report))
 
@@ -186,7 +189,8 @@ def run_stages(args: argparse.Namespace, sizes: Sizes, stages: dict[str, list[Ce
     data.mkdir()
     write_shard(data / "train_000000.bin", tokens[0])
     write_shard(data / "val_000000.bin", tokens[1])
-    failed = []
+    failed: list[str] = []
+    done: list[dict[str, Any]] = []  # the finished stages' cells, each with its stage
     measured: dict[str, tuple[str, dict[str, Any]]] = {}  # a command run: its stage, result
     with Signals() as signals:
         for name, cells in stages.items():
@@ -206,11 +210,12 @@ def run_stages(args: argparse.Namespace, sizes: Sizes, stages: dict[str, list[Ce
                     report["cells"].append(run_one(args, cell, name, sizes, tokens, tmp, log,
                                                    packages, measured, signals, t0))
                     log.flush()
-                    write_stage(out, stem, report, started)
+                    write_stage(out, stem, report, started, done)
             report["finished"] = True
-            write_stage(out, stem, report, started)
+            write_stage(out, stem, report, started, done)
             print(summary(report))
             print(f"wrote {out / stem}.json, .md and .log")
+            done += [{**c, "stage": name} for c in report["cells"]]
             failed += [c["name"] for c in report["cells"]
                        if c["status"] in ("failed", "timeout", "stopped")]
     return 1 if failed or signals.received else 0

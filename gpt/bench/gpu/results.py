@@ -160,12 +160,17 @@ def with_measured(memory: dict[str, Any], result: dict[str, Any]) -> dict[str, A
 # ours against build-nanogpt, and the summary
 
 
-def comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each 124M trainer cell against build-nanogpt at its micro-batch, where both ran."""
+def comparisons(cells: list[dict[str, Any]],
+                earlier: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Each 124M trainer cell against build-nanogpt at its micro-batch, where both ran: the
+    stage's own, then those of the invocation's earlier stages (`earlier`, each with its
+    "stage": the loss kernels' cells, say), so that the fastest of ours at a micro-batch,
+    whatever its head + loss, is set beside the baseline ("fastest")."""
     base = {c["params"]["batch_size"]: c for c in cells
             if c["kind"] == "nanogpt" and c["status"] == "ok"}
+    names = {c["name"] for c in cells}
     out = []
-    for c in cells:
+    for c in [*cells, *(c for c in earlier or [] if c["name"] not in names)]:
         b = base.get(c["params"].get("batch_size"))
         if c["kind"] != "trainer" or c["status"] != "ok" or b is None \
                 or c["params"].get("model") != BASELINE_MODEL:
@@ -173,9 +178,14 @@ def comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ours, theirs = c["result"]["tokens_per_s_median"], b["result"]["tokens_per_s_median"]
         # the same tokens and learning rate at each step: the losses should agree to bf16's noise
         out.append({"cell": c["name"], "baseline": b["name"], "batch_size": c["params"]["batch_size"],
+                    **({"stage": c["stage"]} if c["name"] not in names else {}),
+                    "loss": c["params"].get("loss", "default"),
                     "ours_tokens_per_s": ours, "baseline_tokens_per_s": theirs,
                     "ours_over_baseline": ours / theirs,
                     **loss_agreement(c["result"]["losses"], b["result"]["losses"])})
+    for batch in {r["batch_size"] for r in out}:
+        best = max((r for r in out if r["batch_size"] == batch), key=lambda r: r["ours_over_baseline"])
+        best["fastest"] = True
     return out
 
 
@@ -225,24 +235,24 @@ def side_by_side(cells: list[dict[str, Any]], field: str, base: str,
 
 def loss_comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each cell with a head + loss kernel (a library's chunked one, or fused) against the
-    whole logits."""
-    return side_by_side([c for c in cells if c.get("params", {}).get("loss", "default") != "default"],
-                        "loss", "unchunked")
+    trainer's default (on CUDA, the whole logits) beside it."""
+    return side_by_side(cells, "loss", "default")
 
 
 # Each comparison of a variant against its baseline in one stage: its JSON key, the field
 # of a cell's params that tells them apart and the baseline's value, and the summary's words.
-COMPARED = {"loss_comparison": ("loss", "unchunked", "Each head + loss kernel against the whole "
-                                "logits, in the same stage:"),
+COMPARED = {"loss_comparison": ("loss", "default", "Each head + loss kernel against the whole "
+                                "logits (the trainer's default on CUDA), in the same stage:"),
             "fp8_comparison": ("fp8", "off", "FP8 matmuls against bf16, in the same stage (loss "
                                "diff: FP8 - bf16 at each step, mean over the last quarter of the steps):"),
             "recipe_comparison": ("recipe", "gpt2", "The speedrun recipe against the GPT-2 recipe, "
                                   "in the same stage:")}
 
 
-def comparisons_of(cells: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """A stage's every comparison, as its JSON holds them."""
-    return {"comparison": comparisons(cells), "loss_comparison": loss_comparisons(cells),
+def comparisons_of(cells: list[dict[str, Any]],
+                   earlier: list[dict[str, Any]] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """A stage's every comparison, as its JSON holds them (`earlier`: see comparisons)."""
+    return {"comparison": comparisons(cells, earlier), "loss_comparison": loss_comparisons(cells),
             "fp8_comparison": side_by_side(cells, "fp8", "off", losses=True),
             "recipe_comparison": side_by_side(cells, "recipe", "gpt2")}
 
@@ -321,6 +331,7 @@ def summary(report: dict[str, Any]) -> str:
              "s (est.): seconds the cell took (the plan's estimate); peak GiB: measured "
              "(gpt.plan.memory.plan's prediction, measured / predicted)"]
     lines += [f"No prediction: {note}" for note in notes]
+    lines += baseline_lines(report.get("comparison", []))
     if report.get("packages"):
         lines += ["", "Packages: " + "; ".join(f"{m} {how}" for m, how in report["packages"].items())]
     for name, (field, _, words) in COMPARED.items():
@@ -331,6 +342,25 @@ def summary(report: dict[str, Any]) -> str:
         if "variants" in (c.get("result") or {}):
             lines += loss_bench.summary_lines(c["name"], c["result"])
     return "\n".join(lines) + "\n"
+
+
+def baseline_lines(found: list[dict[str, Any]]) -> list[str]:
+    """Where ours was measured against build-nanogpt beyond the table's own cells (the
+    invocation's earlier stages): each at the baseline's micro-batch, and the fastest."""
+    if not any("stage" in r for r in found):
+        return []
+    lines = []
+    for batch in sorted({r["batch_size"] for r in found}):
+        rows = [r for r in found if r["batch_size"] == batch]
+        best = next(r for r in rows if r.get("fastest"))
+        each = "; ".join(f"{r['cell']}{' (' + r['stage'] + ')' if 'stage' in r else ''} "
+                         f"{r['ours_over_baseline']:.3f}x" for r in rows)
+        lines += ["", f"Ours against build-nanogpt at micro-batch {batch}, every cell of this "
+                  f"invocation: {each}. The fastest: {best['cell']} (loss {best['loss']}), "
+                  f"{best['ours_over_baseline']:.3f}x, its losses within "
+                  f"{best['max_abs_loss_diff']:.2g} of build-nanogpt's over "
+                  f"{best['losses_compared']} steps."]
+    return lines
 
 
 def profile_line(cell: dict[str, Any]) -> str:
