@@ -250,8 +250,13 @@ def test_the_loss_bench_judges_a_fused_variant_by_bf16s_rounding() -> None:
     assert verdict(two_ulps.view(torch.bfloat16), loss, loss_bench.WRONG)["status"] == "ok"
     assert verdict(ref, loss * (1 + 2e-3))["reason"].startswith("loss 0.002 from the compiled")
     nan = ref.clone()
-    nan[0, 0] = float("nan")
+    nan[40, 0] = float("nan")  # in the last of the row chunks below, too
     assert verdict(nan, loss)["status"] == "wrong"
+    # a few rows at a time (the GPU's 13 GB fp32 copies kept small): the same figures
+    for grad in (two_ulps.view(torch.bfloat16), nan):
+        whole = loss_bench.distances(loss, grad, loss, ref)
+        chunked = loss_bench.distances(loss, grad, loss, ref, rows=7)
+        assert str(chunked) == str(whole)  # NaN included
     assert verdict(ref, torch.tensor(float("nan")))["status"] == "wrong"
     rows = [{"variant": v, "launch": launch, "softcap": cap, "status": status, "total_ms": ms}
             for v, launch, cap, status, ms in (
