@@ -73,7 +73,11 @@ from gpt.runtime.device import device_name
 # and recipe, fp8_comparison, recipe_comparison, packages, mean loss differences.
 # 5: "finished" (whether the stage ran to its end), cells "stopped", the loss-bench cell,
 # params softcap, profiles per micro-batch (gpt/bench/trace_summary.py)
-SCHEMA = 5
+# 6: loss-bench variants by launch, judged (tolerances, status "wrong"), and its "choice";
+# the loss kernels' baseline is the loss "default"; comparison rows with "loss", the
+# earlier stages' cells ("stage") and "fastest"; packages those of the stage's cells; the
+# CUDA tests' "durations_s"
+SCHEMA = 6
 
 
 class NoGPU(UserError):
