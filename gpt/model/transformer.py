@@ -26,7 +26,7 @@ from gpt.core.config import ModelConfig
 from gpt.model import attention
 from gpt.model.attention_mask import AttentionMask, CausalOnly, masked
 from gpt.model.kv_cache import KVCache
-from gpt.model.loss_kernels import fused, loss_fn
+from gpt.model.loss_kernels import ExpectedGrad, fused, loss_fn
 from gpt.model.unet import skips
 from gpt.model.value_embeds import ValueMix, table_of, value_embeddings
 
@@ -167,6 +167,8 @@ class GPT(nn.Module):
         # whose fused head + loss (gpt.model.loss_kernels), if chunked; "fused": the whole logits'
         # loss in gpt.model.fused_ce's kernels
         self.loss_kernel = "ours"
+        # the fused loss's forward mode: the incoming gradient it expects, one a model
+        self.expected_grad = ExpectedGrad()
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
@@ -315,7 +317,7 @@ class GPT(nn.Module):
                                              targets, self.config.logit_softcap)
         if self.loss_kernel == "fused":  # the whole logits, the cap and loss in one kernel's fp32
             return fused(self.lm_head(self.transformer.ln_f(x)), targets,
-                         self.config.logit_softcap)
+                         self.config.logit_softcap, self.expected_grad)
         logits = self.logits(x)
         # Under autocast cross_entropy runs in fp32, so bf16 logits lose no accuracy here.
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
