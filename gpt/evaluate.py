@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.hellaswag is None and args.data_dir is None and args.tasks is None:
         parser.error("nothing to do: give --tasks LIST, --hellaswag FILE and/or --data-dir DIR")
+    if args.data_dir == "":
+        parser.error("--data-dir must not be empty (it would be the current folder); name the "
+                     "folder of the val_* shards ('.' if it is this one)")
     if args.tasks is not None and not any(t.strip() for t in args.tasks.split(",")):
         parser.error(f"--tasks {args.tasks!r} names no task: give a comma-separated list, "
                      f"e.g. hellaswag,arc_easy")
@@ -86,6 +89,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from gpt.data.tokenizer import GPT2_VOCAB
     from gpt.eval import bpb, harness_tasks, hellaswag
     from gpt.eval.validation import val_loss
+    from gpt.model.sizing import check_free_memory
     from gpt.runtime.device import resolve_dtype
     from gpt.runtime.world import all_reduce_mean, init_runtime, shutdown
 
@@ -116,14 +120,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.hellaswag is not None:
             examples = hellaswag.load_examples(args.hellaswag, args.cache_dir, runtime.rank,
                                                max_examples=args.hellaswag_max_examples)
-            results["hellaswag"] = hellaswag.evaluate(
+            # a forward's rows: 4 a example, no more examples than a rank scores
+            rows = 4 * min(args.batch_examples, -(-len(examples) // runtime.world_size))
+            width = hellaswag.pad_length(examples, model.config.block_size)
+            check_free_memory(rows * width * model.config.vocab_size * 4, runtime.device,
+                              f"--batch-examples {args.batch_examples:,} (forwards of "
+                              f"{rows:,} rows x {width} tokens: their fp32 logits)",
+                              "lower --batch-examples")
+            results["hellaswag"] = {"set": examples.name, **hellaswag.evaluate(
                 scored, examples, runtime.device, dtype, runtime.rank, runtime.world_size,
-                batch_examples=args.batch_examples, valid_vocab=GPT2_VOCAB)
+                batch_examples=args.batch_examples, valid_vocab=GPT2_VOCAB)}
         if args.data_dir is not None:
             seq_len = args.seq_len or model.config.block_size
             if seq_len > model.config.block_size:
                 raise ConfigError(f"--seq-len {seq_len} exceeds the model's block size "
                                   f"{model.config.block_size}")
+            per_token = 8 + 4 * model.config.n_embd + (
+                0 if model.chunked_loss else 4 * model.config.vocab_size)  # ids, a layer, logits
+            check_free_memory(args.batch_size * seq_len * per_token, runtime.device,
+                              f"--batch-size {args.batch_size:,} (forwards of {args.batch_size:,} "
+                              f"rows x {seq_len} tokens)", "lower --batch-size")
             loader = ShardLoader(args.data_dir, "val", args.batch_size, seq_len,
                                  rank=runtime.rank, world_size=runtime.world_size,
                                  device=runtime.device, max_token=model.config.vocab_size - 1)
@@ -164,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if "hellaswag" in results:
         r = results["hellaswag"]
-        print(f"hellaswag: acc {r['acc']:.4f} ({r['correct']}/{r['total']}) | acc_norm "
+        from gpt.core.text import one_line
+
+        # the official validation set by its name alone; a set of one's own by its source
+        named = "" if r["set"] == "val" else f" ({one_line(r['set'], 200)})"
+        print(f"hellaswag{named}: acc {r['acc']:.4f} ({r['correct']}/{r['total']}) | acc_norm "
               f"{r['acc_norm']:.4f} ({r['correct_norm']}/{r['total']})")
     if "val_loss" in results:
         print(f"val loss: {results['val_loss']:.4f} | {results['val_bpb']:.4f} bits/byte "

@@ -19,6 +19,9 @@ from gpt.core.errors import UserError
 # The logits are divided by the temperature in fp32 (at most 3.4e38): a logit of 1e4 over
 # 1e-35 is inf, and the probabilities NaN. Above 100 a sample is as good as uniform noise.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 100.0
+# One batch of samples: as many as the trainer's --num-samples allows; a million new
+# tokens (past the block size, each one a forward over the whole window: hours already).
+MAX_SAMPLES, MAX_NEW_TOKENS = 64, 2**20
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_at_least_one(parser, args, ("max_new_tokens", "num_samples"))
+    if args.num_samples > MAX_SAMPLES:
+        parser.error(f"--num-samples must be <= {MAX_SAMPLES}, got {args.num_samples:,} (one "
+                     f"batch, as the trainer's; run the command again for more samples)")
+    if args.max_new_tokens > MAX_NEW_TOKENS:
+        parser.error(f"--max-new-tokens must be <= {MAX_NEW_TOKENS:,}, got "
+                     f"{args.max_new_tokens:,}")
     if 0 < args.temperature < MIN_TEMPERATURE:
         parser.error(f"--temperature {args.temperature}: must be 0 (greedy) or at least "
                      f"{MIN_TEMPERATURE:g} (the logits divided by it overflow below that)")
@@ -74,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from gpt.checkpoint.weights import load_model
     from gpt.data.tokenizer import gpt2_tokenizer
-    from gpt.eval.sampling import sample, until_eot
+    from gpt.eval.sampling import prompt_ids, sample, sampling_bytes, until_eot
+    from gpt.model.sizing import check_free_memory
     from gpt.runtime.device import pick_device, resolve_dtype
 
     try:
@@ -82,10 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         dtype = resolve_dtype(args.dtype, device)
         tokenizer = gpt2_tokenizer()
         model = load_model(checkpoint=args.checkpoint, init_from=args.init_from, device=device)
+        prompt = prompt_ids(tokenizer, args.prompt, model.config.vocab_size)
+        check_free_memory(sampling_bytes(model, len(prompt), args.max_new_tokens,
+                                         args.num_samples, dtype, args.use_cache), device,
+                          f"--num-samples {args.num_samples} x --max-new-tokens "
+                          f"{args.max_new_tokens:,} (a {len(prompt):,}-token prompt)",
+                          "lower --num-samples or --max-new-tokens")
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    prompt = tokenizer.encode_ordinary(args.prompt) or [tokenizer.eot_token]
     gen = torch.Generator().manual_seed(args.seed)
     ids = sample(model, prompt, args.max_new_tokens, num_samples=args.num_samples,
                  temperature=args.temperature, top_k=args.top_k or None,

@@ -1,5 +1,5 @@
 """Training curves from a run's metrics.jsonl: loss (train and val), learning rate,
-tokens/s and HellaSwag accuracy.
+tokens/s and the evaluations' scores.
 
     python -m gpt.plot runs/gpt2/metrics.jsonl -o curves.png
     python -m gpt.plot runs/a runs/b -o compare.png          # run folders work too; overlaid
@@ -16,10 +16,11 @@ learning rate is the schedule's at every step, from the log's header records
 
 metrics.jsonl holds one JSON object per line with a "type": "run" (written at every
 start, with "start_step" when resumed), "train" (step, loss, lr, grad_norm, ms,
-tokens_per_s, mfu), "val" (step, val_loss), "hellaswag" (step, acc, acc_norm), "summary"
-(a stop is marked where it happened), and others ("sample", "checkpoint") that are not
-plotted. Runs drawn together that ran differently (device, processes, threads, batch)
-say so in the figure. A resumed run appends to the same file, so
+tokens_per_s, mfu), "val" (step, val_loss), an evaluation's (its panels' fields:
+gpt/eval/evaluations.py's), "summary" (a stop is marked where it happened), and others
+("sample", "checkpoint") that are not plotted. Runs drawn together that ran differently
+(device, processes, threads, batch) say so in the figure. A resumed run appends to the
+same file, so
 a step can appear more than once: the later record wins. When a "run" record starts a
 new segment, the earlier attempt's train records from the resume step on and its
 evaluations after that step are dropped (that attempt was superseded from an earlier
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         if run.bad_lines:
             print(f"note: {path}: skipped {run.bad_lines} unreadable line(s)", file=sys.stderr)
         if run.empty:
-            print(f"note: {path}: no train/val/hellaswag records", file=sys.stderr)
+            print(f"note: {path}: no records to plot (train, val, evaluations)", file=sys.stderr)
         runs.append(run)
     try:
         _import_pyplot()

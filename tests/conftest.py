@@ -205,8 +205,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # run writes the gpt modules it imported into one folder at its end: pytest's (the xdist
 # workers' too) from here, the others from a sitecustomize.py on the PYTHONPATH they
 # inherit. A run of a whole tier (no file, test or -k chosen) fails when one is missing.
+# The same sitecustomize.py carries --fake-cuda's fake into those processes.
 IMPORTS = "GPT2_TRAINER_TESTS_IMPORTS"
 RECORDER = """import atexit, os, sys
+
+_fake = os.environ.get("GPT2_TRAINER_FAKE_CUDA")
+if _fake:  # --fake-cuda (tests/cuda_checks.py), carried into every process the tests start
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("gpt2_trainer_fake_cuda", _fake)
+    _module = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_module)
+    _module.install()
 
 
 def _record():
@@ -336,7 +346,7 @@ def network_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     the probe with one that fails (tests/test_network.py)."""
     from gpt.core import network
 
-    monkeypatch.setattr(network, "_probe", lambda host, port, timeout_s: None)
+    monkeypatch.setattr(network, "_probe", lambda host, port, timeout_s, *how: None)
     monkeypatch.setattr(network, "_answers", {})
 
 

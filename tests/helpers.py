@@ -401,3 +401,48 @@ def lm_eval_command(monkeypatch: Any, *args: str) -> int:
     monkeypatch.setattr(lm_eval.utils, "_LOGGING_CONFIGURED", False)
     monkeypatch.setattr(sys, "argv", ["gpt2-lm-eval", *args])
     return harness_cli.main()
+
+
+class served_folder:
+    """`with served_folder(folder) as base:` files of `folder` over HTTP at base + "/NAME",
+    from a thread of this process, on the loopback, for the length of the block."""
+
+    def __init__(self, folder: Path) -> None:
+        import functools
+        import http.server
+
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+        handler.log_message = lambda *args: None  # type: ignore[method-assign]
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+
+    def __enter__(self) -> str:
+        import threading
+
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class silent_host:
+    """`with silent_host() as (host, port):` a loopback address that takes connections and
+    never answers them: a hub or mirror that hangs (the kernel completes the handshake of
+    up to the backlog's connections; nothing is ever read or written)."""
+
+    def __enter__(self) -> tuple[str, int]:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        return "127.0.0.1", self.sock.getsockname()[1]
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+
+def val_loader(run: Any) -> Any:
+    """A built run's validation loader (what its validation loaded)."""
+    return next(held for ev, held in run.evaluations if ev.name == "val").loader

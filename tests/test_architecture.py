@@ -5,6 +5,7 @@ model is GPT-2's; tests/test_model.py's parity tests hold that."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,11 +13,10 @@ import torch
 
 from gpt.checkpoint.export import export_hf
 from gpt.checkpoint.files import load
-from gpt.checkpoint.weights import PretrainedError
 from gpt.core.config import ModelConfig, model_preset
 from gpt.model.transformer import GPT, Rotary
 from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one,
-                     meta_build_and_reference, run_cli, write_random_shards)
+                     meta_build_and_reference, run_cli, val_loader, write_random_shards)
 from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
 
 OPTIONS: dict[str, dict[str, object]] = {
@@ -100,13 +100,15 @@ def test_generation_with_the_cache_equals_generation_without(tmp_path: Path) -> 
     assert torch.equal(runs[0], runs[1])  # 43 tokens: past the block size of 32 as well
 
 
-def test_export_refuses_a_model_gpt2_cannot_hold(tmp_path: Path) -> None:
-    with pytest.raises(PretrainedError, match="--rotary, --relu2"):
-        export_hf(GPT(tiny(rotary=True, relu2=True)), tmp_path / "hf")
-    assert not (tmp_path / "hf").exists()
-    # Zero-initialised projections change the starting weights, not the model: it exports
-    export_hf(GPT(tiny(zero_init_proj=True)), tmp_path / "zero-init")
-    assert (tmp_path / "zero-init" / "model.safetensors").is_file()
+def test_a_model_gpt2_cannot_hold_exports_with_its_own_code(tmp_path: Path) -> None:
+    """(tests/test_export_custom.py checks what such an export computes.)"""
+    out = export_hf(GPT(tiny(rotary=True, relu2=True)), tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "gpt_trainer" and config["rotary"] and config["relu2"]
+    assert (out / "modeling_gpt_trainer.py").is_file()
+    # Zero-initialised projections change the starting weights, not the model: GPT-2's
+    out = export_hf(GPT(tiny(zero_init_proj=True)), tmp_path / "zero-init")
+    assert json.loads((out / "config.json").read_text())["model_type"] == "gpt2"
 
 
 @pytest.mark.slow
@@ -211,9 +213,9 @@ def test_the_compiled_step_of_a_modern_model_has_no_graph_break(graph_backend, t
         for _ in range(2):
             _, norm = forward_backward(par.train_model, par.scaler, par.optimizer,
                                        run.train_loader, run.accum, 1.0, "cpu", torch.float32)
-            optimizer_step(par.optimizer, par.scaler, 1e-3, norm, muon_momentum=0.9)
+            optimizer_step(par.optimizer, par.scaler, 1e-3, norm, settings={"muon": {"momentum": 0.9}})
         assert graph_breaks() == 0 and graph_backend.frame_count == 1
-        assert torch.isfinite(val_loss(par.eval_model, run.val_loader, 2, "cpu", torch.float32))
+        assert torch.isfinite(val_loss(par.eval_model, val_loader(run), 2, "cpu", torch.float32))
         examples = [hellaswag.Example(context=(1, 2, 3), endings=((4,), (5, 6), (7,), (8, 9)),
                                       label=1)] * 3
         assert hellaswag.evaluate(par.eval_model, examples, "cpu", batch_examples=2)["total"] == 3

@@ -181,7 +181,7 @@ def test_nothing_that_fits_is_one_line_naming_the_values() -> None:
 
 def test_a_model_whose_state_alone_is_too_big_is_not_even_planned() -> None:
     planner = Planner({"ddp": 10}, {"none": 1.0, "selective": 0.5, "blocks": 0.1})
-    with pytest.raises(ConfigError, match="weights, gradients and AdamW state alone"):
+    with pytest.raises(ConfigError, match="weights, gradients and optimizer state alone"):
         settle(AUTO, planner, 10**6)
     assert planner.calls == []
 

@@ -43,6 +43,7 @@ SPOILED: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "val_loss": (lambda c: c.update(val_loss=float("nan")), "'val_loss' is nan"),
     "skipped_steps": (lambda c: c.update(skipped_steps="x"), "'skipped_steps' is 'x'"),
     "best_checkpoint": (lambda c: c.update(best_checkpoint=5), "'best_checkpoint' is 5"),
+    "ended_at": (lambda c: c.update(ended_at="done"), "'ended_at' is 'done'"),
     "scaler": (lambda c: c.update(scaler={"scale": "big"}), "'scaler' is not a GradScaler state"),
     "rng": (lambda c: c.update(rng=[{"python": 5}]), "RNG state cannot be restored"),
     "loader": (lambda c: c.update(loader=[{"version": 1}]), "loader state is missing fields"),

@@ -208,8 +208,17 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_truncated_header(tmp_path: Path) -> None:
     path = tmp_path / "s.bin"
-    path.write_bytes(b"\0" * 100)
+    path.write_bytes(np.array([SHARD_MAGIC, 1], dtype="<u4").tobytes() + b"\0" * 92)
     assert_shard_error(path, "truncated header")
+
+
+def test_a_short_file_that_is_not_a_shard_is_not_called_truncated(tmp_path: Path) -> None:
+    """train_gpt2.py in the folder --data-dir names (the current one, for '.') is named
+    like a shard: what it is, and the flag to look at, not "truncated"."""
+    path = tmp_path / "train_gpt2.py"
+    path.write_text("import sys\n")
+    msg = assert_shard_error(path, r"not a shard \(a file of 11 bytes that starts with neither")
+    assert "is --data-dir the folder of the shards?" in msg and "truncated" not in msg
 
 
 def test_wrong_magic(shard: Path) -> None:
@@ -248,7 +257,7 @@ def test_token_out_of_vocab(tmp_path: Path) -> None:
     tokens[37], tokens[40] = 50257, 60000
     write_shard(path, tokens)
     msg = assert_shard_error(path, "token id 50257 at index 37", vocab_size=50257)
-    assert "vocab_size 50257" in msg
+    assert "--vocab-size 50257" in msg and "raise --vocab-size" in msg  # the flag to change
     assert read_shard(path, vocab_size=60001).size == 50
 
 

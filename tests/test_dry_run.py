@@ -204,3 +204,32 @@ def test_the_first_runs_memory_line_holds_for_its_run(tmp_path: Path) -> None:
     run = run_cli(*flags, process=True)
     assert run.returncode == 0, run.stderr
     assert 0.85 * expected <= _logged_mem(tmp_path / "run") <= 1.5 * expected
+
+
+def test_paths_a_config_file_gives_are_printed_escaped(tmp_path: Path) -> None:
+    """A config file's data_dir and out_dir are anyone's text: the dry run's disk, data
+    and start lines escape them, as every error line does."""
+    data = tmp_path / "data\x1b[2Jx"
+    data.mkdir()
+    write_random_shards(data, seed=0, train=(10_000,))
+    out = tmp_path / "run\x1b]0;t\x07z"
+    (tmp_path / "run.toml").write_text(f'[data]\ndata_dir = "{data}"\n[train]\nout_dir = '
+                                       f'"{out}"\n'.replace("\x1b", "\\u001b").replace(
+                                           "\x07", "\\u0007"))
+    proc = run_cli("--config", str(tmp_path / "run.toml"), *TINY, *QUIET, "--max-steps", "1",
+                   "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
+    lines = {line.split(":", 1)[0].strip(): line for line in proc.stdout.splitlines()}
+    assert "data\\x1b[2Jx holds" in proc.stdout and "run\\x1b]0;t\\x07z needs about" in proc.stdout
+    assert lines["start"].endswith("fresh, in " + str(out).replace("\x1b", "\\x1b").replace(
+        "\x07", "\\x07"))
+
+
+def test_an_empty_data_dir_is_named_not_read_as_the_current_folder(capsys) -> None:
+    """--data-dir '' would be the current folder, where train_gpt2.py is named like a
+    shard: the flag is named instead."""
+    with pytest.raises(SystemExit) as e:
+        train_main([*TINY, "--data-dir", "", "--dry-run"])
+    assert e.value.code == 2
+    assert "--data-dir must not be empty (it would be the current folder)" in capsys.readouterr().err

@@ -82,7 +82,8 @@ def test_cli_reports_hellaswag_and_val_loss(tmp_path: Path, random_data_dir: Pat
     model = load_checkpoint_model(ckpt)
     expected = hellaswag.evaluate(model, hellaswag.load_examples(data), "cpu", batch_examples=2,
                                   valid_vocab=50257)
-    assert out["hellaswag"] == expected and expected["total"] == 5
+    # a file of one's own is scored under its own name, never as the validation set's
+    assert out["hellaswag"] == {"set": str(data), **expected} and expected["total"] == 5
     loader = ShardLoader(random_data_dir, "val", 2, 32)
     assert out["val_loss"] == pytest.approx(val_loss(model, loader, 2, "cpu", torch.float32).item(),
                                             abs=1e-5)
@@ -90,6 +91,39 @@ def test_cli_reports_hellaswag_and_val_loss(tmp_path: Path, random_data_dir: Pat
     assert main(args) == 0
     text = capsys.readouterr().out
     assert f"acc_norm {expected['acc_norm']:.4f}" in text and "val loss" in text
+    assert f"hellaswag ({data}): acc " in text
+
+
+def test_batch_flags_larger_than_the_free_memory_are_one_line_before_the_forward(
+        tmp_path: Path, random_data_dir: Path, capsys, monkeypatch) -> None:
+    """--batch-examples and --batch-size are judged by arithmetic against what the host
+    has free before a forward allocates; a --batch-examples above the examples a rank
+    scores makes no larger forward (its rows would all be dummies)."""
+    from gpt.model import sizing
+
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt")
+    data = write_hellaswag(tmp_path / "mini.jsonl")
+    base = ["--checkpoint", str(ckpt), "--device", "cpu", "--json"]
+    assert main([*base, "--hellaswag", str(data), "--batch-examples", "1000000"]) == 0
+    assert json.loads(capsys.readouterr().out)["hellaswag"]["total"] == 5
+    monkeypatch.setattr(sizing, "free_memory", lambda device: (2**20, "this host"))
+    monkeypatch.setattr(hellaswag, "evaluate", lambda *a, **k: pytest.fail("scored"))
+    assert main([*base, "--hellaswag", str(data), "--batch-examples", "1000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "error: --batch-examples 1,000,000 (forwards of 20 rows x 64 tokens: their fp32 logits) "
+        "needs at least 0.2 GiB, and this host has 0.0 GiB free: lower --batch-examples")
+    assert main([*base, "--data-dir", str(random_data_dir), "--batch-size", "100000",
+                 "--seq-len", "32"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "error: --batch-size 100,000 (forwards of 100,000 rows x 32 tokens) needs at least ")
+
+
+def test_an_empty_data_dir_is_named(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--checkpoint", "x.pt", "--data-dir", ""])
+    assert e.value.code == 2 and "--data-dir must not be empty" in capsys.readouterr().err
 
 
 def test_cli_errors(tmp_path: Path, capsys) -> None:

@@ -84,14 +84,42 @@ def test_disk_names_the_data_the_checkpoints_and_free_space(tmp_path: Path) -> N
     (data / "train_000000.bin").write_bytes(b"\0" * 2_500_000)
     cfg = parse_args([*RECIPE, "--data-dir", str(data), "--out-dir", str(tmp_path / "run")])
     disk = expected.lines(cfg, CUDA, H100, 1)[2]
-    # 19,073 steps, a checkpoint every 1,000: 20 saves; 3 kept + the best + the one written
+    # 19,073 steps, a checkpoint every 1,000: 20 saves; 3 kept + the one written (no val_*
+    # shards: no validation, so no best is kept beside them)
     assert disk.startswith(f"            disk: {data} holds 2.5 MB; {tmp_path / 'run'} needs "
-                           f"about 7.5 GB for up to 5 checkpoint(s) of 1.5 GB at once")
+                           f"about 6.0 GB for up to 4 checkpoint(s) of 1.5 GB at once "
+                           f"(--keep-checkpoints 3, the one being written)")
+    (data / "val_000000.bin").write_bytes(b"\0" * 2048)  # + the best
+    assert "about 7.5 GB for up to 5 checkpoint(s) of 1.5 GB at once (--keep-checkpoints 3, " \
+        "the best, the one being written)" in expected.lines(cfg, CUDA, H100, 1)[2]
     assert disk.endswith(" free there")
     none = parse_args([*RECIPE, "--no-save-checkpoints", "--data-dir", str(tmp_path / "none")])
     assert "does not exist yet" in expected.lines(none, CUDA, H100, 1)[2]
     assert "no checkpoints (--no-save-checkpoints)" in expected.lines(none, CUDA, H100, 1)[2]
     assert expected.checkpoints_at_once(parse_args([*RECIPE, "--max-steps", "1500"])) == 2
+
+
+def test_a_run_without_validation_is_counted_without_a_best(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_launch_env) -> None:
+    """--keep-checkpoints 1 --val-every 0: the newest and the one being written, at most 2
+    at once (no best is ever kept without validation); room for 2 is room enough, and the
+    run keeps no more than that."""
+    (tmp_path / "data").mkdir()
+    data = write_random_shards(tmp_path / "data", seed=0, train=(10_000,), val=(2_000,))
+    out = tmp_path / "run"
+    flags = [*TINY, *QUIET, "--max-steps", "6", "--checkpoint-every", "2",
+             "--keep-checkpoints", "1", "--data-dir", str(data), "--out-dir", str(out)]
+    assert expected.checkpoints_at_once(parse_args(flags)) == 2
+    with_val = parse_args([*flags, "--val-every", "2"])
+    assert expected.checkpoints_at_once(with_val) == 3  # + the best
+    each = expected.checkpoint_bytes(parse_args(flags))
+    monkeypatch.setattr(expected, "free_bytes", lambda folder: 2 * each)
+    expected.check_disk(parse_args(flags))
+    with pytest.raises(expected.ConfigError, match="up to 3 checkpoint"):
+        expected.check_disk(with_val)
+    proc = run_cli(*flags)
+    assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in out.glob("ckpt_*.pt")] == ["ckpt_000006.pt"]
 
 
 def test_a_resume_is_expected_to_train_and_keep_what_is_left(tmp_path: Path) -> None:

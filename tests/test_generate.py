@@ -144,3 +144,76 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--prompt", "hi"])  # neither --checkpoint nor --init-from
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("flag,value,words", [
+    ("--num-samples", "100000", "--num-samples must be <= 64, got 100,000"),
+    ("--max-new-tokens", "1000000000000", "--max-new-tokens must be <= 1,048,576, got "
+                                          "1,000,000,000,000"),
+])
+def test_the_size_flags_are_bounded_before_torch(flag: str, value: str, words: str,
+                                                 capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--checkpoint", "x.pt", "--prompt", "hi", flag, value])
+    assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_a_batch_of_samples_larger_than_the_free_memory_is_one_line_before_sampling(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """Within the flags' bounds, a model's KV cache and logits can still exceed the host:
+    judged by arithmetic against what is free, before anything is allocated."""
+    from gpt.eval import sampling
+    from gpt.model import sizing
+
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt")
+    need = sampling.sampling_bytes(load_tiny(ckpt), 1, 1000, 64)
+    monkeypatch.setattr(sizing, "free_memory", lambda device: (need - 1, "this host"))
+    monkeypatch.setattr(sampling, "sample", lambda *a, **k: pytest.fail("sampled"))
+    assert main(["--checkpoint", str(ckpt), "--prompt", "hi", "--num-samples", "64",
+                 "--max-new-tokens", "1000", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "error: --num-samples 64 x --max-new-tokens 1,000 (a 1-token prompt) needs at least ")
+    assert "this host has " in err and "lower --num-samples or --max-new-tokens" in err
+    monkeypatch.undo()  # the host's own free memory: room enough, and it samples
+    assert main(["--checkpoint", str(ckpt), "--prompt", "hi", "--num-samples", "2",
+                 "--max-new-tokens", "3", "--device", "cpu"]) == 0
+
+
+def test_the_sampling_arithmetic_counts_the_cache_and_the_logits() -> None:
+    """The issue's batch (100,000 samples of a 2-block model): 20 GB of the prompt's
+    logits alone, which the arithmetic must not miss."""
+    from gpt.eval.sampling import sampling_bytes
+
+    model = tiny_model(block_size=64, vocab_size=50304)
+    assert sampling_bytes(model, 1, 4, 100_000) > 100_000 * 50304 * 4
+    m = model.config  # the cache: keys and values of every layer, position and sample
+    assert sampling_bytes(model, 1, 63, 8) - sampling_bytes(model, 1, 63, 8, use_cache=False) \
+        == 2 * m.n_layer * 8 * 64 * m.n_embd * 4
+
+
+def load_tiny(ckpt: Path) -> GPT:
+    from gpt.checkpoint.model_load import load_checkpoint_model
+
+    return load_checkpoint_model(ckpt)
+
+
+@pytest.mark.parametrize("prompt,words", [
+    ("hi", "--prompt 'hi': token id 5303 is beyond the model's vocabulary of 64 ids"),
+    ("", "--prompt '': an empty prompt starts from <|endoftext|> (id 50256), which is beyond "
+         "the model's vocabulary of 64 ids"),
+])
+def test_a_prompt_beyond_a_small_vocabulary_is_one_line(prompt: str, words: str, capsys) -> None:
+    """A model trained with a vocabulary below GPT-2's (the checkpoint from before the
+    move: 64 ids) cannot embed most GPT-2 tokens: said, not an IndexError; a prompt of
+    its own ids samples."""
+    from helpers import REPO
+
+    ckpt = REPO / "tests" / "fixtures" / "run-1137a53" / "ckpt_000002.pt"
+    args = ["--checkpoint", str(ckpt), "--device", "cpu", "--max-new-tokens", "4"]
+    assert main([*args, "--prompt", prompt]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {words}: give a prompt whose GPT-2 "
+                                                   f"tokens are all below 64")
+    assert main([*args, "--prompt", "A"]) == 0  # GPT-2's id 32
+    assert capsys.readouterr().out.startswith("--- sample 0\nA")

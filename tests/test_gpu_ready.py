@@ -1,9 +1,10 @@
 """What a GPU run of the tests would stop at, found on the CPU first.
 
 - --fake-cuda (tests/cuda_checks.py): the tests marked cuda run on a machine without a GPU up
-  to their first CUDA call; one that stops at CUDA's own error passes, one that fails
-  before it (a bug a GPU run would stop at) fails, a skip stays a skip. On a file of such
-  tests, in a pytest of its own (the option patches torch for its whole run).
+  to their first CUDA call, in the processes they start too; one that stops at CUDA's own
+  error passes, one that fails before it (a bug a GPU run would stop at) fails, a skip
+  stays a skip. On a file of such tests, in a pytest of its own (the option patches torch
+  for its whole run); and where a report says a test stopped, against where it should.
 - An in-process trainer run (tests/helpers.py's train_here), and a cuda test, in which
   torch.compile gave up on a function, its recompile limit hit, fails instead of passing
   uncompiled.
@@ -47,6 +48,15 @@ EXAMPLE = textwrap.dedent('''
         pytest.skip("liger-kernel is not installed")
 
 
+    @pytest.mark.cuda
+    def test_a_child_process_reaches_cuda():
+        import subprocess, sys
+
+        code = "import torch; assert torch.cuda.is_available(), 'no GPU in the child'; torch.zeros(1, device='cuda')"
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert child.returncode == 0, child.stderr
+
+
     def test_not_a_cuda_test():
         raise RuntimeError("Torch not compiled with CUDA enabled")  # not judged: it fails
 
@@ -62,10 +72,12 @@ EXAMPLE = textwrap.dedent('''
 ''')
 
 
-def pytest_on_the_example(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
+def pytest_on_the_example(tmp_path: Path, *flags: str, site: bool = True) -> subprocess.CompletedProcess:
+    """pytest on EXAMPLE, with the plugin; its processes' PYTHONPATH this run's (the tests'
+    sitecustomize.py on it), or, without `site`, tests/ alone."""
     (tmp_path / "test_example.py").write_text(EXAMPLE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"),
-                                                        os.environ.get("PYTHONPATH", "")])}
+    inherited = [os.environ.get("PYTHONPATH", "")] if site else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), *inherited])}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "cuda_checks", "-rA",
                            "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestUnknownMarkWarning",
                            *flags, "test_example.py"], cwd=tmp_path, env=env, capture_output=True,
@@ -78,12 +90,72 @@ def test_fake_cuda_passes_what_reached_cuda_and_fails_what_broke_before(tmp_path
     proc = pytest_on_the_example(tmp_path, "--fake-cuda", "-k", "not compile")
     out = proc.stdout
     assert "PASSED test_example.py::test_reaches_cuda" in out, out[-3000:]
-    assert "reached CUDA: Torch not compiled with CUDA enabled" in out
+    assert ("reached CUDA at test_example.py (test_reaches_cuda): Torch not compiled with CUDA "
+            "enabled") in out
     assert "FAILED test_example.py::test_a_bug_before_its_first_cuda_call" in out
     assert "failed before its first CUDA call" in out
     assert "liger-kernel is not installed" in out and "SKIPPED" in out
     assert "FAILED test_example.py::test_not_a_cuda_test" in out
-    assert proc.returncode == 1 and "2 failed, 1 passed, 1 skipped" in out
+    # a process the test starts is faked too: it gets past is_available to its first CUDA call
+    assert "PASSED test_example.py::test_a_child_process_reaches_cuda" in out
+    assert proc.returncode == 1 and "2 failed, 2 passed, 1 skipped" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="--fake-cuda is for a machine without a GPU")
+def test_without_the_tests_sitecustomize_a_child_is_not_faked(tmp_path: Path) -> None:
+    """The fake reaches a child through the tests' sitecustomize.py on its PYTHONPATH
+    (tests/conftest.py's): a child without it finds no GPU and fails before CUDA, which
+    the plugin calls a bug."""
+    proc = pytest_on_the_example(tmp_path, "--fake-cuda", "-k", "child", site=False)
+    assert "FAILED test_example.py::test_a_child_process_reaches_cuda" in proc.stdout, proc.stdout[-3000:]
+    assert "no GPU in the child" in proc.stdout and "failed before its first CUDA call" in proc.stdout
+
+
+CHILD_REPORT = textwrap.dedent("""
+    tests/test_cuda.py:270: in test_resume_after_sigterm_continues_the_curve
+        wait_for(lambda: ..., timeout=300, proc=proc)
+    tests/helpers.py:209: in wait_for
+        raise AssertionError(f"process ended ...")
+    E   AssertionError: process ended (status 1) before the condition; its last output:
+    E   Traceback (most recent call last):
+    E     File "{repo}/train_gpt2.py", line 10, in <module>
+    E     File "{repo}/gpt/train/trainer.py", line 80, in main_with
+    E     File "{repo}/gpt/model/transformer.py", line 251, in to_empty
+    E     File "{repo}/.venv/lib/python3.11/site-packages/torch/cuda/__init__.py", line 403, in _lazy_init
+    E   AssertionError: Torch not compiled with CUDA enabled
+    tests/helpers.py:209: AssertionError
+""")
+
+
+def test_where_a_test_stopped_and_whether_it_should_have() -> None:
+    """The innermost frame of this project's code before the CUDA error, a child process's
+    traceback (inside the test's assertion) included, the site-packages' left out; and the
+    judgement against STOPS: right where recorded, a failure elsewhere (the trainer
+    stopping earlier, at its device check, as it did where the fake did not reach it) or
+    for a test STOPS does not know."""
+    from types import SimpleNamespace
+
+    from cuda_checks import STOPS, stop_problem, stopped_at
+
+    text = CHILD_REPORT.format(repo=REPO)
+    where = stopped_at(text, "tests/test_cuda.py (test_resume_after_sigterm_continues_the_curve)")
+    assert where == "gpt/model/transformer.py (to_empty)"
+    assert stopped_at("E   RuntimeError: Torch not compiled with CUDA enabled", "t.py (test_x)") == "t.py (test_x)"
+
+    def item(test: str) -> SimpleNamespace:
+        return SimpleNamespace(path=REPO / "tests" / "test_cuda.py", originalname=test,
+                               location=("tests/test_cuda.py", 0, test))
+
+    resume = item("test_resume_after_sigterm_continues_the_curve")
+    assert STOPS["tests/test_cuda.py::" + resume.originalname] == where
+    assert stop_problem(resume, where) is None
+    early = stop_problem(resume, "gpt/runtime/device.py (resolve_device)")
+    assert early.startswith("it stopped at gpt/runtime/device.py (resolve_device), not at its "
+                            "first CUDA call, gpt/model/transformer.py (to_empty)")
+    assert "says nothing of tests/test_cuda.py::test_new" in stop_problem(item("test_new"), where)
+    outside = SimpleNamespace(path=Path("/elsewhere/test_x.py"), originalname="test_x",
+                              location=("test_x.py", 0, "test_x"))
+    assert stop_problem(outside, where) is None  # only this repository's tests are held to STOPS
 
 
 @pytest.mark.parametrize("message, reached", [

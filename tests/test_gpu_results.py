@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from gpt.bench.gpu import accept as gpu
 from gpt.bench.gpu import nanogpt
@@ -202,14 +203,14 @@ def trainer(name: str, ms: float, mem: float, *, batch: int = 64, status: str = 
 
 
 def test_each_loss_kernel_against_the_whole_logits_in_the_summary() -> None:
-    cells = [trainer("ours-b64-default-unchunked", 400.0, 20.0, loss="unchunked"),
+    cells = [trainer("ours-b64-default", 400.0, 20.0),
              trainer("ours-b64-default-liger", 380.0, 18.0, loss="liger"),
              trainer("ours-b64-default-cce", 1.0, 1.0, status="failed", loss="cce"),
              trainer("ours-b16-default-liger", 100.0, 5.0, batch=16, loss="liger")]  # no base at 16
     found = gpu_results.loss_comparisons(cells)
     assert [c["cell"] for c in found] == ["ours-b64-default-liger"]
     liger = found[0]
-    assert liger["ours"] == "ours-b64-default-unchunked"
+    assert liger["ours"] == "ours-b64-default"
     assert liger["step_ms_over_ours"] == pytest.approx(0.95)
     assert liger["tokens_per_s_over_ours"] == pytest.approx(400 / 380)
     assert liger["peak_mem_over_ours"] == pytest.approx(0.9)
@@ -218,6 +219,120 @@ def test_each_loss_kernel_against_the_whole_logits_in_the_summary() -> None:
     rows = [line for line in gpu_results.summary(report).splitlines()
             if line.startswith("| ours-b64-default-liger | liger")]
     assert rows == ["| ours-b64-default-liger | liger | 380.0 (0.950x) | 344,926 (1.053x) | 18.00 (0.900x) |"]
+
+
+@pytest.mark.numerics
+def test_the_loss_bench_judges_a_fused_variant_by_bf16s_rounding() -> None:
+    """A fused variant's bf16 gradient one ulp from the compiled loss's, each entry (two
+    fp32 values rounded to nearest land at most one bf16 ulp apart: 2^-7 of the value at
+    most), is right; two ulps from it, or its loss 2e-3 off (a row in bf16, a row
+    miscounted), or NaN, is wrong, with the reason; a rescaled one is allowed a rounding
+    more. The choice takes the fastest launch judged right under every cap."""
+    from gpt.bench.gpu import loss_bench
+
+    g = torch.Generator().manual_seed(0)
+    ref = (torch.randn(64, 300, generator=g) * 1e-3).bfloat16()
+    loss = torch.tensor(10.8)
+    bits = ref.view(torch.int16)
+
+    def verdict(grad: torch.Tensor, got_loss: torch.Tensor, variant: str = "fused-forward") -> dict:
+        row = {"variant": variant, "status": "ok", **loss_bench.distances(got_loss, grad, loss, ref)}
+        loss_bench.judge(row, torch.bfloat16)
+        return row
+
+    one_ulp = (bits + 1).view(torch.bfloat16)  # the next bf16 away from zero, every entry
+    two_ulps = bits.clone()
+    two_ulps[5, 7] += 2
+    assert verdict(ref, loss)["status"] == "ok"
+    assert verdict(one_ulp, loss + 1e-4)["status"] == "ok"  # 1e-5 relative: fp32's differences
+    wrong = verdict(two_ulps.view(torch.bfloat16), loss)
+    assert wrong["status"] == "wrong" and wrong["reason"].startswith("a gradient entry ")
+    assert verdict(two_ulps.view(torch.bfloat16), loss, loss_bench.WRONG)["status"] == "ok"
+    assert verdict(ref, loss * (1 + 2e-3))["reason"].startswith("loss 0.002 from the compiled")
+    nan = ref.clone()
+    nan[40, 0] = float("nan")  # in the last of the row chunks below, too
+    assert verdict(nan, loss)["status"] == "wrong"
+    # a few rows at a time (the GPU's 13 GB fp32 copies kept small): the same figures
+    for grad in (two_ulps.view(torch.bfloat16), nan):
+        whole = loss_bench.distances(loss, grad, loss, ref)
+        chunked = loss_bench.distances(loss, grad, loss, ref, rows=7)
+        assert str(chunked) == str(whole)  # NaN included
+    assert verdict(ref, torch.tensor(float("nan")))["status"] == "wrong"
+    rows = [{"variant": v, "launch": launch, "softcap": cap, "status": status, "total_ms": ms}
+            for v, launch, cap, status, ms in (
+                ("compiled", None, 0.0, "ok", 9.0), ("compiled", None, 15.0, "ok", 10.0),
+                ("fused-backward", None, 0.0, "ok", 7.0), ("fused-backward", None, 15.0, "ok", 8.0),
+                ("fused-forward", "8w-4096", 0.0, "ok", 4.0),
+                ("fused-forward", "8w-4096", 15.0, "wrong", 4.0),  # fastest, but wrong
+                ("fused-forward", "32w-8192-l2", 0.0, "ok", 5.0),
+                ("fused-forward", "32w-8192-l2", 15.0, "ok", 6.0))]
+    choice = loss_bench.choose(rows)
+    assert (choice["launch"], choice["mode"]) == ("32w-8192-l2", "forward")
+    assert choice["mode_ms"] == {"forward": 11.0, "backward": 15.0} and choice["compiled_ms"] == 19.0
+
+
+def test_the_loss_bench_says_what_it_judged_and_chose_in_the_summary() -> None:
+    variants = [{"variant": "compiled", "softcap": 0.0, "status": "ok", "forward_ms": 4.0,
+                 "backward_ms": 5.0, "total_ms": 9.0, "gb_per_s": 2000.0},
+                {"variant": "fused-forward", "launch": "32w-8192-l2", "softcap": 0.0, "status": "ok",
+                 "forward_ms": 4.5, "backward_ms": 0.01, "total_ms": 4.51, "gb_per_s": 2900.0,
+                 "total_over_compiled": 0.5, "loss_rel_diff": 1e-6, "grad_max_rel_diff": 0.006,
+                 "loss_tolerance": 1e-4, "grad_tolerance": 2 ** -7 + 1e-4},
+                {"variant": "fused-forward, expected wrong", "launch": "32w-8192-l2", "softcap": 0.0,
+                 "status": "wrong", "reason": "a gradient entry 0.5 from the compiled loss's, "
+                 "tolerance 0.0119", "forward_ms": 4.5, "backward_ms": 2.0, "total_ms": 6.5,
+                 "gb_per_s": 3000.0, "loss_rel_diff": 1e-6, "grad_max_rel_diff": 0.5,
+                 "loss_tolerance": 1e-4, "grad_tolerance": 2 ** -7 + 1e-4 + 2 ** -8}]
+    choice = {"over_softcaps": [0.0], "compiled_ms": 9.0, "launch": "32w-8192-l2",
+              "launch_ms": {"32w-8192-l2": 4.51}, "mode": "forward",
+              "mode_ms": {"forward": 4.51, "backward": None}}
+    cell = {"name": "loss-bench", "kind": "loss-bench", "status": "failed", "params": {},
+            "estimate_s": 60, "result": {"dtype": "bfloat16", "variants": variants, "choice": choice}}
+    text = gpu_results.summary({"stage": "loss-kernels", "smoke": False, "seconds": 1,
+                                "budget_s": None, "command": "c", "cells": [cell], "env": ENV})
+    assert "| - fused-forward 32w-8192-l2, cap 0 | ok |" in text
+    assert "loss 1.0e-06 (<= 1e-04), grad 6.0e-03 (<= 7.9e-03)" in text
+    assert ("each fused variant judged against the compiled loss on the same bfloat16 logits: the "
+            "loss within 1e-04 relative, each gradient entry within 0.00791 of itself (0.0118 where "
+            "the forward mode rescales)") in text
+    assert "1 right, 1 wrong; wrong: fused-forward, expected wrong 32w-8192-l2, cap 0: a gradient" in text
+    assert "the forward mode's fastest right launch is 32w-8192-l2 (4.51 ms, the compiled loss 9.00 ms)" in text
+
+
+def test_build_nanogpt_against_each_of_ours_the_invocation_measured() -> None:
+    """The throughput stage's build-nanogpt at micro-batch 64 set beside ours at 64 from the
+    invocation's earlier stages too (the loss kernels' cells: the whole logits, Liger's,
+    the fused loss in each mode), the fastest marked and named in the summary; a cell the
+    stage reused (same_as) counted once."""
+    def nanogpt(ms: float) -> dict:
+        steps = [{"ms": ms, "loss": 5.0}] * 8
+        return {"name": "build-nanogpt-b64", "kind": "nanogpt", "status": "ok", "seconds": 9,
+                "estimate_s": 9, "params": {"batch_size": 64, "steps": 8},
+                "result": gpu_results.step_figures(steps, 2**17, "gpt2", 1024, "cpu")}
+
+    earlier = [{**trainer("ours-b64-default", 266.0, 29.0), "stage": "loss-kernels"},
+               {**trainer("ours-b64-default-liger", 279.0, 23.0, loss="liger"), "stage": "loss-kernels"},
+               {**trainer("ours-b64-default-fused-forward", 258.0, 27.0, loss="fused-forward"),
+                "stage": "loss-kernels"},
+               {**trainer("ours-b64-default-fused", 1.0, 1.0, status="failed", loss="fused"),
+                "stage": "loss-kernels"}]
+    cells = [{**earlier[0], "same_as": "loss-kernels"}, nanogpt(272.0)]
+    found = gpu_results.comparisons(cells, earlier)
+    assert [(r["cell"], r.get("stage")) for r in found] == [
+        ("ours-b64-default", None), ("ours-b64-default-liger", "loss-kernels"),
+        ("ours-b64-default-fused-forward", "loss-kernels")]
+    fastest = [r for r in found if r.get("fastest")]
+    assert [r["cell"] for r in fastest] == ["ours-b64-default-fused-forward"]
+    assert fastest[0]["ours_over_baseline"] == pytest.approx(272.0 / 258.0)
+    report = {"stage": "throughput", "smoke": False, "seconds": 1, "budget_s": None, "command": "c",
+              "cells": cells, "comparison": found, "env": ENV}
+    text = gpu_results.summary(report)
+    assert ("Ours against build-nanogpt at micro-batch 64, every cell of this invocation: "
+            "ours-b64-default 1.023x; ours-b64-default-liger (loss-kernels) 0.975x; "
+            "ours-b64-default-fused-forward (loss-kernels) 1.054x. The fastest: "
+            "ours-b64-default-fused-forward (loss fused-forward), 1.054x") in " ".join(text.split())
+    own = gpu_results.comparisons(cells)  # without the earlier stages: its own cells
+    assert [(r["cell"], r.get("fastest")) for r in own] == [("ours-b64-default", True)]
 
 
 def test_fp8_against_bf16_with_its_losses_step_by_step() -> None:

@@ -88,8 +88,8 @@ def test_scores_equal_the_harness_hf_model_on_the_export(tmp_path: Path) -> None
 
 
 def test_rotary_untied_checkpoint_evaluates(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """A speedrun-era checkpoint (rotary positions, untied head), which no Hugging Face
-    export can hold, scores on every request type from its checkpoint file."""
+    """A speedrun-era checkpoint (rotary positions, untied head), which Hugging Face's
+    GPT-2 cannot hold, scores on every request type from its checkpoint file."""
     from gpt.evaluate import main
 
     from helpers import write_checkpoint
@@ -307,3 +307,21 @@ def test_our_hellaswag_and_the_harness_s_read_the_same_items_differently(tmp_pat
                               valid_vocab=GPT2_VOCAB)
     theirs = harness_tasks.run_tasks(GPT2TrainerLM(model=model, dtype="fp32"), tasks)
     assert ours["total"] == theirs["hellaswag_local"]["sample_len"] == len(HELLASWAG)
+
+
+def test_a_batch_larger_than_the_free_memory_is_one_line_before_its_forward(monkeypatch) -> None:
+    """The harness's batch_size, like every reader's batch flag, is judged against what
+    the host has free before the forward allocates its logits."""
+    from gpt.core.errors import UserError
+    from gpt.eval.harness import GPT2TrainerLM
+    from gpt.model import sizing
+
+    lm = GPT2TrainerLM(model=tiny_model(), dtype="fp32", batch_size=100_000)
+    monkeypatch.setattr(sizing, "free_memory", lambda device: (2**20, "this host"))
+    requests = [(None, [1, 2, 3], [4, 5])] * 3
+    with pytest.raises(UserError, match=r"^batch_size 100000 \(a forward of 3 rows x 4 tokens: "
+                       r"its logits\) needs at least 0\.0 GiB, and this host has 0\.0 GiB free: "
+                       r"lower it \(gpt\.evaluate's --tasks-batch-size"):
+        lm._loglikelihood_tokens(requests)
+    monkeypatch.undo()
+    assert len(lm._loglikelihood_tokens(requests)) == 3

@@ -17,6 +17,8 @@ from gpt.eval import hellaswag
 from gpt.eval.hellaswag import Example, HellaSwagError, build_batch, completion_losses, evaluate
 from gpt.model.transformer import GPT
 
+from helpers import served_folder
+
 # ---------------------------------------------------------------------------- fixtures
 
 # Per-token losses the stub model gives each ending word, whatever comes before it.
@@ -231,16 +233,85 @@ def test_fetch_downloads_once_into_the_cache(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     url = source.as_uri()  # a file:// URL: urllib fetches it like the real https one
     path = hellaswag.fetch(url, cache)
-    assert path == cache / "hellaswag_val.jsonl" and path.read_bytes() == source.read_bytes()
+    assert path == hellaswag.cached_path(url, cache) and path.read_bytes() == source.read_bytes()
+    # an address of the user's own keeps a name of its own, whatever its file's name
+    assert path.parent == cache and path.name.endswith("-hellaswag_val.jsonl")
     source.unlink()
     assert hellaswag.fetch(url, cache) == path  # served from the cache, not fetched again
     assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no temporary left
     with pytest.raises(HellaSwagError, match="could not download") as e:
         hellaswag.fetch((tmp_path / "gone.jsonl").as_uri(), cache)
     # offline, the error names where to put a copy and the flag of each command that takes one
-    assert f"copy the file to {cache / 'gone.jsonl'}" in str(e.value)
+    gone = hellaswag.cached_path((tmp_path / "gone.jsonl").as_uri(), cache)
+    assert f"copy the file to {gone}" in str(e.value)
     assert "--hellaswag FILE to python -m gpt.evaluate" in str(e.value)
     assert "--hellaswag-file FILE to the trainer" in str(e.value)
+
+
+# ---------------------------------------------------------------------------- the official set
+
+
+@pytest.fixture()
+def official(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A file standing in for the official validation set: the identity the code checks
+    (size and sha256) made this file's; the official address is kept as it is."""
+    import hashlib
+
+    from gpt.eval import hellaswag_source
+
+    path = write_jsonl(tmp_path / "official.jsonl", MINI_SET)
+    monkeypatch.setattr(hellaswag_source, "VAL_BYTES", path.stat().st_size)
+    monkeypatch.setattr(hellaswag_source, "VAL_SHA256",
+                        hashlib.sha256(path.read_bytes()).hexdigest())
+    monkeypatch.setattr(hellaswag_source, "_identified", {})
+    return path
+
+
+def test_a_download_of_the_same_file_name_never_stands_in_for_the_official_set(
+        tmp_path: Path, official: Path) -> None:
+    (tmp_path / "srv").mkdir()  # a mirror's file of the same name, not the official file
+    mirror = write_jsonl(tmp_path / "srv" / "hellaswag_val.jsonl", MINI_SET[:2])
+    cache = tmp_path / "cache"
+    with served_folder(tmp_path / "srv") as base:
+        url = f"{base}/hellaswag_val.jsonl"
+        mine = hellaswag.load_examples(url, cache, tokenizer=WordTokenizer())
+    assert len(mine) == 2 and mine.name == url  # scored under its own name
+    assert not (cache / "hellaswag_val.jsonl").exists()  # not where the official set is kept
+    # a copy under the official set's own name is not it either: with no network, one line
+    (cache / "hellaswag_val.jsonl").write_bytes(mirror.read_bytes())
+    from gpt.core import network
+
+    network._answers[("raw.githubusercontent.com", 443)] = "cannot connect (no network)"
+    for source in ("val", None, hellaswag.VAL_URL):
+        with pytest.raises(HellaSwagError, match=r"the copy at .*hellaswag_val\.jsonl is not "
+                           r"HellaSwag's validation set .* cannot be downloaded"):
+            hellaswag.load_examples(source, cache, tokenizer=WordTokenizer())
+        with pytest.raises(HellaSwagError, match="is not HellaSwag's validation set"):
+            hellaswag.check_reachable(source, cache)  # the preflight's question: the same answer
+    # the official file, cached: scored as the validation set, under its name
+    (cache / "hellaswag_val.jsonl").write_bytes(official.read_bytes())
+    hellaswag.check_reachable("val", cache)
+    val = hellaswag.load_examples("val", cache, tokenizer=WordTokenizer())
+    assert len(val) == 6 and val.name == hellaswag.VAL_NAME == "val"
+    # known by its content wherever it is: a local copy of it, and a file that is not it
+    assert hellaswag.load_examples(official, tokenizer=WordTokenizer()).name == "val"
+    assert hellaswag.load_examples(mirror, tokenizer=WordTokenizer()).name == str(mirror)
+
+
+def test_what_the_official_address_sends_is_checked_before_it_is_scored(
+        tmp_path: Path, official: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpt.eval import hellaswag_source
+
+    (tmp_path / "srv").mkdir()  # the official address answering with another file
+    served = write_jsonl(tmp_path / "srv" / "hellaswag_val.jsonl", MINI_SET[:3])
+    with served_folder(tmp_path / "srv") as base:
+        monkeypatch.setattr(hellaswag_source, "VAL_URL", f"{base}/hellaswag_val.jsonl")
+        with pytest.raises(HellaSwagError, match=r"is not the official validation set .* not "
+                           r"scored as it"):
+            hellaswag.load_examples("val", tmp_path / "cache", tokenizer=WordTokenizer())
+        served.write_bytes(official.read_bytes())  # the official file: fetched over the bad copy
+        val = hellaswag.load_examples("val", tmp_path / "cache", tokenizer=WordTokenizer())
+    assert val.name == "val" and len(val) == 6
 
 
 def test_max_examples(tmp_path: Path) -> None:

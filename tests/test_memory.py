@@ -324,3 +324,59 @@ def test_the_searches_report_each_candidate_they_plan() -> None:
     layout.settle(auto, 1, "cpu", capacity, progress=seen.append,
                   planner=lambda cfg, world, device: tiny_plan)
     assert seen and seen[0] == "--parallel ddp, --activation-checkpointing none, --batch-size 1"
+
+
+def _plans_deep_and_traced(monkeypatch, flags: list[str], world_size: int = 1):
+    """The plan of a 13-block model extrapolated from 9 and 11 blocks (the thresholds
+    lowered, so that the test traces a few blocks), and the same model traced whole."""
+    cfg = parse_args([*SMALL, "--vocab-size", "512", *flags, "--n-layer", "13"])
+    with monkeypatch.context() as m:
+        m.setattr(memory, "TRACED_LAYERS", 12)
+        m.setattr(memory, "EXTRAPOLATED_FROM", (8, 10))
+        extrapolated = memory.plan(cfg, world_size, "cpu")
+    return extrapolated, memory.plan(cfg, world_size, "cpu")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [
+    [],
+    pytest.param(["--n-embd", "256", "--n-head", "4", "--batch-size", "1", "--seq-len", "8"],
+                 id="gradients-dominate"),
+    pytest.param(["--value-embeds", "--unet-skips", "--rotary"], id="value-embeds-unet"),
+    pytest.param(["--activation-checkpointing", "blocks", "--total-batch-tokens", "512"],
+                 id="checkpointing-accumulating"),
+], ids=lambda f: " ".join(f) or "plain")
+def test_a_deep_model_is_planned_from_two_shallow_traces_as_its_whole_trace_says(
+        flags, monkeypatch) -> None:
+    """Tracing every block of 1,000 costs minutes; every block holds the same, so two
+    traces of the model's own kind, extrapolated block by block, give the whole trace's
+    plan, to the byte (the bytes a step holds are affine in the depth)."""
+    extrapolated, traced = _plans_deep_and_traced(monkeypatch, flags)
+    assert extrapolated.components == traced.components
+    assert extrapolated.peak_bytes == traced.peak_bytes
+    assert extrapolated.setup["params"] == traced.setup["params"]
+    assert extrapolated.logits_and_loss_bytes == traced.logits_and_loss_bytes
+    assert "13 blocks: traced at 9 and 11 and extrapolated" in extrapolated.assumptions[-1]
+
+
+@pytest.mark.slow
+def test_a_deep_fsdp_model_is_planned_from_two_shallow_traces(monkeypatch) -> None:
+    extrapolated, traced = _plans_deep_and_traced(monkeypatch, ["--parallel", "fsdp"], 2)
+    assert extrapolated.components == traced.components
+
+
+def test_the_dry_run_of_a_thousand_blocks_traces_a_few_and_says_so(monkeypatch) -> None:
+    """What the dry run of --n-layer 1000 traces: two models of a few blocks, not 1,000."""
+    depths: list[int] = []
+    real = memory.measure_step
+
+    def counted(cfg, *args):
+        depths.append(cfg.model.n_layer)
+        return real(cfg, *args)
+
+    monkeypatch.setattr(memory, "measure_step", counted)
+    cfg = parse_args([*SMALL, "--n-layer", "1000", "--n-embd", "16", "--n-head", "1"])
+    plan = memory.plan(cfg, 1, "cpu")
+    assert depths == [8, 16]
+    assert plan.setup["n_layer"] == 1000 and plan.setup["params"] == \
+        sum(p.numel() for p in GPT(cfg.model).parameters())

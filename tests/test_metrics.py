@@ -197,6 +197,56 @@ def test_metrics_log_closes(tmp_path: Path) -> None:
     assert path.read_text() == ""
 
 
+def test_the_log_is_never_written_through_a_symlink(tmp_path: Path) -> None:
+    """A metrics.jsonl that is a link to a file elsewhere would append the run's records
+    there: refused, and the file it leads to is left as it was."""
+    from gpt.report.metrics import MetricsError
+
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text('{"theirs": 1}\n')
+    (tmp_path / "run").mkdir()
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.symlink_to(elsewhere)
+    with pytest.raises(MetricsError, match=r"metrics\.jsonl: cannot open the metrics log for "
+                       r"appending: it is a symlink \(to .*elsewhere\.jsonl\), and a run writes "
+                       r"only inside its folder, never through a link; remove or rename it"):
+        MetricsLog(path)
+    assert elsewhere.read_text() == '{"theirs": 1}\n'
+
+
+def test_a_run_refuses_a_log_or_tracker_folder_that_leads_outside_it(
+        tmp_path: Path, random_data_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    """The run's folder check (the run's and its dry run's) refuses a link at the log's
+    name and at a folder it writes into, before anything is written."""
+    from gpt.checkpoint.run_folder import check_run_folder
+    from gpt.core.errors import UserError
+    from gpt.entry import train_main
+    from helpers import QUIET, TINY
+
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text("")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").symlink_to(elsewhere)
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(random_data_dir),
+            "--out-dir", str(out)]
+    for dry in (["--dry-run"], []):
+        assert train_main([*args, *dry]) != 0
+        err = capsys.readouterr().err
+        assert f"{out / 'metrics.jsonl'}: cannot open the metrics log for appending: it is a " \
+            f"symlink (to {elsewhere}), and a run writes only inside its folder" in err
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]
+    assert elsewhere.read_text() == ""
+    (out / "metrics.jsonl").unlink()
+    (tmp_path / "logs").mkdir()
+    (out / "tensorboard").symlink_to(tmp_path / "logs")  # --tensorboard's event files
+    with pytest.raises(UserError, match=r"tensorboard: cannot write the run's TensorBoard event "
+                       r"files \(--tensorboard\) there: it is a symlink \(to .*logs\), and a "
+                       r"run writes only inside its folder"):
+        check_run_folder(out, tensorboard=True)
+    check_run_folder(out)  # without --tensorboard, nothing is written there
+
+
 def test_peak_memory_on_cpu_is_the_process_peak_rss() -> None:
     import mmap
 

@@ -13,13 +13,14 @@ import torch
 from gpt.core.config import OptimConfig, model_preset
 from gpt.engine.step import optimizer_step
 from gpt.model.transformer import GPT
-from gpt.optim.muon import MuonAdamW, hidden_matrices, momentum_at
-from gpt.optim.optimizer import build_optimizer, optimizer_groups
+from gpt.optim.muon import MUON, hidden_matrices, momentum_at
+from gpt.optim.muon_adamw import MuonAdamW
+from gpt.optim.optimizer import build_optimizer
 from gpt.optim.schedule import lr_at
 from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one, run_cli,
                      write_random_shards)
 
-MUON = OptimConfig(optimizer="muon", max_lr=3e-3, muon_lr=0.02, fused=False)
+MUON_CFG = OptimConfig(optimizer="muon", max_lr=3e-3, muon_lr=0.02, fused=False)
 
 
 def model_and_grads(seed: int = 0) -> GPT:
@@ -32,7 +33,7 @@ def model_and_grads(seed: int = 0) -> GPT:
 
 def test_muon_takes_the_blocks_matrices_and_adamw_the_rest() -> None:
     model = model_and_grads()
-    groups = optimizer_groups(model, MUON)
+    groups = MUON.param_groups(model, MUON_CFG)
     muon, decay, no_decay = groups
     assert muon["muon"] and muon["lr_ratio"] == pytest.approx(0.02 / 3e-3)
     assert {id(p) for p in muon["params"]} == {id(p) for p in hidden_matrices(model)}
@@ -44,10 +45,10 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest() -> None:
 
 def test_one_step_is_torchs_muon_and_adamw_each_on_their_own() -> None:
     model, ref = model_and_grads(), model_and_grads()  # (a deep copy drops the gradients)
-    opt, _ = build_optimizer(model, MUON, torch.device("cpu"))
+    opt, _ = build_optimizer(model, MUON_CFG, torch.device("cpu"))
     assert isinstance(opt, MuonAdamW)
     optimizer_step(opt, torch.amp.GradScaler("cpu", enabled=False), 3e-3, torch.tensor(1.0))
-    groups = optimizer_groups(ref, MUON)
+    groups = MUON.param_groups(ref, MUON_CFG)
     torch.optim.Muon(groups[0]["params"], lr=0.02, weight_decay=0.0, momentum=0.95).step()
     torch.optim.AdamW(groups[1:], lr=3e-3, betas=(0.9, 0.95), eps=1e-8).step()
     for (name, got), want in zip(model.named_parameters(), ref.parameters()):
@@ -56,10 +57,10 @@ def test_one_step_is_torchs_muon_and_adamw_each_on_their_own() -> None:
 
 def test_the_state_round_trips_and_the_next_step_is_the_same() -> None:
     model, twin = model_and_grads(), model_and_grads()
-    opt, _ = build_optimizer(model, MUON, torch.device("cpu"))
+    opt, _ = build_optimizer(model, MUON_CFG, torch.device("cpu"))
     opt.step()
     twin.load_state_dict(model.state_dict())
-    twin_opt, _ = build_optimizer(twin, MUON, torch.device("cpu"))
+    twin_opt, _ = build_optimizer(twin, MUON_CFG, torch.device("cpu"))
     twin_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
     assert any("momentum_buffer" in s for s in twin_opt.state.values())
     opt.step()
@@ -78,9 +79,10 @@ def test_momentum_warms_up_and_the_trapezoid_holds_then_falls() -> None:
 
 def test_the_step_scales_muons_learning_rate_and_sets_its_momentum() -> None:
     model = model_and_grads()
-    opt, _ = build_optimizer(model, MUON, torch.device("cpu"))
+    opt, _ = build_optimizer(model, MUON_CFG, torch.device("cpu"))
     optimizer_step(opt, torch.amp.GradScaler("cpu", enabled=False), 1.5e-3, torch.tensor(1.0),
-                   muon_momentum=0.9)
+                   settings=MUON.step_settings(
+                       OptimConfig(optimizer="muon", muon_momentum=0.9), 0))
     muon_group, *adamw_groups = opt.param_groups
     assert muon_group["lr"] == pytest.approx(0.01) and muon_group["momentum"] == 0.9
     assert all(g["lr"] == 1.5e-3 and "momentum" not in g for g in adamw_groups)
@@ -89,7 +91,7 @@ def test_the_step_scales_muons_learning_rate_and_sets_its_momentum() -> None:
 def test_a_non_finite_gradient_skips_the_whole_step() -> None:
     model = model_and_grads()
     before = copy.deepcopy(model.state_dict())
-    opt, _ = build_optimizer(model, MUON, torch.device("cpu"))
+    opt, _ = build_optimizer(model, MUON_CFG, torch.device("cpu"))
     skipped = optimizer_step(opt, torch.amp.GradScaler("cpu", enabled=False), 3e-3,
                              torch.tensor(float("nan")))
     assert skipped.item() == 1.0

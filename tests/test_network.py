@@ -5,6 +5,7 @@ for (tests/conftest.py: no test touches the network): here, with one that fails.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import sys
@@ -14,7 +15,7 @@ import pytest
 
 from gpt.core import network
 
-from helpers import QUIET, TINY, run_cli, write_random_shards
+from helpers import QUIET, TINY, run_cli, served_folder, silent_host, write_random_shards
 
 NO_NETWORK = "gaierror: Name or service not known"
 REAL_PROBE = network._probe  # conftest's stand-in replaces it in every test
@@ -25,7 +26,7 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """No host answers; the hosts asked, in order."""
     asked: list[tuple[str, int]] = []
 
-    def probe(host: str, port: int, timeout_s: float) -> str:
+    def probe(host: str, port: int, timeout_s: float, *how: object) -> str:
         asked.append((host, port))
         return NO_NETWORK
 
@@ -71,6 +72,144 @@ def test_a_real_probe_of_a_closed_port_answers_within_its_timeout() -> None:
         port = s.getsockname()[1]  # bound, not listening: a connection is refused
         why = REAL_PROBE("127.0.0.1", port, 1.0)
     assert why is not None and "ConnectionRefusedError" in why
+
+
+@pytest.fixture()
+def real_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real probe, on the loopback, with a short wait for an answer; no proxy, no
+    offline switch, nothing kept from before."""
+    monkeypatch.setattr(network, "_probe", REAL_PROBE)
+    monkeypatch.setattr(network, "ANSWER_S", 0.5)
+    for name in (*network.OFFLINE_VARS, "HF_ENDPOINT", "HTTPS_PROXY", "https_proxy",
+                 "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_a_host_that_takes_connections_and_never_answers_is_told_at_once(
+        real_probe, monkeypatch, tmp_path, capsys) -> None:
+    """A hub mirror, a HellaSwag address or a proxy that accepts and stays silent: one
+    line within the probe's waits, not the libraries' timeouts and retries (minutes)."""
+    import time
+
+    from gpt.checkpoint import weights
+    from gpt.checkpoint.model_load import PretrainedError
+    from gpt.eval import hellaswag
+    from gpt.generate import main as generate_main
+
+    with silent_host() as (host, port):
+        for scheme in ("http", "https"):  # an HTTP request, a TLS handshake: no reply
+            network._answers.clear()
+            monkeypatch.setenv("HF_ENDPOINT", f"{scheme}://{host}:{port}")
+            start = time.monotonic()
+            with pytest.raises(PretrainedError, match=rf"the hub cannot be reached \({host}:"
+                               rf"{port}: it takes connections but does not answer \(nothing "
+                               rf"in 0\.5 s\)\)"):
+                weights.download("gpt2", tmp_path / "hub")
+            assert time.monotonic() - start < 10
+        network._answers.clear()
+        assert generate_main(["--init-from", "gpt2", "--prompt", "hi", "--device", "cpu"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "it takes connections but does not answer" in err
+        monkeypatch.delenv("HF_ENDPOINT")
+        with pytest.raises(hellaswag.HellaSwagError, match="it takes connections but does not "
+                           "answer"):
+            hellaswag.check_reachable(f"http://{host}:{port}/hs.jsonl", tmp_path / "hs")
+        network._answers.clear()
+        monkeypatch.setenv("HTTPS_PROXY", f"http://{host}:{port}")  # a proxy that never replies
+        assert network.hub_unreachable() == (
+            f"{host}:{port} through the proxy for huggingface.co: it takes connections but does "
+            f"not answer (nothing in 0.5 s)")
+
+
+def test_a_host_that_answers_is_reachable(real_probe, tmp_path) -> None:
+    """Any answer counts: an HTTP server's reply (an error too)."""
+    with served_folder(tmp_path) as base:
+        assert network.unreachable(f"{base}/missing.jsonl") is None
+
+
+def test_a_download_that_stops_making_progress_is_given_up_on_in_one_line() -> None:
+    """Past the probe, a host can still stall a download: the library's retries are
+    bounded by the time without progress, not left to run for minutes."""
+    import threading
+    import time
+
+    release = threading.Event()
+    start = time.monotonic()
+    with pytest.raises(network.NetworkError, match=r"^downloading x: no progress in 0\.5 s: "
+                       r"the host stopped answering"):
+        network.within_time_limit(lambda: release.wait(30), "downloading x", stall_s=0.5)
+    assert time.monotonic() - start < 5
+    release.set()
+    ticks = iter(range(10**6))  # progress all along: waited for to the end
+    assert network.within_time_limit(lambda: time.sleep(2) or "done", "x",
+                                      progress=lambda: next(ticks), stall_s=0.5) == "done"
+    with pytest.raises(KeyError):  # the download's own error, raised as it was
+        network.within_time_limit(lambda: {}["k"], "x", stall_s=5)
+
+
+BAD_ADDRESS = "is not a usable address"
+
+
+@pytest.mark.parametrize("env,command,words", [
+    ({"HTTPS_PROXY": "http://proxy:notaport"}, ["train", "--init-from", "gpt2", "--dry-run"],
+     "HTTPS_PROXY: 'http://proxy:notaport' is not a usable address (Port could not be cast"),
+    ({"HTTPS_PROXY": "http://proxy:notaport"}, ["train", "--init-from", "gpt2"],
+     "HTTPS_PROXY: 'http://proxy:notaport' is not a usable address"),
+    ({}, ["train", "--hellaswag-every", "1", "--hellaswag-file",
+          "http://127.0.0.1:99999/hs.jsonl", "--dry-run"],
+     "--hellaswag-file: 'http://127.0.0.1:99999/hs.jsonl' is not a usable address (Port out "
+     "of range"),
+    ({}, ["evaluate", "--hellaswag", "https://[::1/hs.jsonl"],
+     "--hellaswag: 'https://[::1/hs.jsonl' is not a usable address (Invalid IPv6 URL)"),
+    ({"HF_ENDPOINT": "http://host:badport"}, ["generate", "--init-from", "gpt2"],
+     "HF_ENDPOINT: 'http://host:badport' is not a usable address"),
+    ({"http_proxy": "proxy:99999"}, ["train", "--init-from", "gpt2", "--dry-run"],
+     "http_proxy: 'proxy:99999' is not a usable address (Port out of range"),
+], ids=["proxy-dry-run", "proxy-run", "hellaswag-port", "hellaswag-ipv6", "endpoint",
+        "http-proxy"])
+def test_a_malformed_address_is_one_line_naming_its_variable_or_flag(
+        env, command, words, tmp_path, four_step_run, monkeypatch, capsys, no_launch_env) -> None:
+    from gpt.entry import train_main
+    from gpt.evaluate import main as evaluate_main
+    from gpt.generate import main as generate_main
+
+    for name in (*network.PROXY_VARS, "HF_ENDPOINT", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    kind, *flags = command
+    if kind == "train":
+        (tmp_path / "data").mkdir()
+        data = write_random_shards(tmp_path / "data", seed=0, train=(10_000,))
+        code = train_main([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data),
+                           "--out-dir", str(tmp_path / "run"), *flags])
+    elif kind == "evaluate":
+        code = evaluate_main(["--checkpoint", str(four_step_run / "ckpt_000004.pt"),
+                              "--device", "cpu", *flags])
+    else:
+        code = generate_main([*flags, "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    line = next(line for line in err.splitlines() if line.startswith("error: "))
+    assert line.startswith(f"error: {words}"), err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_malformed_hub_address_is_named_before_the_library_fails_to_import_on_it(
+        tmp_path) -> None:
+    """huggingface_hub parses HF_ENDPOINT as it is imported: in a fresh process, the
+    variable is named before that import."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k not in network.PROXY_VARS}
+    proc = subprocess.run([sys.executable, "-m", "gpt.generate", "--init-from", "gpt2",
+                           "--device", "cpu"], capture_output=True, text=True, timeout=300,
+                          env={**env, "HF_ENDPOINT": "http://host:badport",
+                               "HF_HUB_CACHE": str(tmp_path)})
+    assert proc.returncode == 1 and proc.stderr.startswith(
+        "error: HF_ENDPOINT: 'http://host:badport' is not a usable address"), proc.stderr
 
 
 def test_the_libraries_offline_mode_is_set_and_put_back() -> None:
@@ -230,9 +369,9 @@ def test_hellaswags_download_offline_is_one_line_at_once_and_a_cached_copy_is_us
     for dry in (["--dry-run"], []):
         proc = run_cli(*flags, "--out-dir", str(tmp_path / "run"), *dry)
         assert proc.returncode != 0
-        assert f"error: HellaSwag: {hellaswag.VAL_URL} is not cached at " \
-            f"{hellaswag.default_cache_dir() / 'hellaswag_val.jsonl'} and cannot be downloaded " \
-            f"(cannot connect to raw.githubusercontent.com:443 ({NO_NETWORK})): pass a local " \
+        assert f"error: HellaSwag: {hellaswag.VAL_URL}: it is not cached at " \
+            f"{hellaswag.default_cache_dir() / 'hellaswag_val.jsonl'}, and it cannot be " \
+            f"downloaded (cannot connect to raw.githubusercontent.com:443 ({NO_NETWORK})): pass a local " \
             f"copy with --hellaswag-file FILE, or go online" in proc.stderr
         assert not (tmp_path / "run").exists()  # before anything was made
     with pytest.raises(hellaswag.HellaSwagError, match="--hellaswag FILE to python -m "
@@ -240,6 +379,17 @@ def test_hellaswags_download_offline_is_one_line_at_once_and_a_cached_copy_is_us
         hellaswag.fetch(hellaswag.VAL_URL)  # gpt.evaluate's download, in one line too
     cached = hellaswag.cached_path(hellaswag.VAL_URL)
     cached.parent.mkdir(parents=True)
-    cached.write_text("")
+    cached.write_text("{}\n")  # not the official file: not a cached copy of it
+    with pytest.raises(hellaswag.HellaSwagError, match="is not HellaSwag's validation set"):
+        hellaswag.check_reachable(None)
+    proc = run_cli(*flags, "--out-dir", str(tmp_path / "run"), "--dry-run")  # nor the trainer's
+    assert proc.returncode != 0 and f"the copy at {cached} is not HellaSwag's validation set" \
+        in proc.stderr
+    from gpt.eval import hellaswag_source  # the official file's identity made this file's
+
+    monkeypatch.setattr(hellaswag_source, "VAL_BYTES", 3)
+    monkeypatch.setattr(hellaswag_source, "VAL_SHA256",
+                        hashlib.sha256(b"{}\n").hexdigest())
+    monkeypatch.setattr(hellaswag_source, "_identified", {})
     hellaswag.check_reachable(None)  # cached: no network needed
     assert hellaswag.fetch(hellaswag.VAL_URL) == cached

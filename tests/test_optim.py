@@ -9,7 +9,8 @@ import torch
 
 from gpt.core.config import OptimConfig, model_preset
 from gpt.model.transformer import GPT
-from gpt.optim.optimizer import build_optimizer, param_groups
+from gpt.optim.adamw import param_groups
+from gpt.optim.optimizer import build_optimizer
 from gpt.optim.schedule import lr_at
 
 MAX_LR, RATIO, WARMUP, STEPS = 6e-4, 0.1, 715, 19073
@@ -75,8 +76,11 @@ def test_a_runs_schedule_is_its_optimizer_sections() -> None:
 
     adamw = Schedule(OptimConfig(max_lr=1.0, min_lr_ratio=0.0, warmup_steps=2), max_steps=10)
     assert [adamw.lr(s) for s in (0, 1, 10)] == [lr_at(s, 1.0, 0.0, 2, 10) for s in (0, 1, 10)]
-    assert adamw.muon_momentum(0) is None
+    assert adamw.settings(0) == {} and adamw.log_fields(0) == {}
     muon = Schedule(OptimConfig(optimizer="muon", muon_momentum=0.95, muon_momentum_warmup=4,
                                 lr_schedule="trapezoid"), max_steps=10)
-    assert muon.muon_momentum(0) == pytest.approx(0.85) and muon.muon_momentum(4) == 0.95
+    assert muon.settings(0)["muon"]["momentum"] == pytest.approx(0.85)
+    assert muon.settings(4) == {"muon": {"momentum": 0.95}}
+    assert muon.log_fields(4) == {"muon_lr": pytest.approx(muon.lr(4) * 0.02 / 6e-4),
+                                  "muon_momentum": 0.95}
     assert muon.lr(9) == lr_at(9, 6e-4, 0.1, 715, 10, "trapezoid", 0.4)

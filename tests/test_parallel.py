@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import QUIET, REPO, TINY, write_random_shards
+from helpers import QUIET, REPO, TINY, val_loader, write_random_shards
 from gpt.core.cli import parse_args
 from gpt.core.config import ConfigError, OptimConfig, TrainConfig, model_preset
 from gpt.engine import parallel
@@ -223,8 +223,8 @@ def test_trainer_graphs_training_never_breaks_and_eval_compiles_apart(
         train_step()
         train_step()
         assert graph_breaks() == 0 and graph_backend.frame_count == 1
-        val_loss(par.eval_model, run.val_loader, 2, "cpu", torch.float32)
-        val_loss(par.eval_model, run.val_loader, 2, "cpu", torch.float32)
+        val_loss(par.eval_model, val_loader(run), 2, "cpu", torch.float32)
+        val_loss(par.eval_model, val_loader(run), 2, "cpu", torch.float32)
         assert graph_backend.frame_count == 2
         examples = [hellaswag.Example(context=(1, 2, 3), endings=((4,), (5, 6), (7,), (8, 9)),
                                       label=1)] * 3

@@ -13,6 +13,7 @@ import pytest
 
 from gpt.plot import main
 from gpt.report.curves import MATPLOTLIB_HINT
+from gpt.eval.evaluations import panels  # the evaluations' records the figure keeps
 from gpt.report.metrics_reader import load_metrics
 
 
@@ -36,7 +37,7 @@ def test_series_by_type(tmp_path: Path) -> None:
         {"type": "val", "step": 2, "val_loss": 8.5},
         {"type": "checkpoint", "step": 3, "path": "ckpt_000003.pt"},
     ])
-    run = load_metrics(path)
+    run = load_metrics(path, panels=panels())
     assert run.series("train", "loss") == ([0, 1, 2], [10.9, 9.5, 8.0])
     assert run.series("train", "tokens_per_s") == ([0, 1, 2], [1000.0, 1001.0, 1002.0])
     assert run.series("val", "val_loss") == ([0, 2], [11.0, 8.5])
@@ -71,7 +72,7 @@ def test_resumed_run_replaces_the_superseded_attempt(tmp_path: Path) -> None:
         {"type": "run", "start_step": 4, "resumed_from": "ckpt_000004.pt"},
         train(4, 5.5), train(5, 4.4),
     ])
-    run = load_metrics(path)
+    run = load_metrics(path, panels=panels())
     assert run.series("train", "loss") == ([0, 1, 2, 3, 4, 5], [10.0, 9.0, 8.0, 7.0, 5.5, 4.4])
     assert run.series("val", "val_loss") == ([4], [6.5])
     assert run.series("hellaswag", "acc_norm") == ([4], [0.31])
@@ -148,7 +149,7 @@ def test_a_run_without_hellaswag_has_no_empty_panel_and_the_title_names_the_run(
         plt.close(fig)
     run = load_metrics(write_jsonl(tmp_path / "metrics.jsonl", [
         head, train(0, 10.8), train(1, 9.0), {"type": "val", "step": 1, "val_loss": 9.5},
-        {"type": "hellaswag", "step": 1, "acc": 0.25, "acc_norm": 0.25}]))
+        {"type": "hellaswag", "step": 1, "acc": 0.25, "acc_norm": 0.25}]), panels=panels())
     fig = draw([run])
     try:
         assert fig.axes[-1].get_title() == "HellaSwag accuracy" and len(fig.axes) == 4
@@ -219,7 +220,7 @@ def test_muons_learning_rate_is_drawn_beside_adamws(tmp_path: Path) -> None:
 
     run = read_run(write_jsonl(tmp_path / "metrics.jsonl", [
         header(20, optimizer="muon", muon_lr=0.02), *(train(s, 5.0) for s in (0, 5, 10, 15, 19))]))
-    (steps, lrs), (muon_steps, muon) = run.lr_schedule["lr"], run.lr_schedule["muon lr"]
+    (steps, lrs), (muon_steps, muon) = run.lr_schedule["lr"], run.lr_schedule["muon_lr"]
     assert muon_steps == steps == list(range(20))
     assert muon == [lr * (0.02 / 3e-3) for lr in lrs]  # as the step sets it: x its lr_ratio
     fig = draw([run])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import QUIET, REPO, TINY, run_cli, write_random_shards
+from helpers import QUIET, REPO, TINY, read_metrics, run_cli, write_random_shards
 from gpt.checkpoint.files import save_atomic
 from gpt.core import extras
 from gpt.core.cli import parse_args
@@ -82,6 +82,88 @@ def test_a_missing_hellaswag_file_stops_the_run_and_its_dry_run_alike(data: Path
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert f"--hellaswag-file {tmp_path / 'missing.jsonl'}: no such file" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_hellaswag_file_bad_past_its_first_lines_is_refused_by_the_dry_run(
+        data: Path, tmp_path: Path) -> None:
+    """The dry run reads every line the run will: a bad 21st line is its verdict too."""
+    import json
+
+    good = json.dumps({"ctx": "The man", "endings": ["a", "b", "c", "d"], "label": 0})
+    path = tmp_path / "hs.jsonl"
+    path.write_text(f"{good}\n" * 20 + "{not json\n" + f"{good}\n" * 5)
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+            str(tmp_path / "run"), "--hellaswag-every", "1", "--hellaswag-file", str(path)]
+    for proc in (run_cli(*args, "--dry-run"), run_cli(*args)):
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert f"--hellaswag-file {path}:21: not valid JSON" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--torch-profile", "/proc/x", "--profile-start", "1"], "--torch-profile /proc/x: cannot "
+                                                              "write there: "),
+    (["--torch-profile", "FILE"], "--torch-profile FILE: cannot write there: FILE is a file, "
+                                  "not a folder; name another folder"),
+    (["--memory-snapshot", "FILE/snap.pickle"], "--memory-snapshot FILE/snap.pickle: cannot "
+                                                "write there: FILE is a file, not a folder"),
+    (["--vocab-size", "1000"], "train_000000.bin: token id "),
+], ids=["profile-in-proc", "profile-a-file", "snapshot-below-a-file", "vocab-below-the-data"])
+def test_what_the_run_would_stop_at_the_dry_run_says_first(flags: list[str], words: str,
+                                                           data: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    flags = [f.replace("FILE", str(tmp_path / "file")) for f in flags]
+    words = words.replace("FILE", str(tmp_path / "file"))
+    args = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data), "--out-dir",
+            str(tmp_path / "run"), *flags]
+    for proc in (run_cli(*args, "--dry-run"), run_cli(*args)):
+        assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+        assert words in proc.stderr
+    assert not (tmp_path / "run").exists()
+    if "--vocab-size" in flags:  # the line names the flag to change, not only the data
+        assert "is >= --vocab-size 1000, beyond the model's vocabulary; raise --vocab-size" \
+            in proc.stderr
+
+
+@pytest.mark.parametrize("case", ["name too long", "unreadable"])
+def test_an_out_dir_that_cannot_be_listed_is_one_line_in_the_dry_run_and_the_run(
+        case: str, data: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """The checkpoints are listed before the folder's own check: a folder that cannot be
+    listed (a name longer than the file system takes; write but no read permission, as
+    root cannot be made to lack it, stood in for) is said there, not a traceback."""
+    import pathlib
+
+    if case == "name too long":
+        out = tmp_path / ("x" * 300)
+    else:
+        out = tmp_path / "run"
+        out.mkdir()
+        real = pathlib.Path.iterdir
+
+        def unreadable(self):
+            if self == out:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real(self)
+
+        monkeypatch.setattr(pathlib.Path, "iterdir", unreadable)
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir", str(out)]
+    for dry in (["--dry-run"], []):
+        assert train_main([*args, *dry]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and f"error: --out-dir {out}: cannot list it for its " \
+            f"checkpoints ({'File name too long' if case == 'name too long' else 'Permission denied'})" in err
+
+
+def test_an_empty_sample_prompt_samples_from_end_of_text(data: Path, tmp_path: Path) -> None:
+    """As gpt.generate --prompt '' does: what the dry run passes, the run samples."""
+    args = [*TINY, "--val-every", "0", "--max-steps", "1", "--sample-every", "1",
+            "--sample-tokens", "4", "--num-samples", "1", "--sample-prompt", "",
+            "--data-dir", str(data), "--out-dir", str(tmp_path / "run")]
+    assert run_cli(*args, "--dry-run").returncode == 0
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr
+    samples = [r for r in read_metrics(tmp_path / "run", "sample")]
+    assert [r["step"] for r in samples] == [1] and len(samples[0]["samples"]) == 1
 
 
 def direct_calls(fn, stop_at: str | None = None):

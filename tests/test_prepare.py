@@ -209,6 +209,22 @@ def test_jsonl_details(tmp_path: Path, enc) -> None:
     assert decode_docs(enc, read_stream(tmp_path / "out")) == ["first", "second", "bad \ufffd byte", "last"]
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_lone_surrogate_is_read_as_bad_utf8_is(tmp_path: Path, enc, workers: int) -> None:
+    """JSON's \\ud800 escape gives a half of a UTF-16 pair, which UTF-8 cannot hold: read
+    as U+FFFD, as a bad UTF-8 byte is, not a UnicodeEncodeError from the tokenizer; an
+    escaped whole pair is its character. In a .jsonl file and a .json array alike."""
+    lines = [r'{"text": "lone \ud800 surrogate"}', r'{"text": "a pair \ud83d\ude00 ok"}',
+             r'{"text": "low \udc00 first"}', '{"text": "plain"}']
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "in.json").write_text("[" + ",".join(lines) + "]")
+    want = ["lone \ufffd surrogate", "a pair \U0001F600 ok", "low \ufffd first", "plain"]
+    for name in ("in.jsonl", "in.json"):
+        out = tmp_path / f"out-{name}"
+        run(tmp_path / name, out, val_tokens=0, shard_tokens=100, workers=workers)
+        assert decode_docs(enc, read_stream(out)) == want
+
+
 def test_txt_paragraph_mode(tmp_path: Path, enc) -> None:
     src = tmp_path / "in.txt"
     src.write_text("First doc\nline 2\n\n\nSecond doc\n   \nThird doc\n", encoding="utf-8")

@@ -93,8 +93,8 @@ def poison_after(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     real = train_mod.optimizer_step
     count = {"n": 0}
 
-    def overflowing(optimizer, scaler, lr, norm, nvtx=False, muon_momentum=None):
-        found_inf = real(optimizer, scaler, lr, norm, nvtx, muon_momentum)
+    def overflowing(optimizer, scaler, lr, norm, nvtx=False, settings=None):
+        found_inf = real(optimizer, scaler, lr, norm, nvtx, settings)
         count["n"] += 1
         if count["n"] > step:
             with torch.no_grad():

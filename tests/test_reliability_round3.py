@@ -34,7 +34,7 @@ from gpt.plan.preflight import preflight
 from gpt.report.metrics import MetricsLog
 from gpt.runtime.launch import WORKER_VARS, RendezvousError, launch_environment
 from gpt.runtime.world import Runtime, init_runtime
-from gpt.train.build import build_loaders
+from gpt.train.build import build_loader
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
@@ -158,7 +158,7 @@ def npy_shards(folder: Path, bad_at: int, bad_id: int, dtype: str = "int32") -> 
 
 
 @pytest.mark.parametrize("bad_id,words", [(-1, "token id -1 at index 40 is negative"),
-                                          (60_000, "token id 60000 at index 40 is >= vocab_size")])
+                                          (60_000, "token id 60000 at index 40 is >= --vocab-size")])
 def test_an_id_out_of_range_is_named_by_every_loader(bad_id: int, words: str,
                                                      tmp_path: Path) -> None:
     data = npy_shards(tmp_path, bad_at=40, bad_id=bad_id)
@@ -192,7 +192,7 @@ def test_evaluate_names_an_id_beyond_the_vocabulary(tmp_path: Path, capsys) -> N
                      "--batch-size", "2", "--device", "cpu"])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
-    assert "val_000000.bin: token id 60000 at index 40 is >= vocab_size 50304" in err
+    assert "val_000000.bin: token id 60000 at index 40 is >= --vocab-size 50304" in err
 
 
 # ---------------------------------------------------------------------------------------
@@ -355,9 +355,8 @@ def test_allow_incomplete_data_trains_with_a_warning(tmp_path: Path) -> None:
     lock = FolderLock(data, "fineweb.py run").acquire()
     try:
         plan = preflight(cfg).settled()  # the trainer's checks, with the warning it prints
-        train_loader, _ = build_loaders(cfg.data, Runtime(device=torch.device("cpu")),
-                                        seed=cfg.train.seed, vocab_size=cfg.model.vocab_size,
-                                        validation=False)
+        train_loader = build_loader(cfg.data, Runtime(device=torch.device("cpu")),
+                                    seed=cfg.train.seed, vocab_size=cfg.model.vocab_size)
     finally:
         lock.release()
     assert train_loader.num_tokens == 9_000

@@ -182,11 +182,12 @@ def test_an_absurd_model_is_refused_by_the_dry_run_and_the_planner(data: Path, t
 
 def test_fsdp_shares_the_least_memory_over_the_world() -> None:
     cfg = parse_args(["--model", "gpt2-xl", "--parallel", "fsdp"])
-    one, eight = sizing.least_bytes(cfg, 1), sizing.least_bytes(cfg, 8)
+    adamw = 8  # bytes of state a parameter
+    one, eight = sizing.least_bytes(cfg, 1, adamw), sizing.least_bytes(cfg, 8, adamw)
     assert one > 7 * eight  # all but the token ids are sharded
-    sizing.check_fits(cfg, 8, 80 * 2**30, "an 80 GB GPU")
+    sizing.check_fits(cfg, 8, 80 * 2**30, "an 80 GB GPU", adamw)
     with pytest.raises(UserError, match="an 80 GB GPU"):
-        sizing.check_fits(cfg, 1, 20 * 2**30, "an 80 GB GPU")
+        sizing.check_fits(cfg, 1, 20 * 2**30, "an 80 GB GPU", adamw)
 
 
 # ---- 4: the planner plans only what the trainer accepts
@@ -322,14 +323,23 @@ def test_generate_checks_the_temperature_as_it_is_typed(value: str, words: str, 
 @pytest.mark.parametrize("flags, words", [
     (["--logit-softcap", "1e-40"], "--logit-softcap 1e-40: must be 0 (off) or a cap of at least 1"),
     (["--eps", "1e300"], "--eps must be a finite number in [1e-30, 1]"),
-    (["--muon-lr", "1e30"], "--muon-lr must be <= 1.0"),
-    (["--muon-weight-decay", "100"], "--muon-weight-decay 100.0 x --muon-lr 0.02 must be < 1"),
 ])
 def test_values_that_make_training_degenerate_are_refused(flags: list[str], words: str,
                                                           capsys) -> None:
     with pytest.raises(SystemExit):
         parse_args([*TINY, *flags])
     assert words in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--muon-lr", "1e30"], "--muon-lr must be <= 1.0"),
+    (["--muon-weight-decay", "100"], "--muon-weight-decay 100.0 x --muon-lr 0.02 must be < 1"),
+])
+def test_an_optimizers_own_values_are_refused_before_the_run(flags: list[str], words: str,
+                                                             tmp_path: Path, capsys) -> None:
+    # the optimizer's checks (gpt/optim/muon.py's), asked by the preflight first
+    assert train_main([*TINY, *QUIET, *flags, "--out-dir", str(tmp_path / "run")]) == 2
+    assert words in one_line(capsys.readouterr().err) and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("argv", [

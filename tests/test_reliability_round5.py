@@ -76,7 +76,7 @@ CASES = {
                                 "--out-dir FILE: cannot write there: it is a file, not a folder",
                                 None),
     "--vocab-size below the data's ids with --check-tokens": (
-        ["--vocab-size", "1000", "--check-tokens"], "is >= vocab_size 1000", None),
+        ["--vocab-size", "1000", "--check-tokens"], "is >= --vocab-size 1000", None),
 }
 
 

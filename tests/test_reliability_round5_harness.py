@@ -221,7 +221,7 @@ def _failing_rank_worker(rank: int, folder: str) -> None:
     from gpt.eval.harness_tasks import HarnessError
     from gpt.eval.rank_agreement import agreed
     from gpt.model.transformer import GPT
-    from gpt.train.train_tasks import agreed_failure
+    from gpt.eval.train_tasks import agreed_failure
 
     dist.init_process_group("gloo", init_method=f"file://{folder}/pg", rank=rank, world_size=2,
                             timeout=timedelta(seconds=60))

@@ -274,7 +274,7 @@ def test_no_checkpoint_is_saved_during_a_streak_of_skipped_steps(monkeypatch, da
 def test_a_val_shard_failing_mid_run_stops_with_a_checkpoint(monkeypatch, data_dir: Path,
                                                               tmp_path: Path) -> None:
     from gpt.data.shards import DataError, ShardError
-    import gpt.train.periodic as periodic
+    import gpt.eval.validation as periodic  # where validation scores (lazily imported)
 
     real = periodic.val_loss
     calls = {"n": 0}
@@ -449,11 +449,71 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(data_dir: Path,
     proc = run_cli(*ARGS, "--data-dir", str(data_dir), "--out-dir", str(out), "--resume", "auto",
                    "--stop-at-step", "4", preexec_fn=_limit_file_size(len(before) // 4))
     assert proc.returncode == 1, proc.stderr
-    assert "ckpt_000004.pt: could not write the checkpoint" in proc.stderr
+    assert "ckpt_000004.pt: could not write the checkpoint (File too large: over this " \
+        "process's file-size limit" in proc.stderr and "GiB free" not in proc.stderr
     assert "Traceback" not in proc.stderr
     assert (out / "ckpt_000002.pt").read_bytes() == before
     assert load(out / "ckpt_000002.pt")["step"] == 2
     assert sorted(p.name for p in out.iterdir() if "ckpt" in p.name) == ["ckpt_000002.pt"]
+
+
+def test_a_file_size_limit_is_named_as_the_reason_a_checkpoint_was_not_written(
+        tmp_path: Path) -> None:
+    """torch's zip writer hides the OS's error behind its own words ("unexpected pos"): the
+    message says the file-size limit, not the disk's free space, which is not the cause."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))
+    try:
+        with pytest.raises(CheckpointError) as e:
+            checkpoint.save_atomic({"w": torch.zeros(100_000)}, tmp_path / "ckpt_000001.pt")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert str(e.value) == (
+        f"{tmp_path / 'ckpt_000001.pt'}: could not write the checkpoint (File too large: over "
+        f"this process's file-size limit (100,000 bytes), `ulimit -f`; raise the limit); "
+        f"earlier checkpoints in {tmp_path} are untouched")
+    assert not list(tmp_path.iterdir())  # no partial file left
+
+
+def test_a_copied_run_folders_config_is_noted_as_training_elsewhere(tmp_path: Path,
+                                                                    capsys) -> None:
+    """The note alone, from the config's folder and its out_dir: said where they differ
+    and --out-dir was not given, not for a config file that is no run's."""
+    b = tmp_path / "B"
+    b.mkdir()
+    (b / "metrics.jsonl").write_text("")
+    (b / "config.toml").write_text(f'[train]\nout_dir = "{tmp_path / "A"}"\n')
+    assert parse_args(["--config", str(b / "config.toml")]).train.out_dir == str(tmp_path / "A")
+    assert f"but its out_dir is {tmp_path / 'A'}: this run trains in {tmp_path / 'A'}" in \
+        capsys.readouterr().err
+    parse_args(["--config", str(b / "config.toml"), "--out-dir", str(b)])
+    (b / "metrics.jsonl").unlink()  # a recipe file, not a run folder's
+    parse_args(["--config", str(b / "config.toml")])
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_a_copied_run_folder_says_where_its_config_trains(data_dir: Path, tmp_path: Path) -> None:
+    """cp -a A B; --config B/config.toml --resume auto trains in A, whose path the copied
+    config names: the config file says so at its top, and the start says so in a note
+    that gives the flag to continue the copy instead."""
+    a, b = tmp_path / "A", tmp_path / "B"
+    assert run_cli(*ARGS, "--data-dir", str(data_dir), "--out-dir", str(a),
+                   "--max-steps", "1").returncode == 0
+    assert f"a copy of the folder continues in the copy only with --out-dir COPY " \
+        f"(--config COPY/config.toml --resume auto alone trains in {a})" in \
+        (a / "config.toml").read_text().splitlines()[1]
+    shutil.copytree(a, b)
+    proc = run_cli("--config", str(b / "config.toml"), "--resume", "auto", "--max-steps", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert f"note: --config {b / 'config.toml'} is from the run folder {b}, but its out_dir " \
+        f"is {a}: this run trains in {a} (its checkpoints, log and resume); to continue the " \
+        f"copy in {b}, add --out-dir {b}" in proc.stderr
+    assert (a / "ckpt_000002.pt").exists() and not (b / "ckpt_000002.pt").exists()
+    proc = run_cli("--config", str(b / "config.toml"), "--resume", "auto", "--max-steps", "2",
+                   "--out-dir", str(b))
+    assert proc.returncode == 0 and "note: --config" not in proc.stderr
+    assert (b / "ckpt_000002.pt").exists()
 
 
 def test_typo_in_config_file_names_the_key(tmp_path: Path) -> None:

@@ -142,6 +142,48 @@ def test_stop_at_step_says_where_it_stopped_and_how_to_resume(
     assert [r["stopped_by"] for r in read_metrics(out_dir, "summary")] == ["--stop-at-step 2", None]
 
 
+def test_a_stop_as_the_last_step_finishes_leaves_the_end_of_run_work_to_the_resume(
+        random_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM during step 4 of 4: the checkpoint is saved before the end's validation;
+    the resume computes it (and records it in the checkpoint and the summary) instead
+    of saying there is nothing to do."""
+    import os
+    import signal
+
+    from gpt.checkpoint.files import load
+    from gpt.train import loop
+
+    out_dir = tmp_path / "r"
+    flags = [*ARGS, "--max-steps", "4", "--data-dir", str(random_data_dir), "--out-dir",
+             str(out_dir)]
+    steps, step = [], loop.optimizer_step
+
+    def signalled_at_the_last(*args, **kwargs):
+        steps.append(1)
+        if len(steps) == 4:
+            os.kill(os.getpid(), signal.SIGTERM)  # the loop finishes the step, then stops
+        return step(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop, "optimizer_step", signalled_at_the_last)
+        code, out, _ = run(flags, capsys)
+    assert code == 128 + signal.SIGTERM and "SIGTERM received: saved checkpoint" in out
+    assert [r["step"] for r in read_metrics(out_dir, "val")] == [0, 2]  # not the end's
+    assert load(out_dir / "ckpt_000004.pt")["ended_at"] is None
+    code, out, _ = run([*flags, "--resume", "auto"], capsys)
+    assert code == 0 and "its end-of-run work was not done" in out
+    vals = read_metrics(out_dir, "val")
+    assert [r["step"] for r in vals] == [0, 2, 4]  # the end's validation, once
+    summary = read_metrics(out_dir, "summary")[-1]
+    assert summary["step"] == 4 and summary["val_loss"] == vals[-1]["val_loss"]
+    ckpt = load(out_dir / "ckpt_000004.pt")
+    assert ckpt["ended_at"] == 4 and ckpt["val_loss"] == vals[-1]["val_loss"]
+    code, out, _ = run([*flags, "--resume", "auto"], capsys)  # now there is nothing to do
+    assert code == 0 and "nothing to do: the run is already at step 4" in out
+    assert len(read_metrics(out_dir, "val")) == 3
+
+
 def test_no_checkpoint_is_said_and_no_commands_offered(
         random_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run([*ARGS, "--max-steps", "2", "--val-every", "0", "--no-save-checkpoints",
@@ -162,7 +204,7 @@ def test_summary_after_a_resume_counts_the_best_of_before() -> None:
     tally.validated(10, 5.25)
     state = LoopState(step=10, last_val=5.25, best_val=5.0)
     end = Ending(cfg=cfg, state=state, stopped_by=None, checkpoint=None, out_dir=Path("r"),
-                 curves=None, val=True, hellaswag=False, distributed=False)
+                 curves=None, distributed=False)
     lines, record = summarize(tally, end)
     assert "val loss 5.2500, best 5.0000 before the resume" in lines[0]
     assert "1.02k tokens in 0s" in lines[0] and "(2.56k in all)" in lines[0]
@@ -271,8 +313,8 @@ def test_a_figure_that_costs_more_is_redrawn_less_often(tmp_path: Path,
     curves = run_curves.RunCurves(tmp_path, enabled=True)
     curves.last = time.monotonic() - 100.0  # drawn 100 s ago
     curves.cost = 10.0  # in 10 s: the next waits 500 s
-    curves.after_validation()
+    curves.after_evaluations()
     assert drawn == []
     curves.cost = 1.0  # in 1 s: the next waits the minute
-    curves.after_validation()
+    curves.after_evaluations()
     assert drawn == [1.0]

@@ -1,17 +1,17 @@
 """The speedrun's further model parts, each off by default: value embeddings, U-net skips,
 a growing sliding attention window and document masks (gpt/model/value_embeds.py, gpt/model/unet.py,
 gpt/model/attention_mask.py): what each does, KV-cache decoding, meta builds, compile, the
-trainer's window and resume, export and --init-from refusals, Muon's groups."""
+trainer's window and resume, export (carried) and --init-from (refused), Muon's groups."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from gpt.checkpoint.export import export_hf
-from gpt.checkpoint.weights import PretrainedError
 from gpt.core.config import ModelConfig, model_preset
 from gpt.model.attention_mask import EOT, AttentionMask, window_at
 from gpt.model.transformer import GPT
@@ -147,12 +147,13 @@ def test_the_compiled_model_has_no_graph_break(graph_backend) -> None:
     assert graph_breaks() == 0 and graph_backend.frame_count == 1
 
 
-def test_export_and_init_from_refuse_the_parts(tmp_path: Path) -> None:
+def test_export_carries_the_parts_and_init_from_refuses_them(tmp_path: Path) -> None:
+    """(What such an export computes: tests/test_export_custom.py.)"""
     for name, options in PARTS.items():
-        flag = "--attn-window 6" if name == "window" else "--" + name.replace("_", "-")
-        with pytest.raises(PretrainedError, match=flag):
-            export_hf(GPT(cfg(**options)), tmp_path / name)
-        assert not (tmp_path / name).exists()
+        config = json.loads((export_hf(GPT(cfg(**options)), tmp_path / name) / "config.json").read_text())
+        assert config["model_type"] == "gpt_trainer", name
+        assert {k: config[k] for k in options if k != "attn_window_final"} == \
+            {k: v for k, v in options.items() if k != "attn_window_final"}  # the window of step 0
     export_hf(GPT(cfg()), tmp_path / "hf")
     data = write_random_shards(tmp_path, seed=1, train=(5_000,))
     proc = run_cli(*TINY, *QUIET, "--data-dir", str(data), "--init-from", str(tmp_path / "hf"),
@@ -219,7 +220,7 @@ def test_the_memory_planner_counts_the_value_tables() -> None:
 def test_the_flex_attention_block_mask_is_the_sdpa_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     """The BlockMask used under torch.compile on CUDA allows exactly what the boolean mask
     does: forward only here (FlexAttention has no backward on CPU), eager."""
-    from gpt.model import attention_mask
+    from gpt.model import attention
 
     torch.manual_seed(0)
     model = GPT(cfg(rotary=True, **ALL)).eval()
@@ -227,8 +228,8 @@ def test_the_flex_attention_block_mask_is_the_sdpa_mask(monkeypatch: pytest.Monk
     x = tokens()
     with torch.no_grad():
         want, _ = model(x)
-        monkeypatch.setattr(attention_mask, "flex_wanted", lambda idx: True)
-        assert isinstance(model.attn_mask(x), attention_mask.BlockMask)
+        monkeypatch.setattr(attention, "flex_wanted", lambda idx: True)
+        assert isinstance(model.attn_mask(x), attention.BlockMask)
         got, _ = model(x)
     assert torch.allclose(got, want, atol=1e-5)
 

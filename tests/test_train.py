@@ -203,6 +203,8 @@ def test_fine_tune_from_hf_folder_with_hellaswag(random_data_dir: Path, tmp_path
     records = read_metrics(out, "hellaswag")
     assert [r["step"] for r in records] == [0, 1, 2]
     assert all(r["total"] == 6 and 0 <= r["acc_norm"] <= 1 for r in records)
+    assert all(r["set"] == str(hs) for r in records)  # a file of one's own, named as such
+    assert f"(acc {records[-1]['acc']:.4f}, 6 examples of {hs})" in proc.stdout
 
 
 def test_init_from_missing_folder_is_a_clear_error(random_data_dir: Path, tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ TORCH_API_MODULES = (
     "torch.distributed", "torch.multiprocessing", "torch._dynamo", "torch.testing._internal",
     "torch.optim._muon", "torchao", "torch.nn.attention.flex_attention", "torch.utils.checkpoint",
     "gpt.engine.parallel", "gpt.core.compat", "gpt.model.fp8", "gpt.optim.muon", "gpt.engine.recompute",
-    "gpt.model.attention_mask", "gpt.model.chunked_ce", "gpt.model.loss_kernels",
+    "gpt.model.attention", "gpt.model.attention_mask", "gpt.model.chunked_ce", "gpt.model.loss_kernels",
 )
 # The tests' own helpers and shared fixtures that drive those parts.
 TORCH_API_NAMES = (

@@ -37,15 +37,22 @@ class LoopState:
     best_checkpoint: str | None = None
     bad_in_row: int = 0  # not saved: a resumed run starts a fresh streak
     skipped: int = 0
+    # The step whose end-of-run work (the last evaluations) was done: a
+    # run stopped by a signal after its last step was saved without it, and its resume
+    # does it (gpt/train/loop.py).
+    ended_at: int | None = None
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's top-level loop entries (see the module docstring)."""
         return {"step": self.step, "val_loss": self.last_val,
                 "best_val_loss": None if math.isinf(self.best_val) else self.best_val,
-                "best_checkpoint": self.best_checkpoint, "skipped_steps": self.skipped}
+                "best_checkpoint": self.best_checkpoint, "skipped_steps": self.skipped,
+                "ended_at": self.ended_at}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
+        # a checkpoint from before the entry: as before, its step counts as ended
+        self.ended_at = state.get("ended_at", self.step)
         self.last_val = state.get("val_loss")
         best = state.get("best_val_loss")
         self.best_val = math.inf if best is None else float(best)

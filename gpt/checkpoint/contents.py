@@ -107,6 +107,9 @@ def check_contents(ckpt: dict[str, Any], model_cfg: ModelConfig) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not math.isfinite(value)):
             raise BadContents(f"'{key}' is {value!r}, not a loss or None")
+    ended = ckpt.get("ended_at")
+    if ended is not None and (isinstance(ended, bool) or not isinstance(ended, int) or ended < 0):
+        raise BadContents(f"'ended_at' is {ended!r}, not a step or None")
     skipped = ckpt.get("skipped_steps", 0)
     if isinstance(skipped, bool) or not isinstance(skipped, int) or skipped < 0:
         raise BadContents(f"'skipped_steps' is {skipped!r}, not a count")

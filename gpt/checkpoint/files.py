@@ -17,6 +17,8 @@ objects), so loading it never runs code:
     best_val_loss   the best validation loss so far, or None
     best_checkpoint file name of the checkpoint with best_val_loss, or None
     skipped_steps   steps skipped so far for a non-finite loss or gradient
+    ended_at        the step whose end-of-run work (the last evaluations) was
+                    done, or None (absent in older files: their step counts as ended)
 Checkpointer.save (gpt/checkpoint/checkpointer.py) writes this dict; Checkpointer.restore reads it
 back, check_contents (gpt/checkpoint/contents.py) vets it first, and model_weights reads
 the config and weights alone (for evaluating, sampling and exporting). Nothing outside
@@ -34,7 +36,7 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -43,7 +45,7 @@ from gpt.core.config import INIT_ONLY, Config, ConfigError, ModelConfig
 from gpt.core.config_check import assumed_defaults, check_saved
 from gpt.core.config_io import to_dict, upgrade_dict
 from gpt.core.errors import UserError
-from gpt.core.fileio import atomic_write, free_space
+from gpt.core.fileio import atomic_write, free_space, write_failure
 
 
 CKPT_PATTERN = re.compile(r"^ckpt_(\d+)\.pt$")
@@ -68,15 +70,23 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
     name, and a file that does not read back as written is not kept."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    failed: list[OSError] = []
+
+    def save(fh: BinaryIO) -> None:
+        torch.save(obj, _Recorded(fh, failed))
+
     try:
-        atomic_write(path, lambda fh: torch.save(obj, fh))
+        atomic_write(path, save)
     except (OSError, RuntimeError) as e:
         # torch.save reports a failed write (disk full, quota, file-size limit) as a
-        # RuntimeError from its zip writer, so both kinds land here.
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).strip()
+        # RuntimeError from its zip writer, in its own words: the OS's error, kept as the
+        # file was written, says what it was.
+        error = e if isinstance(e, OSError) else (failed[0] if failed else None)
+        reason = (write_failure(error, path.parent) if error is not None else
+                  f"{str(e).strip()}; {free_space(path.parent)}")
         raise CheckpointError(
-            f"{path}: could not write the checkpoint ({reason}; {free_space(path.parent)}); "
-            f"earlier checkpoints in {path.parent} are untouched"
+            f"{path}: could not write the checkpoint ({reason}); earlier checkpoints in "
+            f"{path.parent} are untouched"
         ) from None
     try:
         verify(path)
@@ -84,6 +94,24 @@ def save_atomic(obj: dict[str, Any], path: str | os.PathLike) -> Path:
         path.unlink(missing_ok=True)
         raise CheckpointError(f"{e}; it was removed, earlier checkpoints are untouched") from None
     return path
+
+
+class _Recorded:
+    """The file torch.save writes to, keeping the first OSError of a write (torch's zip
+    writer raises its own RuntimeError in its place)."""
+
+    def __init__(self, fh: BinaryIO, failed: list[OSError]) -> None:
+        self._fh, self._failed = fh, failed
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._fh.write(data)
+        except OSError as e:
+            self._failed.append(e)
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fh, name)
 
 
 def verify(path: Path) -> None:
@@ -171,10 +199,15 @@ def _unpickle(path: Path, map_location: str | torch.device = "cpu") -> Any:
 def list_checkpoints(out_dir: Path) -> list[tuple[int, Path]]:
     """(step in the name, path) of the checkpoint files in a run folder, oldest first.
     Only regular files count: a folder or symlink named like a checkpoint is not one."""
-    if not out_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in out_dir.iterdir()
-             if (m := CKPT_PATTERN.match(p.name)) and p.is_file() and not p.is_symlink()]
+    try:  # the first look at --out-dir, before its own check: a folder that cannot be
+        if not out_dir.is_dir():  # listed (no read permission, a name too long) is one line
+            return []
+        found = [(int(m.group(1)), p) for p in out_dir.iterdir()
+                 if (m := CKPT_PATTERN.match(p.name)) and p.is_file() and not p.is_symlink()]
+    except OSError as e:
+        raise ConfigError(f"--out-dir {out_dir}: cannot list it for its checkpoints "
+                          f"({e.strerror or e}); name a folder this process can read and "
+                          f"write") from None
     return sorted(found)
 
 
@@ -353,7 +386,7 @@ def resume_differences(saved: dict[str, Any], cfg: Config, path: Path) -> list[s
         raise CheckpointError(
             f"{path}: the checkpoint's model differs from this config: " + "; ".join(diffs)
         )
-    was = saved["optim"]["optimizer"]  # "adamw" in a checkpoint from before Muon
+    was = saved["optim"]["optimizer"]  # the default in a checkpoint from before the choice
     if was != cfg.optim.optimizer:
         raise CheckpointError(
             f"{path}: the checkpoint holds {was}'s state, and this run asks for --optimizer "

@@ -80,9 +80,13 @@ def check_run_folder(out_dir: Path, tensorboard: bool = False, wandb: bool = Fal
     if refusal is not None:
         raise refusal
     check_log_path(out_dir / METRICS_NAME)
+    try:
+        names = sorted(p.name for p in out_dir.iterdir() if CKPT_PATTERN.match(p.name))
+    except OSError as e:
+        raise ConfigError(f"{flag}: cannot list it for its checkpoints ({e.strerror or e}); "
+                          f"name a folder this process can read and write") from None
     entries = _entries(tensorboard, wandb) + [
-        (p.name, REPLACED, "checkpoint of that step") for p in sorted(out_dir.iterdir())
-        if CKPT_PATTERN.match(p.name)]
+        (name, REPLACED, "checkpoint of that step") for name in names]
     for name, use, role in entries:
         problem = entry_problem(out_dir / name, use)
         if problem is not None:

@@ -15,6 +15,7 @@ exactly into a model, and a trainer checkpoint's weights as a model, are gpt/che
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -76,23 +77,30 @@ def download(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
     if name not in HUB_NAMES:
         raise PretrainedError(f"--init-from {name!r}: not a GPT-2 model name ({', '.join(HUB_NAMES)}) "
                               "nor an existing folder")
+    # Without network the cache alone is read, at once (not after the library's retries);
+    # asked first: an address the library cannot parse fails its import
+    offline = network.hub_unreachable()
     try:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.utils import EntryNotFoundError, RepositoryNotFoundError
     except ImportError:
         raise PretrainedError(f"--init-from {name}: downloading needs `pip install huggingface-hub`") from None
 
-    # Without network the cache alone is read, at once (not after the library's retries)
-    offline = network.hub_unreachable()
     last_error: Exception | None = None
     for repo in (f"{HUB_ORG}/{name}", name):  # the current repo, then the legacy id
+        def fetch(file: str, repo: str = repo) -> str:
+            # a hub that stops answering part-way: given up on, not retried for minutes
+            return network.within_time_limit(
+                lambda: hf_hub_download(repo, file, cache_dir=cache_dir,
+                                        local_files_only=offline is not None),
+                f"--init-from {name}: downloading {file} of {repo} from {network.hub_url()}",
+                progress=lambda: _cached_bytes(repo, cache_dir))
+
         try:
-            config = hf_hub_download(repo, CONFIG_FILE, cache_dir=cache_dir,
-                                     local_files_only=offline is not None)
+            config = fetch(CONFIG_FILE)
             for weights in WEIGHT_FILES:
                 try:
-                    hf_hub_download(repo, weights, cache_dir=cache_dir,
-                                    local_files_only=offline is not None)
+                    fetch(weights)
                     return Path(config).parent
                 except EntryNotFoundError as e:
                     last_error = e
@@ -102,7 +110,7 @@ def download(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
         except RepositoryNotFoundError as e:
             last_error = e
             continue
-        except PretrainedError:
+        except (PretrainedError, network.NetworkError):
             raise
         except Exception as e:  # network, HTTP and offline-mode errors come in many types
             if offline is not None:
@@ -118,6 +126,20 @@ def download(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
                 "pass a local folder with config.json and model.safetensors"
             ) from None
     raise PretrainedError(f"--init-from {name}: not found on the Hugging Face hub ({last_error})")
+
+
+def _cached_bytes(repo: str, cache_dir: str | os.PathLike | None) -> int:
+    """The bytes huggingface_hub's cache holds of `repo` so far, partial downloads
+    included: a download's progress."""
+    from huggingface_hub import constants
+
+    folder = Path(cache_dir or constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+    total = 0
+    for root, _, files in os.walk(folder):
+        for file in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, file)).st_size
+    return total
 
 
 def resolve(name_or_path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:

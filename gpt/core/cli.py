@@ -22,6 +22,7 @@ from typing import Any
 from gpt.core.config import PRESETS, SECTIONS, Config, ConfigError
 from gpt.core.config_check import check_value, resolve
 from gpt.core.config_io import field_index, field_type, flag, section_names
+from gpt.core.text import one_line
 
 
 try:
@@ -233,11 +234,31 @@ def parse_command(argv: list[str] | None = None,
             path = Path(config_file)
             for name, value in _flatten_toml(_load_toml(path), path).items():
                 values[name] = _coerce(name, value, f"--config {path}")
+            if "out_dir" not in cli and (note := _copied_run_note(path, values.get("out_dir"))):
+                print(f"note: {note}", file=sys.stderr)
         values.update(cli)
         return resolve(values), dry_run
     except ConfigError as e:
         parser.error(str(e))
     raise AssertionError("unreachable")  # parser.error exits
+
+
+def _copied_run_note(path: Path, out_dir: Any) -> str | None:
+    """What a config.toml read from a run folder other than the one its out_dir names
+    means (the folder was copied, its config was not edited): the run will train in
+    out_dir's folder, not beside the file; None where the two agree."""
+    folder = path.parent
+    if not isinstance(out_dir, str) or not out_dir or not (folder / "metrics.jsonl").exists():
+        return None  # not a run folder's own config
+    try:
+        if folder.resolve() == Path(out_dir).resolve():
+            return None
+    except OSError:
+        return None
+    here, there = one_line(str(folder), None), one_line(out_dir, None)
+    return (f"--config {one_line(str(path), None)} is from the run folder {here}, but its "
+            f"out_dir is {there}: this run trains in {there} (its checkpoints, log and "
+            f"resume); to continue the copy in {here}, add --out-dir {here}")
 
 
 # ---- TOML files

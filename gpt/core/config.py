@@ -11,7 +11,7 @@ metadata, so field names are unique across sections."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Collection
 
 from gpt.core.errors import UserError
 
@@ -34,7 +34,7 @@ SCHEMA_VERSION = 3
 AUTO = "auto"
 
 
-def _opt(default: Any, help: str, choices: tuple[Any, ...] | None = None,
+def _opt(default: Any, help: str, choices: Collection[Any] | None = None,
          since: int = 1, words: tuple[str, ...] = (), spellings: dict[bool, str] | None = None
          ) -> Any:
     """A config field: its default, its help (the flag's), its allowed values, and the
@@ -134,6 +134,12 @@ class DataConfig:
     )
 
 
+# --optimizer's choices (name -> the module of its row): each a row of
+# gpt/optim/optimizer.py's OPTIMIZERS, the same names, which a test holds equal. A dict
+# the flag's choices refer to, so that a row added there (a test's) is a choice here too.
+OPTIMIZER_NAMES: dict[str, str] = {"adamw": "gpt/optim/adamw.py", "muon": "gpt/optim/muon.py"}
+
+
 @dataclass(frozen=True)
 class OptimConfig:
     max_lr: float = _opt(6e-4, "peak learning rate, reached at the end of warm-up")
@@ -153,7 +159,7 @@ class OptimConfig:
                                 "--max-steps")
     optimizer: str = _opt(
         "adamw", "adamw, or muon: Muon for the blocks' weight matrices and AdamW (at "
-        "--max-lr) for embeddings, head, biases and gains", ("adamw", "muon"))
+        "--max-lr) for embeddings, head, biases and gains", OPTIMIZER_NAMES)
     muon_lr: float = _opt(0.02, "Muon's peak learning rate (the schedule scales it as --max-lr's)")
     muon_momentum: float = _opt(0.95, "Muon's momentum (Nesterov)")
     muon_momentum_warmup: int = _opt(0, "steps over which Muon's momentum rises from 0.85 to "

@@ -8,10 +8,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any
+from typing import Any, Callable
 
-from gpt.core.config import (AUTO, INIT_ONLY, SECTIONS, Config, ConfigError, ModelConfig,
-                             model_preset)
+from gpt.core.config import (AUTO, INIT_ONLY, SECTIONS, CheckpointConfig, Config, ConfigError,
+                             DataConfig, EvalConfig, ModelConfig, OptimConfig, ProfileConfig,
+                             TrainConfig, model_preset)
 from gpt.core.config_io import field_index, field_type, flag, spelled
 
 
@@ -27,6 +28,8 @@ MAX_STEP_TOKENS = 2**40  # --total-batch-tokens: a thousand times GPT-3's 3.2M-t
 MIN_SOFTCAP = 1.0
 MIN_EPS, MAX_EPS = 1e-30, 1.0  # AdamW divides by sqrt(v) + eps: 0 in fp32 gives 0/0
 FP8_MULTIPLE = 16  # torch._scaled_mm's rule for both dimensions of an FP8 matmul's weight
+LIMITS = ("_max_examples", "_limit")  # the endings of an evaluation's limit's field name
+TASKS_EXAMPLE = "hellaswag,arc_easy"  # harness tasks, as --eval-tasks lists them
 
 
 def resolve(values: dict[str, Any]) -> Config:
@@ -129,34 +132,20 @@ def validate_model(m: ModelConfig) -> None:
 
 
 def validate(cfg: Config) -> None:
-    """Reject values that cannot work, naming the flag."""
-    m, d, o, t = cfg.model, cfg.data, cfg.optim, cfg.train
-    e, c, p = cfg.eval, cfg.checkpoint, cfg.profile
-    validate_model(m)
-    # Muon orthogonalises each matrix as a whole; under FSDP2 a rank holds row shards
-    _check(not (o.optimizer == "muon" and t.parallel == "fsdp"),
-           "--optimizer muon orthogonalises whole weight matrices, and --parallel fsdp holds "
-           "row shards of them: use --parallel ddp or zero1 with Muon")
-    _check(0 < o.cooldown_frac <= 1, f"--cooldown-frac {o.cooldown_frac}: must be in (0, 1]")
-    for name in ("muon_lr", "muon_momentum", "muon_weight_decay"):
-        _check(getattr(o, name) >= 0 and math.isfinite(getattr(o, name)),
-               f"{flag(name)} {getattr(o, name)}: must be a finite number >= 0")
-    _check(o.muon_momentum < 1, f"--muon-momentum {o.muon_momentum}: must be below 1")
-    # Muon's update has about unit spectral norm whatever the gradient: its rate is a step
-    # size, and the speedrun's is 0.02-0.05
-    _check(o.muon_lr <= MAX_LR, f"--muon-lr must be <= {MAX_LR}, got {o.muon_lr} (the speedrun "
-           f"used 0.05)")
-    _check(o.muon_lr * o.muon_weight_decay < 1,
-           f"--muon-weight-decay {o.muon_weight_decay} x --muon-lr {o.muon_lr} must be < 1 "
-           f"(each step multiplies the weights by 1 - lr x weight decay)")
-    _check(o.muon_momentum_warmup >= 0,
-           f"--muon-momentum-warmup {o.muon_momentum_warmup}: must be >= 0")
-    _check(t.chunked_loss is not False or t.loss_kernel in ("auto", "ours", "fused"),
-           f"--loss-kernel {t.loss_kernel} is a kernel of the chunked loss, and "
-           f"--no-chunked-loss turns that off: drop one of the two")
-    _check(t.chunked_loss is not True or t.loss_kernel != "fused",
-           "--loss-kernel fused is the whole logits' cross-entropy, not a kernel of the chunked "
-           "loss that --chunked-loss asks for: drop one of the two")
+    """Reject values that cannot work, naming the flag: each section's own rules (in the
+    schema's order, each beside the others here), then the rules across sections, then
+    every float finite. The fields an optimizer owns, and the layouts it refuses, are its
+    own checks (gpt/optim/kind.py's check and layout_problem, which the preflight asks)."""
+    for name, rules in SECTION_RULES.items():
+        rules(getattr(cfg, name))
+    validate_across(cfg)
+    for section in SECTIONS:  # last, so the checks above keep their more specific words
+        for name, value in dataclasses.asdict(getattr(cfg, section)).items():
+            if isinstance(value, float):
+                _check(math.isfinite(value), f"{flag(name)} must be a finite number, got {value}")
+
+
+def validate_data(d: DataConfig) -> None:
     # --batch-size auto is settled before the run (gpt/plan/layout.py), then checked as a number
     auto_batch = d.batch_size == AUTO
     for name in ("seq_len", "total_batch_tokens") if auto_batch else (
@@ -166,14 +155,15 @@ def validate(cfg: Config) -> None:
            f"--batch-size {d.batch_size} x --seq-len {d.seq_len} = "
            f"{0 if auto_batch else d.batch_size * d.seq_len} "
            f"tokens per micro-batch: must be at most 2**31 (GPT-2 124M used 64 x 1024)")
-    _check_fp8(cfg)
     _check(d.total_batch_tokens <= MAX_STEP_TOKENS,
            f"--total-batch-tokens must be at most 2**40, got {d.total_batch_tokens} (GPT-2 "
            f"124M used 524288)")
-    _check(
-        d.seq_len <= m.block_size,
-        f"--seq-len {d.seq_len} exceeds the model's --block-size {m.block_size}",
-    )
+    _check(bool(d.data_dir), "--data-dir must not be empty (it would be the current "
+           "folder); name the folder of the shards ('.' if it is this one)")
+
+
+def validate_optim(o: OptimConfig) -> None:
+    _check(0 < o.cooldown_frac <= 1, f"--cooldown-frac {o.cooldown_frac}: must be in (0, 1]")
     _check(o.max_lr > 0, f"--max-lr must be > 0, got {o.max_lr}")
     # AdamW moves each weight by about the learning rate every step, and GPT-2's weights
     # are about 0.02: a rate above 1 can only destroy them (inf, 1e6 and 1e39 were typos).
@@ -190,6 +180,15 @@ def validate(cfg: Config) -> None:
     _check(MIN_EPS <= o.eps <= MAX_EPS, f"--eps must be a finite number in [{MIN_EPS:g}, {MAX_EPS:g}], got "
            f"{o.eps} (AdamW divides by sqrt(v) + eps; GPT-2 used 1e-8)")
     _check(o.grad_clip >= 0, f"--grad-clip must be >= 0 (0 disables), got {o.grad_clip}")
+
+
+def validate_train(t: TrainConfig) -> None:
+    _check(t.chunked_loss is not False or t.loss_kernel in ("auto", "ours", "fused"),
+           f"--loss-kernel {t.loss_kernel} is a kernel of the chunked loss, and "
+           f"--no-chunked-loss turns that off: drop one of the two")
+    _check(t.chunked_loss is not True or t.loss_kernel != "fused",
+           "--loss-kernel fused is the whole logits' cross-entropy, not a kernel of the chunked "
+           "loss that --chunked-loss asks for: drop one of the two")
     _check(t.max_steps >= 1, f"--max-steps must be >= 1, got {t.max_steps}")
     _check(t.log_every >= 1, f"--log-every must be >= 1, got {t.log_every}")
     _check(t.max_bad_steps >= 1, f"--max-bad-steps must be >= 1, got {t.max_bad_steps}")
@@ -200,29 +199,33 @@ def validate(cfg: Config) -> None:
            f"got {t.dist_timeout}")
     _check(0 <= t.seed < 2**32, f"--seed must be in [0, 2**32), got {t.seed}")
     _check(bool(t.out_dir), "--out-dir must not be empty")
+
+
+def validate_eval(e: EvalConfig) -> None:
     for name in ("val_steps", "sample_tokens", "num_samples"):
         _check(getattr(e, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(e, name)}")
     # Samples are printed for a person to read, in one batch: more would only exhaust memory.
     _check(e.num_samples <= MAX_SAMPLES, f"--num-samples must be <= {MAX_SAMPLES}, got {e.num_samples}")
     _check(e.sample_tokens <= MAX_SAMPLE_TOKENS,
            f"--sample-tokens must be <= {MAX_SAMPLE_TOKENS}, got {e.sample_tokens}")
-    _check(
-        e.hellaswag_max_examples is None or e.hellaswag_max_examples >= 1,
-        f"--hellaswag-max-examples must be >= 1, got {e.hellaswag_max_examples}",
-    )
-    _check(e.eval_tasks_limit is None or e.eval_tasks_limit >= 1,
-           f"--eval-tasks-limit must be >= 1, got {e.eval_tasks_limit}")
+    # an evaluation's limit on what it scores (N examples), where one is set
+    for name in (f.name for f in dataclasses.fields(e) if f.name.endswith(LIMITS)):
+        value = getattr(e, name)
+        _check(value is None or value >= 1, f"{flag(name)} must be >= 1, got {value}")
     _check(not e.eval_tasks_every or bool(e.eval_tasks),
-           "--eval-tasks-every needs --eval-tasks LIST (e.g. hellaswag,arc_easy)")
+           f"--eval-tasks-every needs --eval-tasks LIST (e.g. {TASKS_EXAMPLE})")
     _check(e.eval_tasks is None or any(t.strip() for t in e.eval_tasks.split(",")),
            f"--eval-tasks {e.eval_tasks!r} names no task: give a comma-separated list, e.g. "
-           f"hellaswag,arc_easy")
+           f"{TASKS_EXAMPLE}")
     # Tasks named but never scored: a run that was asked for scores must not end without them
     _check(e.eval_tasks is None or e.eval_tasks_every != 0,
            f"--eval-tasks {e.eval_tasks} is scored every --eval-tasks-every N steps (and at "
            f"the end), and that is 0 (off): give N, or drop --eval-tasks")
-    for name in ("val_every", "sample_every", "hellaswag_every", "eval_tasks_every"):
+    for name in (f.name for f in dataclasses.fields(e) if f.name.endswith("_every")):
         _check(getattr(e, name) >= 0, f"{flag(name)} must be >= 0 (0 disables), got {getattr(e, name)}")
+
+
+def validate_checkpoint(c: CheckpointConfig) -> None:
     _check(c.checkpoint_every >= 0,
            f"--checkpoint-every must be >= 0 (0 disables), got {c.checkpoint_every}")
     _check(c.keep_checkpoints >= 1, f"--keep-checkpoints must be >= 1, got {c.keep_checkpoints}")
@@ -231,16 +234,32 @@ def validate(cfg: Config) -> None:
         f"--stop-at-step must be >= 1, got {c.stop_at_step}",
     )
     _check(bool(c.resume), "--resume must be 'auto', 'none' or a checkpoint path")
+
+
+def validate_profile(p: ProfileConfig) -> None:
     _check(p.profile_start >= 0, f"--profile-start must be >= 0, got {p.profile_start}")
     _check(p.profile_steps >= 0, f"--profile-steps must be >= 0 (0: off), got {p.profile_steps}")
     _check(
         p.peak_tflops is None or p.peak_tflops > 0,
         f"--peak-tflops must be > 0, got {p.peak_tflops}",
     )
-    for section in SECTIONS:  # last, so the checks above keep their more specific words
-        for name, value in dataclasses.asdict(getattr(cfg, section)).items():
-            if isinstance(value, float):
-                _check(math.isfinite(value), f"{flag(name)} must be a finite number, got {value}")
+
+
+# Each section's own rules, by the section's name (gpt/core/config.py's SECTIONS)
+SECTION_RULES: dict[str, Callable[[Any], None]] = {
+    "model": validate_model, "data": validate_data, "optim": validate_optim,
+    "train": validate_train, "eval": validate_eval, "checkpoint": validate_checkpoint,
+    "profile": validate_profile,
+}
+
+
+def validate_across(cfg: Config) -> None:
+    """The rules between sections: the data's sequences against the model, FP8's."""
+    _check(
+        cfg.data.seq_len <= cfg.model.block_size,
+        f"--seq-len {cfg.data.seq_len} exceeds the model's --block-size {cfg.model.block_size}",
+    )
+    _check_fp8(cfg)
 
 
 def _check_fp8(cfg: Config) -> None:

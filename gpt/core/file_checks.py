@@ -22,9 +22,9 @@ from pathlib import Path
 # How a file is opened, which decides what may stand at its name
 READ = "read"  # opened for reading (a task file the harness reads)
 REPLACED = "replaced"  # written beside it and renamed over it (fileio.atomic_write)
-APPENDED = "appended"  # opened for reading and appending, made if missing (a log)
+APPENDED = "appended"  # opened for reading and appending, made if missing, never through a symlink (a log)
 LOCKED = "locked"  # opened for reading and writing, made if missing, never through a symlink
-FOLDER = "folder"  # a folder, made if missing
+FOLDER = "folder"  # a folder, made if missing, never through a symlink (written into)
 
 
 def _kind(mode: int) -> str:
@@ -67,7 +67,9 @@ def entry_problem(path: Path, use: str) -> str | None:
             return None  # the rename replaces the link itself, never its target
         if use == LOCKED:  # O_NOFOLLOW: a planted link must not move the lock elsewhere
             return f"is a symlink (to {os.readlink(path)}), and a lock is never taken through one"
-        # a log written through a link to nothing would land outside the folder
+        if use in (APPENDED, FOLDER):  # what is written through a link lands where it leads
+            return (f"is a symlink (to {os.readlink(path)}), and a run writes only inside its "
+                    f"folder, never through a link")
         problem = _link_problem(path)
         if problem is not None:
             return problem
@@ -100,6 +102,12 @@ def folder_problem(folder: Path) -> tuple[Path, str] | None:
     """(the entry in the way, what is wrong) if files cannot be made in `folder`, making
     it where it is missing: it, or the nearest of its parents that exists, must be a
     folder this process can list, enter and write. Writes nothing."""
+    try:
+        os.lstat(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # made when opened, or a file stands above it: told below
+    except OSError as e:  # a name too long, a loop of links above it: nothing can be made
+        return folder, f"cannot be looked at ({e.strerror})"
     probe = existing_parent(folder)
     if os.path.islink(probe):
         problem = _link_problem(probe)

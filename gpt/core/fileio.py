@@ -32,8 +32,10 @@ TEMP_FILE = re.compile(r"^\..+\.tmp-(\d+)$")  # what temp_path() names
 
 try:
     import fcntl
+    import resource
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
+    resource = None  # type: ignore[assignment]
 
 
 class FolderInUse(UserError):
@@ -65,6 +67,19 @@ def free_space(folder: Path) -> str:
         return f"{shutil.disk_usage(folder).free / 2**30:.1f} GiB free there"
     except OSError:
         return "free space unknown"
+
+
+def write_failure(error: OSError | None, folder: Path) -> str:
+    """Why a write into `folder` failed, for its message: over the process's file-size
+    limit (ulimit -f: the disk's free space would point away from it), else the OS's
+    reason and the space left there."""
+    if error is not None and error.errno == errno.EFBIG:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0] if resource else -1
+        said = f" ({limit:,} bytes)" if limit >= 0 and limit != resource.RLIM_INFINITY else ""
+        return (f"{error.strerror or 'File too large'}: over this process's file-size "
+                f"limit{said}, `ulimit -f`; raise the limit")
+    why = f"{error.strerror or error}; " if error is not None else ""
+    return why + free_space(folder)
 
 
 def temp_path(path: Path) -> Path:

@@ -165,6 +165,13 @@ def read_layout(path: Path) -> Layout:
 
 def _header_layout(path: Path, raw: bytes) -> Layout:
     """This trainer's header or llm.c's, both 256 little-endian int32 slots."""
+    if len(raw) < HEADER_BYTES and int.from_bytes(raw[:4], "little") not in (SHARD_MAGIC,
+                                                                            LLMC_MAGIC):
+        # short, and not even the start of a shard: a file that only bears a shard's name
+        raise ShardError(
+            f"{path}: not a shard (a file of {len(raw)} bytes that starts with neither this "
+            f"trainer's magic nor llm.c's, nor is a .npy array), only named like one: is "
+            f"--data-dir the folder of the shards? Else move it out of the data folder")
     if len(raw) < HEADER_BYTES:
         raise ShardError(
             f"{path}: truncated header ({len(raw)} bytes, need {HEADER_BYTES}); "
@@ -216,14 +223,14 @@ def shard_num_tokens(path: str | os.PathLike) -> int:
     return read_layout(Path(path)).num_tokens
 
 
-def bad_token_error(path: Path, tokens: np.ndarray, bad: np.ndarray, offset: int, what: str) -> ShardError:
+def bad_token_error(path: Path, tokens: np.ndarray, bad: np.ndarray, offset: int, what: str,
+                    hint: str = f"wrong tokenizer or corrupt shard, {_RECREATE_HINT}") -> ShardError:
     """The error for the first token where `bad` (a mask over `tokens`, which start at
-    index `offset` of the shard) is set; `what` says why that id is wrong."""
+    index `offset` of the shard) is set; `what` says why that id is wrong, `hint` what to
+    do."""
     idx = int(np.flatnonzero(bad)[0])
-    return ShardError(
-        f"{path}: token id {int(tokens[idx])} at index {offset + idx} is {what}; "
-        f"wrong tokenizer or corrupt shard, {_RECREATE_HINT}"
-    )
+    return ShardError(f"{path}: token id {int(tokens[idx])} at index {offset + idx} is {what}; "
+                      f"{hint}")
 
 
 def check_token_range(path: Path, tokens: np.ndarray, offset: int, vocab_size: int | None) -> None:
@@ -236,8 +243,24 @@ def check_token_range(path: Path, tokens: np.ndarray, offset: int, vocab_size: i
     if tokens.dtype.kind == "i" and int(tokens.min()) < 0:
         raise bad_token_error(path, tokens, tokens < 0, offset, "negative (ids start at 0)")
     if vocab_size is not None and int(tokens.max()) >= vocab_size:
+        # the model is too small for the data far more often than the data is wrong
         raise bad_token_error(path, tokens, tokens >= vocab_size, offset,
-                              f">= vocab_size {vocab_size}, beyond the model's vocabulary")
+                              f">= --vocab-size {vocab_size}, beyond the model's vocabulary",
+                              f"raise --vocab-size to hold the data's ids (GPT-2's tokenizer "
+                              f"has 50,257; the default 50,304 pads them), or the shard is of "
+                              f"another tokenizer or corrupt ({_RECREATE_HINT})")
+
+
+def check_first_tokens(path: str | os.PathLike, vocab_size: int) -> None:
+    """check_token_range over the first _SCAN_CHUNK tokens of a shard: in milliseconds, a
+    vocabulary too small for the data (the usual case of ids beyond it) is found before a
+    run, which would stop at its first batch; --check-tokens scans every token."""
+    shard = Shard(path)
+    try:
+        check_token_range(shard.path, shard.read(0, min(shard.num_tokens, _SCAN_CHUNK)), 0,
+                          vocab_size)
+    finally:
+        shard.close()
 
 
 def _check_vocab(path: Path, tokens: np.ndarray, vocab_size: int) -> None:

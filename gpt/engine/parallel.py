@@ -4,8 +4,8 @@ full state dicts that checkpoints hold.
 Modes (`--parallel`):
 - ddp:   every rank holds the whole model and optimizer; gradients are all-reduced once
          per optimizer step. With one process it is plain single-device training.
-- zero1: DDP for the model, with the AdamW state sharded across ranks
-         (ZeroRedundancyOptimizer): about 2/3 less optimizer memory per GPU.
+- zero1: DDP for the model, with the optimizer's state sharded across ranks
+         (ZeroRedundancyOptimizer): about 2/3 less optimizer memory per GPU with AdamW.
 - fsdp:  parameters, gradients and optimizer state sharded (FSDP2, one unit per
          transformer block), for models whose replicas do not fit, e.g. gpt2-xl.
 
@@ -34,9 +34,7 @@ from gpt.core.config import AUTO, ConfigError, OptimConfig, TrainConfig
 from gpt.engine import recompute
 from gpt.model import fp8, loss_kernels
 from gpt.model.transformer import GPT, unwrap
-from gpt.optim.muon import MuonAdamW
-from gpt.optim.optimizer import (adamw_kwargs, build_optimizer, muon_kwargs, optimizer_groups,
-                                 param_groups, want_fused)
+from gpt.optim.optimizer import build_optimizer, build_zero1
 from gpt.runtime.world import Runtime
 
 
@@ -59,7 +57,7 @@ class Parallelized:
     """What parallelize() returns: the modules the loop calls, and the optimizer."""
 
     train_model: nn.Module  # compiled and/or wrapped; the bare model is sharded in place under FSDP
-    eval_model: nn.Module  # what validation and HellaSwag call (see parallelize)
+    eval_model: nn.Module  # what the evaluations call (see parallelize)
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler  # fp16's loss scaler; disabled (a no-op) otherwise
     fused: bool  # the optimizer runs the fused AdamW kernel
@@ -118,7 +116,7 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
         materialize(model, runtime.device)
         train_model = _replicate(model, runtime, compile_mode)
         # Evaluation gets a compiled callable of its own (inductor's usual kernels, static
-        # shapes): its no-grad graph and HellaSwag's shapes are compiled beside the
+        # shapes): its no-grad graph and each evaluation's shapes are compiled beside the
         # training graph, never in its place, and no CUDA graph outlives an eval call.
         eval_model = compiled(model, "default") if compile_mode else model
     fp16 = autocast_dtype == torch.float16
@@ -130,7 +128,7 @@ def parallelize(model: GPT, train: TrainConfig, optim: OptimConfig, runtime: Run
 
 def compiled(fn: Callable[..., Any], mode: str) -> Any:
     """torch.compile with static shapes: each shape the run uses (the training batch,
-    the validation batch, HellaSwag's padded batch) gets a graph of its own, so no call
+    the validation batch, an evaluation's padded batch) gets a graph of its own, so no call
     ever turns another's graph into a dynamic-shape one."""
     if COMPILE_BACKEND == "inductor":
         return torch.compile(fn, mode=mode, dynamic=False)
@@ -220,7 +218,8 @@ def grad_scaler(mode: str, device_type: str, enabled: bool) -> torch.amp.GradSca
 
 def _make_optimizer(model: GPT, mode: str, cfg: OptimConfig, runtime: Runtime,
                     fp16: bool) -> tuple[torch.optim.Optimizer, bool]:
-    """AdamW for the mode, over the (possibly sharded) parameters."""
+    """The chosen optimizer (gpt/optim/optimizer.py) for the mode, over the (possibly
+    sharded) parameters."""
     if mode == "fsdp" and fp16:
         # torch's sharded scaler hands a fused AdamW its overflow flag with the wrong shape
         # (one element, not a scalar), which the fused kernel's step count rejects; the
@@ -231,15 +230,7 @@ def _make_optimizer(model: GPT, mode: str, cfg: OptimConfig, runtime: Runtime,
         cfg = dataclasses.replace(cfg, fused=False)
     if mode != "zero1":
         return build_optimizer(model, cfg, runtime.device)
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-    fused = want_fused(cfg, runtime.device)
-    if cfg.optimizer == "muon":  # one MuonAdamW per rank, over its share of each group
-        return ZeroRedundancyOptimizer(optimizer_groups(model, cfg), optimizer_class=MuonAdamW,
-                                       **muon_kwargs(cfg, fused)), fused
-    opt = ZeroRedundancyOptimizer(param_groups(model, cfg.weight_decay),
-                                  optimizer_class=torch.optim.AdamW, fused=fused,
-                                  **adamw_kwargs(cfg))
-    return opt, fused
+    return build_zero1(model, cfg, runtime.device)  # one per rank, over its share
 
 
 def set_grad_sync(model: nn.Module, enabled: bool) -> None:
@@ -266,13 +257,13 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The optimizer holding this rank's state: ZeroRedundancyOptimizer's inner AdamW."""
+    """The optimizer holding this rank's state: ZeroRedundancyOptimizer's inner one."""
     return optimizer.optim if _is_zero(optimizer) else optimizer
 
 
 def _is_zero(optimizer: torch.optim.Optimizer) -> bool:
     """Whether `optimizer` is a ZeroRedundancyOptimizer: never where its module was not
-    imported, which _make_optimizer does before building one."""
+    imported, which gpt/optim/optimizer.py's build_zero1 does before building one."""
     zero = sys.modules.get("torch.distributed.optim")
     return zero is not None and isinstance(optimizer, zero.ZeroRedundancyOptimizer)
 
@@ -309,10 +300,11 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, sta
 
 
 def check_optimizer_state(state: Any, param_shapes: dict[str, tuple[int, ...]]) -> None:
-    """Raise ValueError unless `state` is a full, name-keyed AdamW (or Muon + AdamW) state that
+    """Raise ValueError unless `state` is a full, name-keyed optimizer state that
     load_optimizer_state can load into a model with these parameters (name -> shape):
-    groups that list the parameters by name with numeric settings, and per-parameter
-    state (all of it, or none yet) of the parameters' shapes."""
+    groups that list the parameters by name with numeric settings (an Adam group's betas
+    and eps, a momentum group's momentum), and per-parameter state (all of it, or none
+    yet) of the parameters' shapes."""
     if not isinstance(state, dict) or not isinstance(state.get("state"), dict) \
             or not isinstance(state.get("param_groups"), list):
         raise ValueError("it is not an optimizer state dict (state and param_groups)")
@@ -321,13 +313,14 @@ def check_optimizer_state(state: Any, param_shapes: dict[str, tuple[int, ...]]) 
         if not isinstance(group, dict) or not isinstance(group.get("params"), list):
             raise ValueError("a param group is not a dict with a list of params")
         grouped += group["params"]
-        muon = group.get("muon") is True  # Muon's group: momentum, not betas
-        for key in ("lr", "weight_decay", "momentum" if muon else "eps"):
+        # a momentum optimizer's group holds a momentum and no betas
+        momentum = "momentum" in group and "betas" not in group
+        for key in ("lr", "weight_decay", "momentum" if momentum else "eps"):
             if not _real(group.get(key)):
                 raise ValueError(f"a param group's {key} is {group.get(key)!r}, not a number")
         betas = group.get("betas")
-        if not muon and (not isinstance(betas, (list, tuple)) or len(betas) != 2
-                         or not all(map(_real, betas))):
+        if not momentum and (not isinstance(betas, (list, tuple)) or len(betas) != 2
+                             or not all(map(_real, betas))):
             raise ValueError(f"a param group's betas are {betas!r}, not two numbers")
     if sorted(map(str, grouped)) != sorted(param_shapes):
         unknown = sorted(set(map(str, grouped)) ^ set(param_shapes))[:3]

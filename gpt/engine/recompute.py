@@ -2,7 +2,8 @@
 the forward pass keeps for the backward pass, and which the backward pass recomputes.
 
 - none: every activation is kept (the fastest step, the most memory).
-- selective: each block keeps the outputs of its matmuls and of attention, and recomputes
+- selective: each block keeps the outputs of its matmuls and of attention (SDPA's kernels
+  and FlexAttention: gpt/model/attention.py's SAVED_OPS), and recomputes
   the rest from them in the backward pass: the norms, the activation function (GELU's
   4x-wide output), the casts to the compute dtype (autocast's bf16 copies of the inputs
   and weights) and the residual additions. Those are pointwise, a few percent of the
@@ -25,18 +26,19 @@ import torch.nn as nn
 from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
+from gpt.model import attention
+
 
 MODES = ("none", "selective", "blocks")
 
 _aten = torch.ops.aten
 # The ops whose outputs selective checkpointing keeps: the matmuls (a linear layer is
-# addmm or mm, batched ones bmm) and every fused attention kernel SDPA may pick. The
-# list is of ops, not modules, so it holds under autocast and torch.compile alike.
-KEPT_OPS = frozenset(getattr(_aten, name).default for name in (
-    "mm", "addmm", "bmm", "_scaled_mm",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-) if hasattr(_aten, name))
+# addmm or mm, batched ones bmm, FP8's _scaled_mm) and attention's kernels, as
+# gpt/model/attention.py declares them (SDPA's fused kernels, FlexAttention). The list is
+# of ops, not modules, so it holds under autocast and torch.compile alike.
+MATMUL_OPS = frozenset(getattr(_aten, name).default for name in ("mm", "addmm", "bmm", "_scaled_mm")
+                       if hasattr(_aten, name))
+KEPT_OPS = MATMUL_OPS | attention.SAVED_OPS
 
 
 def _policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:

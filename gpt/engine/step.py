@@ -1,5 +1,5 @@
 """One optimizer step: gradients accumulated over micro-batches, unscaled and clipped,
-then the AdamW update at the step's learning rate, skipped on the device when the
+then the optimizer's update at the step's learning rate, skipped on the device when the
 gradient is not finite; the count of such steps; and the check that the weights and
 optimizer state are finite.
 
@@ -20,6 +20,7 @@ import torch.nn as nn
 
 from gpt.core.errors import UserError
 from gpt.engine.parallel import full_tensor, local_optimizer, local_tensor, set_grad_sync
+from gpt.optim.kind import GroupSettings
 from gpt.report.profiling import nvtx_range
 from gpt.runtime.device import autocast
 
@@ -70,15 +71,18 @@ def forward_backward(
 
 def optimizer_step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, lr: float,
                    norm: torch.Tensor, nvtx: bool = False,
-                   muon_momentum: float | None = None) -> torch.Tensor | None:
-    """The update at `lr` (times a group's "lr_ratio": Muon's learning rate is its own),
-    unless the gradient norm is not finite. Returns whether the step was skipped as a
-    0-dim device tensor (1.0 if so), or None under fp16, whose scaler skips overflowed
-    steps itself (routinely, while it finds its scale)."""
+                   settings: GroupSettings | None = None) -> torch.Tensor | None:
+    """The update at `lr` (times a group's "lr_ratio", where a group's rate is its own),
+    with the step's other `settings` in the groups they mark (the optimizer's
+    step_settings: marker -> values, for each group that holds the marker as True), unless
+    the gradient norm is not finite. Returns whether the step was skipped as a 0-dim device
+    tensor (1.0 if so), or None under fp16, whose scaler skips overflowed steps itself
+    (routinely, while it finds its scale)."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group["lr_ratio"] if "lr_ratio" in group else lr
-        if muon_momentum is not None and group.get("muon"):
-            group["momentum"] = muon_momentum
+        for marker, values in (settings or {}).items():
+            if group.get(marker) is True:
+                group.update(values)
     with nvtx_range("optimizer", nvtx):
         if scaler.is_enabled():
             scaler.step(optimizer)

@@ -12,7 +12,7 @@ Context and continuation tokens are split by the harness's own TemplateLM (the s
 split its Hugging Face model gets), and contexts longer than the block size are cut from
 the left the way its `hf` model cuts them, so scores of a GPT-2-shaped checkpoint equal
 those of its Hugging Face export (tests/test_harness.py). Any checkpoint the trainer
-writes loads, rotary or untied-head ones too, which no export can hold.
+writes loads, rotary or untied-head ones too, which Hugging Face's GPT-2 cannot hold.
 
 Under torchrun each rank answers the requests the harness gives it (its rank /
 world-size contract) and the results are gathered on rank 0. This module imports
@@ -34,6 +34,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from gpt.data.tokenizer import GPT2_EOT, GPT2_VOCAB, gpt2_tokenizer
 from gpt.eval.harness_tasks import HarnessError
 from gpt.eval.rank_agreement import agreed, refuse_together
+from gpt.model.sizing import check_free_memory
 from gpt.model.transformer import GPT, unwrap
 from gpt.runtime.device import autocast
 
@@ -271,6 +272,11 @@ class GPT2TrainerLM(TemplateLM):
 
     @torch.no_grad()
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        width = 2 if self.dtype in (torch.bfloat16, torch.float16) else 4
+        check_free_memory(x.numel() * self.gpt.config.vocab_size * width, self._device,
+                          f"batch_size {self.batch_size} (a forward of {x.size(0):,} rows x "
+                          f"{x.size(1):,} tokens: its logits)", "lower it (gpt.evaluate's "
+                          f"--tasks-batch-size, batch_size= in gpt2-lm-eval's --model_args)")
         was_training = self.gpt.training
         self.gpt.eval()
         try:

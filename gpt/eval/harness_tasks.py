@@ -46,7 +46,9 @@ def quiet_progress() -> None:
 def require_lm_eval(what: str) -> None:
     """Raise one line naming `what` (the flag that needs it) if lm-eval is not installed,
     or is installed but fails to import the parts used here (they import datasets,
-    transformers' tokenizers, ...): the two need different fixes."""
+    transformers' tokenizers, ...): the two need different fixes. An address the Hugging
+    Face libraries would fail to parse as they load (HF_ENDPOINT, a proxy) is named first."""
+    network.check_addresses()
     extras.require(("lm_eval", "lm_eval.evaluator", "lm_eval.tasks"), what, "eval",
                    "lm-eval", error=HarnessError,
                    called="EleutherAI's lm-evaluation-harness (lm-eval)")

@@ -2,7 +2,10 @@
 
 Data: the official jsonl (one example a line with "ctx", "endings" (4 strings) and
 "label" (0-3); other fields are ignored), from a local path or downloaded once from its
-public URL into a cache folder.
+public URL into a cache folder. The official validation set is known by its content (its
+size and sha256, the file every published score was taken on): a copy that is not it is
+never scored as it, whatever its name, and a set of the user's own (a file, or a download
+from another address, cached under a name of its own) is scored under its own name.
 
 Scoring: each candidate is the context tokens followed by the ending's tokens (the ending
 tokenized with a leading space, as it follows the context). The model's cross-entropy is
@@ -28,10 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,24 +41,19 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt.core import network
-from gpt.core.errors import UserError
-from gpt.core.fileio import atomic_write
 from gpt.core.text import one_line
 from gpt.data.tokenizer import GPT2_EOT, gpt2_tokenizer
+from gpt.eval.hellaswag_source import (  # noqa: F401  (where a set comes from; named here too)
+    VAL_NAME, VAL_URL, HellaSwagError, address, cached_path, check_reachable, default_cache_dir,
+    fetch, is_official, set_name)
 from gpt.model.transformer import unwrap
 from gpt.runtime.device import autocast
 
 
-VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_EXAMPLES = 10042
 REFERENCE_ACC_NORM = {"gpt2": 0.2955}  # OpenAI GPT-2 124M, completion style, validation set
 NUM_ENDINGS = 4
 PAD_MULTIPLE = 64
-
-
-class HellaSwagError(UserError, ValueError):
-    """An unusable HellaSwag file or source; the message names it (and the line)."""
 
 
 class Tokenizer(Protocol):
@@ -76,77 +70,7 @@ class Example:
 # ---------------------------------------------------------------------------- data
 
 
-def default_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/gpt2-trainer/hellaswag (~/.cache/... when unset)."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "gpt2-trainer" / "hellaswag"
-
-
-def _download(url: str, dest: Path, timeout_s: float = 60.0) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            atomic_write(dest, lambda fh: shutil.copyfileobj(response, fh))
-    except (urllib.error.URLError, OSError, TimeoutError) as e:
-        reason = getattr(e, "reason", None) or e
-        raise HellaSwagError(f"could not download {url} ({reason}); offline, copy the file "
-                             f"to {dest} (where it is kept once downloaded), or pass a local "
-                             f"copy: --hellaswag FILE to python -m gpt.evaluate, "
-                             f"--hellaswag-file FILE to the trainer") from None
-
-
-def cached_path(url: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where `url`'s copy is kept once downloaded."""
-    name = Path(urllib.parse.urlparse(url).path).name or "hellaswag.jsonl"
-    return Path(cache_dir or default_cache_dir()) / name
-
-
-def check_reachable(source: str | None, cache_dir: str | os.PathLike | None = None,
-                    flag: str = "--hellaswag-file") -> None:
-    """A HellaSwag source that must be downloaded (None or "val" for the validation set,
-    or an http(s) address) and is not cached can be: its host answers. Else one line at
-    once, not a download's timeout at the run's first evaluation."""
-    if source is None or (str(source) == "val" and not Path("val").exists()):
-        source = VAL_URL
-    text = str(source)
-    if not text.startswith(("http://", "https://")) or cached_path(text, cache_dir).is_file():
-        return
-    why = network.unreachable(text)
-    if why is not None:
-        raise HellaSwagError(f"HellaSwag: {text} is not cached at {cached_path(text, cache_dir)} "
-                             f"and cannot be downloaded ({why}): pass a local copy with {flag} "
-                             f"FILE, or go online")
-
-
-def fetch(url: str, cache_dir: str | os.PathLike | None = None, rank: int = 0) -> Path:
-    """The cached copy of `url`, downloaded once: by rank 0 while the other ranks wait.
-
-    Under torch.distributed, rank 0's outcome is broadcast so all ranks fail together.
-    A rank that still lacks the file afterwards (another node, no shared disk) fetches
-    its own copy; writes are atomic, so racing copies are harmless.
-    """
-    dest = cached_path(url, cache_dir)
-    error: str | None = None
-    if rank == 0 and not dest.is_file():
-        try:
-            check_reachable(url, cache_dir, "--hellaswag FILE to python -m gpt.evaluate, "
-                                            "--hellaswag-file")
-            _download(url, dest)
-        except HellaSwagError as e:
-            error = str(e)
-    if dist.is_available() and dist.is_initialized():
-        box = [error]
-        dist.broadcast_object_list(box, src=0)
-        error = box[0]
-    if error:
-        raise HellaSwagError(error)
-    if not dest.is_file():
-        _download(url, dest)
-    return dest
-
-
 MAX_LINE_BYTES = 2**20  # an example is a few kB: a longer "line" is not HellaSwag's
-CHECKED_EXAMPLES = 20  # what check_file reads: enough to tell the format, in milliseconds
 
 
 def _records(path: Path, limit: int | None = None) -> Iterator[dict[str, Any]]:
@@ -189,11 +113,12 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def check_file(path: str | os.PathLike) -> None:
-    """A HellaSwagError naming the file and line if the first CHECKED_EXAMPLES examples of
-    a local HellaSwag file are not what the scorer reads (JSON objects with ctx, four
-    endings and a label): before a run (the trainer's preflight, so its dry run too), in
-    milliseconds, whatever the file's size."""
-    for _ in _records(Path(path), CHECKED_EXAMPLES):
+    """A HellaSwagError naming the file and line if any example of a local HellaSwag file
+    is not what the scorer reads (a JSON object with ctx, four endings and a label): before
+    a run (the trainer's preflight, so its dry run too), every line, as the run will read
+    them (the validation set's 10,042 in a fraction of a second), so that no line the dry
+    run passed stops the run."""
+    for _ in _records(Path(path)):
         pass
 
 
@@ -225,26 +150,33 @@ def tokenize(record: dict[str, Any], tokenizer: Tokenizer) -> Example:
     return Example(tuple(context), endings, int(record["label"]))
 
 
+class HellaSwagSet(list):
+    """A set's tokenized examples (a list of Example), and the name its scores go under
+    (see set_name)."""
+
+    def __init__(self, name: str, examples: list[Example]) -> None:
+        super().__init__(examples)
+        self.name = name
+
+
 def load_examples(
     source: str | os.PathLike | None = None,
     cache_dir: str | os.PathLike | None = None,
     rank: int = 0,
     tokenizer: Tokenizer | None = None,
     max_examples: int | None = None,
-) -> list[Example]:
+) -> HellaSwagSet:
     """Read and tokenize HellaSwag: a local jsonl path, an http(s) URL, or None (or "val")
     for the official validation set, downloaded once into cache_dir (see `fetch`).
     Every rank gets every example (evaluate() picks its share)."""
-    if source is None or (str(source) == "val" and not Path("val").exists()):
-        source = VAL_URL
-    text = str(source)
-    path = fetch(text, cache_dir, rank) if text.startswith(("http://", "https://")) else Path(source)
+    text = address(source)
+    path = fetch(text, cache_dir, rank) if text.startswith(("http://", "https://")) else Path(text)
     records = read_jsonl(path)
     if max_examples is not None:
         records = records[:max_examples]
     if tokenizer is None:
         tokenizer = gpt2_tokenizer()
-    return [tokenize(r, tokenizer) for r in records]
+    return HellaSwagSet(set_name(text, path), [tokenize(r, tokenizer) for r in records])
 
 
 # ---------------------------------------------------------------------------- scoring
@@ -339,8 +271,11 @@ def evaluate(
     seq_len = seq_len or pad_length(examples, int(unwrap(model).config.block_size))
     mine: list[Example] = list(examples[rank::world_size])
     # Every rank runs the same number of forwards (rank 0's share is the largest), padding
-    # with dummy batches, so a model whose forward is a collective (FSDP) cannot hang.
-    num_batches = -(-len(examples[0::world_size]) // batch_examples)
+    # with dummy batches, so a model whose forward is a collective (FSDP) cannot hang. A
+    # batch is never larger than that share: more rows would all be dummies.
+    largest = len(examples[0::world_size])
+    batch_examples = min(batch_examples, largest)
+    num_batches = -(-largest // batch_examples)
     was_training = model.training
     model.eval()
     counts = torch.zeros(3, dtype=torch.long, device=device)  # correct, correct_norm, total

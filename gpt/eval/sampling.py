@@ -10,12 +10,14 @@ tokens, exactly what sampling without the cache does.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt.core.errors import UserError
+from gpt.core.text import one_line
 from gpt.data.tokenizer import GPT2_EOT
 from gpt.model.transformer import GPT, unwrap
 from gpt.runtime.device import autocast
@@ -41,6 +43,40 @@ def _next_token(
     probs = F.softmax(logits, dim=-1)
     # Sample on the CPU generator's terms so a seed gives the same text on any device.
     return torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
+
+
+class PromptError(UserError):
+    """A prompt the model cannot start from; the message names the flag."""
+
+
+def prompt_ids(tokenizer: Any, text: str, vocab_size: int, flag: str = "--prompt") -> list[int]:
+    """The token ids sampling starts from: the prompt's, or <|endoftext|> alone for an
+    empty one (a document's start, as GPT-2 was trained); a PromptError naming `flag` if
+    one is beyond the model's vocabulary (a model trained with a --vocab-size below the
+    tokenizer's), which the embedding could not look up."""
+    ids = list(tokenizer.encode_ordinary(text)) or [tokenizer.eot_token]
+    if max(ids) >= vocab_size:
+        start = (f"an empty prompt starts from <|endoftext|> (id {ids[0]}), which is" if not
+                 text else f"token id {max(ids)} is")
+        raise PromptError(f"{flag} {one_line(repr(text), 60)}: {start} beyond the model's "
+                          f"vocabulary of {vocab_size} ids: give a prompt whose GPT-2 tokens "
+                          f"are all below {vocab_size}")
+    return ids
+
+
+def sampling_bytes(gpt: GPT, prompt_len: int, max_new_tokens: int, num_samples: int = 1,
+                   autocast_dtype: torch.dtype = torch.float32, use_cache: bool = True) -> int:
+    """What sample() allocates beyond the model, by arithmetic, at the least: the ids
+    (int64), the KV cache (every layer's keys and values, in the autocast precision), the
+    prompt's logits and the last position's fp32 copies as a token is drawn."""
+    m = gpt.config
+    width = 2 if autocast_dtype in (torch.bfloat16, torch.float16) else 4
+    length = prompt_len + max_new_tokens
+    cache = 0
+    if use_cache and prompt_len < m.block_size:
+        cache = 2 * m.n_layer * num_samples * min(m.block_size, length) * m.n_embd * width
+    prefill = num_samples * min(prompt_len, m.block_size) * m.vocab_size * width
+    return 8 * num_samples * length + cache + prefill + 3 * num_samples * m.vocab_size * 4
 
 
 @torch.no_grad()

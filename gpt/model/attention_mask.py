@@ -3,10 +3,10 @@ training, and documents (no attention across the end-of-text token that separate
 
 Both are off by default (GPT-2 attends to every earlier position of its context). With
 either on, GPT builds an AttentionMask, which turns a batch's token ids into one mask
-shared by every layer, and attend() applies it: under torch.compile on CUDA a
-FlexAttention BlockMask (the kernel skips the masked blocks), elsewhere a boolean mask
-(True: may attend) for SDPA. (FlexAttention has no backward on CPU in torch 2.13, and
-outside torch.compile it runs an unfused fallback; a KV cache and dropout take SDPA too.)
+shared by every layer, which gpt/model/attention.py applies: under torch.compile on CUDA
+a FlexAttention BlockMask (the kernel skips the masked blocks), elsewhere a boolean mask
+(True: may attend) for SDPA (attention.flex_wanted says which; a KV cache and dropout
+take SDPA too).
 
 The window is a buffer, not a Python number, so a compiled model reads its current value
 without recompiling; the trainer sets it from the step (window_at), so a resumed run gets
@@ -15,33 +15,17 @@ the same window at the same step and no checkpoint needs to carry it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from gpt.core.config import ModelConfig
+from gpt.model import attention
 
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask as FlexMask
-
-# FlexAttention's names, set by load_flex() when a model with a mask is built: importing it
-# pulls in sympy (about 0.8 s of every start-up), which GPT-2's causal-only attention never
-# needs. The compiled forward reads them as this module's globals, set before it runs.
-BlockMask: Any = None
-create_block_mask: Any = None
-flex_attention: Any = None
-
-
-def load_flex() -> None:
-    """Import FlexAttention into this module's globals (once; torch >= 2.9 has it)."""
-    global BlockMask, create_block_mask, flex_attention
-    if flex_attention is None:
-        from torch.nn.attention import flex_attention as flex
-        BlockMask, create_block_mask = flex.BlockMask, flex.create_block_mask
-        flex_attention = flex.flex_attention
 
 EOT = 50256  # GPT-2's <|endoftext|>, which fineweb.py puts between documents
 
@@ -76,7 +60,7 @@ class AttentionMask(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        load_flex()
+        attention.load_flex()
         self.cfg = cfg
         self.register_buffer("window", torch.tensor(window_at(cfg, 0, 1)), persistent=False)
 
@@ -92,7 +76,7 @@ class AttentionMask(nn.Module):
         document ids this extends). Returns the mask: a BlockMask where FlexAttention is
         used, else booleans (B or 1, 1, T, cached + T)."""
         start, T = (0 if kv_cache is None else kv_cache.length), idx.size(1)
-        if kv_cache is None and self.cfg.dropout == 0 and flex_wanted(idx):
+        if kv_cache is None and self.cfg.dropout == 0 and attention.flex_wanted(idx):
             return self.block_mask(idx)
         q = torch.arange(start, start + T, device=idx.device).unsqueeze(1)
         k = torch.arange(start + T, device=idx.device).unsqueeze(0)
@@ -127,21 +111,8 @@ class AttentionMask(nn.Module):
                 ok = ok & (docs[b, q] == docs[b, k])
             return ok
 
-        return create_block_mask(allowed, B if docs is not None else None, None, T, T,
-                                 device=idx.device)
-
-
-def flex_wanted(idx: torch.Tensor) -> bool:
-    """FlexAttention where it has a fused kernel with a backward: CUDA, under torch.compile."""
-    return flex_attention is not None and idx.is_cuda and torch.compiler.is_compiling()
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: object,
-           dropout_p: float) -> torch.Tensor:
-    """Attention of q over k, v under an AttentionMask's mask (either kind)."""
-    if BlockMask is not None and isinstance(mask, BlockMask):
-        return flex_attention(q, k, v, block_mask=mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return attention.create_block_mask(allowed, B if docs is not None else None, None, T,
+                                           T, device=idx.device)
 
 
 class CausalOnly(nn.Module):

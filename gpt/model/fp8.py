@@ -24,7 +24,7 @@ rounding; with the chunked loss it never runs as a module anyway), and any layer
 dimensions are not multiples of 16 (config_check refuses a width where no layer would
 convert).
 
-Evaluation (validation, HellaSwag, samples, --eval-tasks) runs the same weights with
+Evaluation (the run's evaluations, its samples) runs the same weights with
 plain high-precision matmuls (high_precision()): the numbers a run reports are those
 `python -m gpt.evaluate` gives for its checkpoint, and compare with a run without FP8.
 Under torch.compile the switch of class is guarded: the evaluation's graph is compiled

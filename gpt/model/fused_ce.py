@@ -18,9 +18,10 @@ modes:
   worth of traffic, as inductor's compiled loss makes.
 - the forward mode (llm.c's fused classifier; `expected_grad`): one kernel
   (_loss_grad_kernel) reads a row for its log-sum-exp, then reads it again, from L2 (a
-  row is 100 KB in bf16), and writes its gradient, for the incoming gradient the caller
-  expects (the trainer's is 1 / accumulation steps, known before the forward): each logit
-  read once and written once from memory, 2 logits' worth. The backward (_rescale_kernel)
+  row is 100 KB in bf16; FORWARD_LAUNCH keeps the rows in flight within it), and writes
+  its gradient, for the incoming gradient the caller expects (the trainer's is 1 /
+  accumulation steps, known before the forward): each logit read once and written once
+  from memory, 2 logits' worth. The backward (_rescale_kernel)
   reads two scalars on the device, no host sync: the incoming gradient and the one
   expected; only where they differ (the first call of a loop, GradScaler's scale moving
   in fp16) does it read and write the gradient once more, times their ratio (rounded a
@@ -70,6 +71,7 @@ is how tests/test_fused_ce.py checks them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -77,11 +79,42 @@ import triton
 import triton.language as tl
 
 
-# Columns a program handles at a time. Not tuned: on an H100 a row of 50,304 is 13 blocks
-# (the last one 1,152 wide), 16 fp32 values a thread at 8 warps; the GPU run is where to
-# tune it. Any size works: the last block of a row is masked.
-BLOCK = 4096
-NUM_WARPS = 8
+@dataclass(frozen=True)
+class Launch:
+    """How a mode's kernels are launched: one program a row, `block` columns a step, `warps`
+    warps a program; `l2` (the forward mode's kernel): its second pass reads the row from
+    its end, where its first pass ended (the blocks likeliest still in L2), with cache
+    hints: the first pass's loads kept in L2 (evict_last), the second's let go first, the
+    gradient written with streaming stores (.cs: nothing reads it before the head's
+    backward, after every row is done). Any block works: a row's last block is masked."""
+
+    block: int
+    warps: int
+    l2: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.warps}w-{self.block}{'-l2' if self.l2 else ''}"
+
+
+# The backward mode's kernels each read a row once (nothing to keep in L2 between them): on
+# an H100 a row of 50,304 is 13 blocks (the last one 1,152 wide), 16 fp32 values a thread.
+BACKWARD_LAUNCH = Launch(4096, 8)
+# The forward mode's kernel reads each row twice and counts on the second read coming from
+# L2 (50 MB on an H100). Rows in flight: the SMs (132) times the programs an SM holds: at
+# most 64 warps' worth, and its 65,536 registers' (ptxas gives these kernels about 32 a
+# thread for sm_90a, so the warps are the limit). At 8 warps that is 8 programs, 1,056 rows
+# of 100.6 KB in bf16: 106 MB, twice L2, so a row read front to back twice is gone from L2
+# before its second read (a cache model gives no hits). At 32 warps (BLOCK 8,192: one
+# 16-byte load a thread a step) 2 programs: 264 rows, 26.6 MB, within L2; the l2 order
+# (llm.c's fused classifier's) helps at any size. tests/test_fused_ce.py compiles every
+# launch for sm_90a and checks these counts. PREDICTED, not measured: the GPU acceptance's
+# loss-bench cell sweeps LAUNCHES (gpt/bench/gpu/loss_bench.py) and names the fastest
+# launch that is right, which FORWARD_LAUNCH then follows.
+LAUNCHES = {launch.name: launch for launch in (
+    Launch(4096, 8), Launch(4096, 8, l2=True), Launch(8192, 16, l2=True), Launch(8192, 32),
+    Launch(8192, 32, l2=True))}
+FORWARD_LAUNCH = LAUNCHES["32w-8192-l2"]
 
 
 @triton.jit
@@ -95,18 +128,22 @@ def _capped(x, softcap, SOFTCAP: tl.constexpr):
 
 @triton.jit
 def _row_loss(x_row, t_ptr, row, loss_ptr, V, ignore_index, softcap, SOFTCAP: tl.constexpr,
-              BLOCK: tl.constexpr):
+              BLOCK: tl.constexpr, L2: tl.constexpr):
     """One row's pass for its loss: its log-sum-exp by an online softmax (the block's max, the
-    running sum rescaled whenever the max grows), each logit read once, then the target's
-    logit on its own; stores the row's loss, returns (log-sum-exp, target)."""
+    running sum rescaled whenever the max grows), each logit read once (kept in L2 with
+    L2), then the target's logit on its own; stores the row's loss, returns (log-sum-exp,
+    target)."""
     offs = tl.arange(0, BLOCK)
     m = float("-inf")  # the running max and the sum of exp(z - m) so far
     d = 0.0
     for start in range(0, V, BLOCK):
         cols = start + offs
         inside = cols < V
-        z, _ = _capped(tl.load(x_row + cols, mask=inside, other=0.0).to(tl.float32), softcap,
-                       SOFTCAP)
+        if L2:  # read again by this program's second pass
+            x = tl.load(x_row + cols, mask=inside, other=0.0, eviction_policy="evict_last")
+        else:
+            x = tl.load(x_row + cols, mask=inside, other=0.0)
+        z, _ = _capped(x.to(tl.float32), softcap, SOFTCAP)
         z = tl.where(inside, z, float("-inf"))  # the last block's tail: no mass
         m_new = tl.maximum(m, tl.max(z, 0))
         d = d * tl.exp(m - m_new) + tl.sum(tl.exp(z - m_new), 0)
@@ -122,23 +159,35 @@ def _row_loss(x_row, t_ptr, row, loss_ptr, V, ignore_index, softcap, SOFTCAP: tl
 
 @triton.jit
 def _row_grad(x_row, g_row, target, lse, scale, V, ignore_index, softcap, SOFTCAP: tl.constexpr,
-              BLOCK: tl.constexpr):
+              BLOCK: tl.constexpr, L2: tl.constexpr):
     """One row's pass for its gradient: each logit read and (softmax - one-hot) x (the soft
     cap's slope) x scale written, in the gradient's dtype; g_row may be x_row, each block
-    read before it is written."""
+    read before it is written. L2: the blocks from the row's end, with Launch's hints.
+    Each entry is computed on its own: the order changes no value."""
     counted = target != ignore_index
     offs = tl.arange(0, BLOCK)
-    for start in range(0, V, BLOCK):
+    last = tl.cdiv(V, BLOCK) - 1
+    for i in range(0, last + 1):
+        if L2:
+            start = (last - i) * BLOCK
+        else:
+            start = i * BLOCK
         cols = start + offs
         inside = cols < V
-        z, s = _capped(tl.load(x_row + cols, mask=inside, other=0.0).to(tl.float32), softcap,
-                       SOFTCAP)
+        if L2:  # its last read
+            x = tl.load(x_row + cols, mask=inside, other=0.0, eviction_policy="evict_first")
+        else:
+            x = tl.load(x_row + cols, mask=inside, other=0.0)
+        z, s = _capped(x.to(tl.float32), softcap, SOFTCAP)
         g = tl.exp(z - lse) - tl.where(cols == target, 1.0, 0.0)
         if SOFTCAP:  # d(cap tanh(x / cap))/dx = 1 - tanh^2 = 4 s (1 - s)
             g = g * (4.0 * s * (1.0 - s))
         # an ignored row: zero, also when no row counts (scale is then inf)
-        g = tl.where(counted, g * scale, 0.0)
-        tl.store(g_row + cols, g.to(g_row.dtype.element_ty), mask=inside)
+        g = tl.where(counted, g * scale, 0.0).to(g_row.dtype.element_ty)
+        if L2:
+            tl.store(g_row + cols, g, mask=inside, cache_modifier=".cs")
+        else:
+            tl.store(g_row + cols, g, mask=inside)
 
 
 @triton.jit
@@ -147,7 +196,7 @@ def _lse_kernel(x_ptr, x_stride, t_ptr, loss_ptr, lse_ptr, V, ignore_index, soft
     """The forward of the backward mode: each row's loss and log-sum-exp."""
     row = tl.program_id(0).to(tl.int64)  # int64: N x V passes 2^31 at GPT-2's sizes
     lse, _ = _row_loss(x_ptr + row * x_stride, t_ptr, row, loss_ptr, V, ignore_index, softcap,
-                       SOFTCAP, BLOCK)
+                       SOFTCAP, BLOCK, False)
     tl.store(lse_ptr + row, lse)
 
 
@@ -157,20 +206,23 @@ def _grad_kernel(x_ptr, x_stride, g_ptr, g_stride, t_ptr, lse_ptr, scale_ptr, V,
     """The backward of the backward mode: each row's gradient from its saved log-sum-exp."""
     row = tl.program_id(0).to(tl.int64)
     _row_grad(x_ptr + row * x_stride, g_ptr + row * g_stride, tl.load(t_ptr + row),
-              tl.load(lse_ptr + row), tl.load(scale_ptr), V, ignore_index, softcap, SOFTCAP, BLOCK)
+              tl.load(lse_ptr + row), tl.load(scale_ptr), V, ignore_index, softcap, SOFTCAP, BLOCK,
+              False)
 
 
 @triton.jit
 def _loss_grad_kernel(x_ptr, x_stride, g_ptr, g_stride, t_ptr, loss_ptr, scale_ptr, V,
-                      ignore_index, softcap, SOFTCAP: tl.constexpr, BLOCK: tl.constexpr):
+                      ignore_index, softcap, SOFTCAP: tl.constexpr, BLOCK: tl.constexpr,
+                      L2: tl.constexpr):
     """The forward mode's one kernel: each row's loss, then its gradient for the incoming
     gradient expected (scale_ptr: expected / rows counted), the row read again while it is
-    in L2 (100 KB in bf16 at GPT-2's vocabulary)."""
+    in L2 (100 KB in bf16 at GPT-2's vocabulary: see FORWARD_LAUNCH)."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_stride
-    lse, target = _row_loss(x_row, t_ptr, row, loss_ptr, V, ignore_index, softcap, SOFTCAP, BLOCK)
+    lse, target = _row_loss(x_row, t_ptr, row, loss_ptr, V, ignore_index, softcap, SOFTCAP, BLOCK,
+                            L2)
     _row_grad(x_row, g_ptr + row * g_stride, target, lse, tl.load(scale_ptr), V, ignore_index,
-              softcap, SOFTCAP, BLOCK)
+              softcap, SOFTCAP, BLOCK, L2)
 
 
 @triton.jit
@@ -195,20 +247,24 @@ def _rescale_kernel(g_ptr, g_stride, got_ptr, want_ptr, V, BLOCK: tl.constexpr):
 class _FusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, softcap: float,
-                ignore_index: int, inplace: bool, block: int,
-                expected: torch.Tensor | None) -> torch.Tensor:
+                ignore_index: int, inplace: bool, launch: Launch,
+                expected: torch.Tensor | None, grad_mode: bool) -> torch.Tensor:
         n, v = logits.shape
         losses = torch.empty(n, dtype=torch.float32, device=logits.device)
         counted = (targets != ignore_index).sum()  # on the device: no sync
-        common = dict(SOFTCAP=bool(softcap), BLOCK=block, num_warps=NUM_WARPS)
-        ctx.softcap, ctx.ignore_index, ctx.inplace, ctx.block = softcap, ignore_index, inplace, block
-        ctx.expected = expected if ctx.needs_input_grad[0] else None
+        common = dict(SOFTCAP=bool(softcap), BLOCK=launch.block, num_warps=launch.warps)
+        ctx.softcap, ctx.ignore_index, ctx.inplace, ctx.launch = softcap, ignore_index, inplace, launch
+        # a gradient is wanted only where autograd will record this call: the logits require
+        # it (needs_input_grad says no more) and grad mode was on at the call (inside
+        # forward it is always off), so under torch.no_grad nothing is written
+        ctx.expected = expected if ctx.needs_input_grad[0] and grad_mode else None
         if ctx.expected is not None:  # the forward mode, where a gradient is wanted
             used = expected.detach().float().reshape(1).clone()  # as this forward wrote it
             grad = logits if inplace else torch.empty_like(logits)
             if n:
                 _loss_grad_kernel[(n,)](logits, logits.stride(0), grad, grad.stride(0), targets,
-                                        losses, used / counted, v, ignore_index, softcap, **common)
+                                        losses, used / counted, v, ignore_index, softcap,
+                                        L2=launch.l2, **common)
             if inplace:
                 # the logits now hold their gradient: a backward that saved them fails
                 # loudly on the changed version instead of reading the gradient as logits
@@ -229,11 +285,16 @@ class _FusedCrossEntropy(torch.autograd.Function):
             got = grad_loss.detach().float().reshape(1)
             if grad.shape[0]:
                 _rescale_kernel[(grad.shape[0],)](grad, grad.stride(0), got, used, grad.shape[1],
-                                                  BLOCK=ctx.block, num_warps=NUM_WARPS)
+                                                  BLOCK=ctx.launch.block,
+                                                  num_warps=ctx.launch.warps)
+            # the saved gradient now holds this backward's scale, no longer `used`'s: a second
+            # backward (retain_graph) would rescale it again, so it is refused, as the
+            # backward mode's in place is, by the version check of the saved tensors
+            torch.autograd.graph.increment_version(grad)
             # the next forward expects what this backward got; not a zero (a forward that
             # wrote zeros could not be rescaled) nor a NaN or inf: those keep the last one
             ctx.expected.copy_(torch.where((got != 0) & got.isfinite(), got, ctx.expected))
-            return grad, None, None, None, None, None, None
+            return grad, None, None, None, None, None, None, None
         logits, targets, lse, counted = ctx.saved_tensors
         n, v = logits.shape
         scale = (grad_loss.float() / counted).reshape(1)
@@ -241,10 +302,10 @@ class _FusedCrossEntropy(torch.autograd.Function):
         if n:
             _grad_kernel[(n,)](logits, logits.stride(0), grad, grad.stride(0), targets, lse, scale,
                                v, ctx.ignore_index, ctx.softcap, SOFTCAP=bool(ctx.softcap),
-                               BLOCK=ctx.block, num_warps=NUM_WARPS)
+                               BLOCK=ctx.launch.block, num_warps=ctx.launch.warps)
         if ctx.inplace:
             torch.autograd.graph.increment_version(logits)  # as in the forward mode's forward
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
 def interpreted() -> bool:
@@ -255,8 +316,9 @@ def interpreted() -> bool:
 
 @torch.compiler.disable  # Triton launches and an in-place write: eager (see the docstring)
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0,
-                  ignore_index: int = -100, inplace: bool = False, block: int = BLOCK,
-                  expected_grad: torch.Tensor | None = None) -> torch.Tensor:
+                  ignore_index: int = -100, inplace: bool = False, block: int | None = None,
+                  expected_grad: torch.Tensor | None = None,
+                  launch: Launch | None = None) -> torch.Tensor:
     """F.cross_entropy(softcap(logits), targets, ignore_index=ignore_index) (the mean over
     counted rows, fp32), with softcap(z) = cap * tanh(z / cap) when `softcap` is not 0.
     logits: (N, V), any float dtype (fp32 only under the interpreter); targets: (N,).
@@ -268,7 +330,13 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softcap: float = 
     incoming gradient (over the logits, with `inplace`: from the forward on they are gone);
     the backward checks on the device that the incoming gradient is that one, rescales
     the gradient where it is not, and stores it in `expected_grad`, the next call's
-    expectation. None: the backward mode, the gradient written in the backward."""
+    expectation. A gradient is wanted where grad mode is on and the logits require one:
+    under torch.no_grad nothing is written. A second backward through one call
+    (retain_graph) is refused, as the backward mode's with `inplace` is: its gradient was
+    rescaled in place by the first. None: the backward mode, the gradient written in the
+    backward.
+    `launch`: the mode's kernels' (default: FORWARD_LAUNCH or BACKWARD_LAUNCH); `block`, if
+    given, its columns a step."""
     if logits.dim() != 2 or targets.shape != logits.shape[:1]:
         raise ValueError(f"cross_entropy takes logits (N, V) and targets (N,), got "
                          f"{tuple(logits.shape)} and {tuple(targets.shape)}")
@@ -283,8 +351,11 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, softcap: float = 
                          f"{expected_grad.dtype} on {expected_grad.device}")
     if logits.stride(1) != 1:
         logits = logits.contiguous()
+    launch = launch or (BACKWARD_LAUNCH if expected_grad is None else FORWARD_LAUNCH)
+    if block is not None:
+        launch = replace(launch, block=int(block))
     return _FusedCrossEntropy.apply(logits, targets.contiguous(), float(softcap), int(ignore_index),
-                                    bool(inplace), int(block), expected_grad)
+                                    bool(inplace), launch, expected_grad, torch.is_grad_enabled())
 
 
 def expected_grad(device: torch.device | str, value: float = 1.0) -> torch.Tensor:

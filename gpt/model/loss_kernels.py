@@ -20,11 +20,15 @@ so every kernel computes the same gradients to rounding.
 
 --loss-kernel fused is not a chunked loss: the head's matmul makes the whole logits as
 without --chunked-loss, and gpt/model/fused_ce.py's Triton kernels (CUDA only) compute their
-cross-entropy reading them twice and writing their gradient once, in place, with no fp32
-copy. It is measured beside the others in `gpu loss-kernels` before it is anyone's default,
-and so is those kernels' forward mode (the gradient written in the forward, one pass over
-the logits fewer; gpt/model/fused_ce.py), which only that bench runs for now: the one that
-measures faster becomes what --loss-kernel fused runs.
+cross-entropy with no fp32 copy, in one of two modes (FUSED_MODE): the backward mode reads
+the logits twice and writes their gradient once, over them, in the backward; the forward
+mode writes it in the forward, for the incoming gradient it expects, one pass over the
+logits fewer. The model keeps that expectation (ExpectedGrad, one tensor a model): it
+starts at 1 and each backward leaves in it the gradient it got, so from the first backward
+on it is 1 / accumulation steps (times GradScaler's scale in fp16), and only a call whose
+incoming gradient moved (the run's first, a scale's change) rescales its gradient. Both
+are measured beside the others in `gpu loss-kernels` (its loss-bench cell alone, its
+trainer cells in a step) before either is anyone's default.
 """
 
 from __future__ import annotations
@@ -42,6 +46,13 @@ from gpt.model.chunked_ce import linear_cross_entropy, linear_dtype
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 CHUNKED = ("ours", "liger", "cce")  # the chunked loss's kernels: "auto" resolves to one of them
+# What --loss-kernel fused runs: gpt/model/fused_ce.py's backward mode or its forward mode.
+# The forward mode moves a third fewer bytes (PREDICTED faster; nothing measured on a GPU
+# yet): the GPU acceptance's loss-kernels stage measures both (loss_bench.py's choice, and
+# the trainer cells ours-b64-default-fused and -fused-forward), and its result decides this;
+# until then the backward mode, which --loss-kernel fused has always run.
+FUSED_MODES = ("backward", "forward")
+FUSED_MODE = "backward"
 KERNELS = (*CHUNKED, "fused")  # fused: the whole logits' cross-entropy (gpt/model/fused_ce.py)
 # the modules each library kernel imports (the first names the package), and its name
 # on the package index
@@ -63,7 +74,9 @@ def describe(chunked: bool, kernel: str) -> str:
     resolved)."""
     if chunked:
         return f"chunked ({kernel})"
-    return "whole logits (fused)" if kernel == "fused" else "whole logits"
+    if kernel == "fused":
+        return "whole logits (fused)" if FUSED_MODE == "backward" else "whole logits (fused, forward mode)"
+    return "whole logits"
 
 
 def check(kernel: str, device_type: str, chunked: bool = True) -> None:
@@ -148,16 +161,38 @@ def cce(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                                  reduction="mean", filter_eps=None).float()
 
 
+class ExpectedGrad:
+    """A model's expectation of its fused loss's incoming gradient (the forward mode's
+    `expected_grad`, gpt/model/fused_ce.py): one tensor, made on the logits' device at the
+    first call, at 1, and corrected by each backward to the gradient it got, which the
+    trainer keeps steady (1 / accumulation steps, times GradScaler's scale in fp16) whatever
+    wraps the model (DDP and its no_sync, FSDP2, checkpointing, torch.compile: the loss runs
+    eagerly between the compiled graphs). Not a buffer: no checkpoint holds it, and a model
+    read back starts at 1 again (its first backward rescales once)."""
+
+    def __init__(self) -> None:
+        self.tensor: torch.Tensor | None = None
+
+    def on(self, device: torch.device) -> torch.Tensor:
+        if self.tensor is None or self.tensor.device != device:
+            self.tensor = torch.ones(1, dtype=torch.float32, device=device)
+        return self.tensor
+
+
 @_eager  # Triton launches and an in-place write (gpt/model/fused_ce.py)
-def fused(logits: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0) -> torch.Tensor:
+def fused(logits: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0,
+          expected: ExpectedGrad | None = None) -> torch.Tensor:
     """--loss-kernel fused: the mean cross-entropy of softcap(logits) (..., V) against
-    targets, by gpt/model/fused_ce.py's kernels (Triton, imported here, when it runs). Its
-    gradient is written over the logits: GPT.loss hands it the head's output, which
-    nothing else reads (the matmul's backward keeps its inputs, not its output)."""
+    targets, by gpt/model/fused_ce.py's kernels (Triton, imported here, when it runs), in
+    FUSED_MODE (the forward mode with `expected`, the caller's expectation; without it, the
+    backward mode). Its gradient is written over the logits: GPT.loss hands it the head's
+    output, which nothing else reads (the matmul's backward keeps its inputs, not its
+    output)."""
     from gpt.model.fused_ce import cross_entropy
 
-    return cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), softcap,
-                         inplace=True)
+    logits = logits.reshape(-1, logits.size(-1))
+    guess = expected.on(logits.device) if expected is not None and FUSED_MODE == "forward" else None
+    return cross_entropy(logits, targets.reshape(-1), softcap, inplace=True, expected_grad=guess)
 
 
 def loss_fn(kernel: str) -> LossFn:

@@ -1,6 +1,7 @@
 """A model's size by arithmetic on its config, and the judgement of it that comes before
 any model is built: the parameter count, the least memory a training run needs per
-device, a device's memory, and the checks that refuse a size that cannot be.
+device, a device's memory (and what is free of it for a reader's batch), and the checks
+that refuse a size that cannot be.
 
 Building even a meta-device GPT costs time and host memory in proportion to its layers,
 so a config from any source (flags, a TOML file, a checkpoint's saved config) is judged
@@ -52,19 +53,19 @@ def param_count(m: ModelConfig) -> int:
             + (m.n_layer // 2 if m.unet_skips else 0))
 
 
-def least_bytes(cfg: Config, world_size: int) -> int:
+def least_bytes(cfg: Config, world_size: int, state_bytes: int) -> int:
     """Bytes one device holds during training at the very least: the fp32 weights and
-    gradients and the optimizer's state (AdamW: two fp32 moments a weight; Muon keeps
-    one for its matrices, counted as one throughout), each divided over the world where
-    --parallel shards it, plus the micro-batch's int64 token ids. Activations, logits
-    and workspaces come on top: the real peak is larger (gpt.plan.memory plans it)."""
+    gradients and the optimizer's state (`state_bytes` a parameter, the least its
+    optimizer keeps: the caller asks the optimizer, gpt/optim/kind.py's
+    least_state_bytes), each divided over the world where --parallel shards it, plus the
+    micro-batch's int64 token ids. Activations, logits and workspaces come on top: the
+    real peak is larger (gpt.plan.memory plans it)."""
     n = param_count(cfg.model)
     mode = cfg.train.parallel
     shard = world_size if mode == "fsdp" else 1
     state_shard = world_size if mode in ("fsdp", "zero1") else 1
-    state = 4 if cfg.optim.optimizer == "muon" else 8
     tokens = cfg.data.batch_size * cfg.data.seq_len + 1
-    return 8 * n // shard + state * n // state_shard + 8 * tokens
+    return 8 * n // shard + state_bytes * n // state_shard + 8 * tokens
 
 
 def device_memory(device: torch.device) -> int | None:
@@ -77,6 +78,31 @@ def device_memory(device: torch.device) -> int | None:
     except ImportError:
         return None
     return int(psutil.virtual_memory().total)
+
+
+def free_memory(device: torch.device) -> tuple[int | None, str]:
+    """What a reader may still allocate on `device`, and where that is: the GPU's free
+    memory, or (CPU, and MPS's unified memory) the host's available memory; None where it
+    cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0], str(device)
+    try:
+        import psutil
+    except ImportError:
+        return None, "this host"
+    return int(psutil.virtual_memory().available), "this host"
+
+
+def check_free_memory(need: int, device: torch.device, what: str, fix: str) -> None:
+    """A ConfigError if `need` bytes (a reader's batch: its logits, its cache, by
+    arithmetic) exceed what `device` has free, in one line naming `what` (the flags and
+    what they make) and `fix`: said before anything is allocated, not a kill by the
+    kernel or the allocator's traceback after it."""
+    free, where = free_memory(device)
+    if free is None or need <= free:
+        return
+    raise ConfigError(f"{what} needs at least {need / GiB:,.1f} GiB, and {where} has "
+                      f"{free / GiB:,.1f} GiB free: {fix}")
 
 
 def most_memory(device_type: str, gpus: Iterable[int]) -> tuple[int | None, str]:
@@ -115,11 +141,12 @@ def _model_words(m: ModelConfig) -> str:
             f"{param_count(m):,} parameters")
 
 
-def check_fits(cfg: Config, world_size: int, capacity: int | None, where: str) -> None:
-    """A ConfigError if what training's parameters alone need (least_bytes) exceeds
-    capacity, or else if the model costs too much to build (check_build_cost): the
-    judgement of a config to train."""
-    need = least_bytes(cfg, world_size)
+def check_fits(cfg: Config, world_size: int, capacity: int | None, where: str,
+               state_bytes: int) -> None:
+    """A ConfigError if what training's parameters alone need (least_bytes, with the
+    optimizer's `state_bytes` a parameter) exceeds capacity, or else if the model costs
+    too much to build (check_build_cost): the judgement of a config to train."""
+    need = least_bytes(cfg, world_size, state_bytes)
     if capacity is None or need <= capacity:
         check_build_cost(cfg.model)  # thin enough to fit, and still too deep to build
         return

@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from gpt.core.config import ModelConfig
-from gpt.model.attention_mask import AttentionMask, CausalOnly, attend, masked
+from gpt.model import attention
+from gpt.model.attention_mask import AttentionMask, CausalOnly, masked
 from gpt.model.kv_cache import KVCache
-from gpt.model.loss_kernels import fused, loss_fn
+from gpt.model.loss_kernels import ExpectedGrad, fused, loss_fn
 from gpt.model.unet import skips
 from gpt.model.value_embeds import ValueMix, table_of, value_embeddings
 
@@ -103,37 +104,15 @@ class CausalSelfAttention(nn.Module):
         if mask is not None:  # a window or documents (gpt/model/attention_mask.py): over all keys
             if kv_cache is not None:
                 k, v = kv_cache.update(layer, k, v)
-            y = attend(q, k, v, mask, dropout_p)
+            y = attention.masked(q, k, v, mask, dropout_p)
         elif kv_cache is None:
-            # SDPA picks a fused kernel (flash / memory-efficient / cuDNN) where one fits, and
-            # never materialises the T x T score matrix in that case.
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-        else:
-            y = self._cached_attention(q, k, v, kv_cache, layer, dropout_p)
+            y = attention.causal(q, k, v, dropout_p)
+        else:  # the new queries over the cached keys and their own
+            start = kv_cache.length
+            k, v = kv_cache.update(layer, k, v)
+            y = attention.after_prefix(q, k, v, start, dropout_p)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
-
-    @staticmethod
-    def _cached_attention(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_cache: KVCache,
-        layer: int,
-        dropout_p: float,
-    ) -> torch.Tensor:
-        """Attention of T new queries over the cached positions plus themselves."""
-        start, T = kv_cache.length, q.size(2)
-        k, v = kv_cache.update(layer, k, v)
-        if start == 0:  # prefill: the plain causal case
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-        if T == 1:  # one new token is the last position: it may see every cached key
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-        # Several new tokens after a prefix: query i sits at position start + i. (SDPA's
-        # is_causal aligns the mask top-left, which is wrong when keys outnumber queries.)
-        rows = torch.arange(start, start + T, device=q.device).unsqueeze(1)
-        mask = rows >= torch.arange(start + T, device=q.device).unsqueeze(0)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 class ReLU2(nn.Module):
@@ -188,6 +167,8 @@ class GPT(nn.Module):
         # whose fused head + loss (gpt.model.loss_kernels), if chunked; "fused": the whole logits'
         # loss in gpt.model.fused_ce's kernels
         self.loss_kernel = "ours"
+        # the fused loss's forward mode: the incoming gradient it expects, one a model
+        self.expected_grad = ExpectedGrad()
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
@@ -336,7 +317,7 @@ class GPT(nn.Module):
                                              targets, self.config.logit_softcap)
         if self.loss_kernel == "fused":  # the whole logits, the cap and loss in one kernel's fp32
             return fused(self.lm_head(self.transformer.ln_f(x)), targets,
-                         self.config.logit_softcap)
+                         self.config.logit_softcap, self.expected_grad)
         logits = self.logits(x)
         # Under autocast cross_entropy runs in fp32, so bf16 logits lose no accuracy here.
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))

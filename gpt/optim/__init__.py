@@ -1,1 +1,1 @@
-"""The optimizers: AdamW's decay groups, Muon, the learning-rate schedule."""
+"""The optimizers (one module each behind one interface: gpt/optim/kind.py), the learning-rate schedule."""

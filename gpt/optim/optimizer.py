@@ -1,79 +1,82 @@
-"""The optimizer: AdamW with weight-decay groups, or Muon + AdamW (gpt/optim/muon.py),
-fused where the device has it. The learning-rate schedule is gpt/optim/schedule.py's."""
+"""The optimizers by name, one row each (gpt/optim/kind.py's OptimizerKind: AdamW, Muon),
+the one --optimizer chooses, and its build: alone, or under ZeRO-1 (one per rank over its
+share of the parameters), fused where the device has the kernel. The learning-rate
+schedule is gpt/optim/schedule.py's."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-import torch.nn as nn
+from typing import TYPE_CHECKING
 
 from gpt.core.config import ConfigError, OptimConfig
-from gpt.optim.muon import MuonAdamW, muon_param_groups
+from gpt.optim.adamw import ADAMW
+from gpt.optim.kind import OptimizerKind
+from gpt.optim.muon import MUON
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
+
+# --optimizer NAME -> its row. gpt/core/config.py's OPTIMIZER_NAMES are the flag's choices:
+# the same names (a test holds the two equal).
+OPTIMIZERS: dict[str, OptimizerKind] = {k.name: k for k in (ADAMW, MUON)}
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matmul weights and embeddings (2+ dims); not biases or LayerNorm gains (1 dim)."""
-    params = [p for p in model.parameters() if p.requires_grad]  # tied weights appear once
-    return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+def chosen(o: OptimConfig) -> OptimizerKind:
+    """The row of --optimizer."""
+    try:
+        return OPTIMIZERS[o.optimizer]
+    except KeyError:
+        raise ConfigError(f"--optimizer {o.optimizer}: not an optimizer of this trainer; "
+                          f"choose one of {', '.join(OPTIMIZERS)}") from None
 
 
-def fused_supported(device: torch.device) -> bool:
+def check(o: OptimConfig, parallel: str) -> None:
+    """The optimizers' checks of the fields each owns (every one's, whichever is chosen,
+    as a mistyped value is an error however it is used), then whether the chosen one
+    can run under --parallel `parallel` (auto chooses among the layouts it allows)."""
+    for kind in OPTIMIZERS.values():
+        kind.check(o)
+    problem = chosen(o).layout_problem(parallel)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def fused_supported(device_type: str) -> bool:
     # CUDA has had fused AdamW longest; CPU and MPS gained it in torch 2.4 / 2.5.
     # Where in doubt, build_optimizer tries it and falls back.
-    return device.type in ("cuda", "cpu", "mps")
+    return device_type in ("cuda", "cpu", "mps")
 
 
-def want_fused(cfg: OptimConfig, device: torch.device) -> bool:
-    """--fused as given, or (unset) whether the device has a fused AdamW."""
-    return fused_supported(device) if cfg.fused is None else cfg.fused
+def want_fused(o: OptimConfig, device_type: str) -> bool:
+    """Whether the optimizer is built with its fused kernel: --fused as given, or (unset)
+    whether the device has one; never for an optimizer without one."""
+    if not chosen(o).fusable:
+        return False
+    return fused_supported(device_type) if o.fused is None else o.fused
 
 
-def adamw_kwargs(cfg: OptimConfig) -> dict[str, Any]:
-    """AdamW's settings from the config (the LR is set again on every step)."""
-    return dict(lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
-
-
-def build_optimizer(
-    model: nn.Module, cfg: OptimConfig, device: torch.device
-) -> tuple[torch.optim.AdamW, bool]:
-    """AdamW over the model's decay groups, or (--optimizer muon) Muon and AdamW.
-    Returns (optimizer, whether its AdamW is fused)."""
-    if cfg.optimizer == "muon":
-        return build_muon(model, cfg, want_fused(cfg, device))
-    groups = param_groups(model, cfg.weight_decay)
-    kwargs = adamw_kwargs(cfg)
-    if want_fused(cfg, device):
+def build_optimizer(model: nn.Module, o: OptimConfig, device: torch.device
+                    ) -> tuple[torch.optim.Optimizer, bool]:
+    """The chosen optimizer over the model's groups. Returns (optimizer, whether it runs
+    its fused kernel)."""
+    kind = chosen(o)
+    cls = kind.torch_class()
+    if want_fused(o, device.type):
         try:
-            return torch.optim.AdamW(groups, fused=True, **kwargs), True
+            return cls(kind.param_groups(model, o), **kind.kwargs(o, True)), True
         except (RuntimeError, TypeError) as e:
-            if cfg.fused:  # asked for explicitly: say why it cannot be had
+            if o.fused:  # asked for explicitly: say why it cannot be had
                 raise ConfigError(f"--fused: fused AdamW is not available on {device}: {e}") from None
-    return torch.optim.AdamW(groups, **kwargs), False
+    return cls(kind.param_groups(model, o), **kind.kwargs(o, False)), False
 
 
-def muon_kwargs(cfg: OptimConfig, fused: bool) -> dict[str, Any]:
-    """MuonAdamW's arguments (for it, or for ZeroRedundancyOptimizer to build one per rank)."""
-    return {"adamw": dict(adamw_kwargs(cfg), fused=fused),
-            "muon": {"momentum": cfg.muon_momentum, "nesterov": True}}
+def build_zero1(model: nn.Module, o: OptimConfig, device: torch.device
+                ) -> tuple[torch.optim.Optimizer, bool]:
+    """ZeRO-1: a ZeroRedundancyOptimizer that builds the chosen optimizer on each rank over
+    its share of each group (the groups keep their order and settings)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
-
-def optimizer_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
-    """The optimizer's parameter groups: AdamW's decay groups, or Muon's and AdamW's."""
-    if cfg.optimizer == "muon":
-        return muon_param_groups(model, cfg.weight_decay, cfg.muon_weight_decay,
-                                 cfg.muon_lr / cfg.max_lr if cfg.max_lr else 0.0)
-    return param_groups(model, cfg.weight_decay)
-
-
-def build_muon(model: nn.Module, cfg: OptimConfig, fused: bool) -> tuple[MuonAdamW, bool]:
-    try:
-        opt = MuonAdamW(optimizer_groups(model, cfg), **muon_kwargs(cfg, fused))
-    except (RuntimeError, TypeError) as e:  # no fused AdamW here: the unfused one
-        if cfg.fused:
-            raise ConfigError(f"--fused: fused AdamW is not available: {e}") from None
-        return MuonAdamW(optimizer_groups(model, cfg), **muon_kwargs(cfg, False)), False
-    return opt, fused
+    kind = chosen(o)
+    fused = want_fused(o, device.type)
+    return ZeroRedundancyOptimizer(kind.param_groups(model, o), optimizer_class=kind.torch_class(),
+                                   **kind.kwargs(o, fused)), fused

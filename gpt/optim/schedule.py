@@ -1,18 +1,20 @@
 """What changes from step to step: the learning rate (a linear warm-up, then GPT-2's
-cosine or the speedrun's trapezoid) and Muon's momentum (its warm-up), from the
-optimizer's section of the config and the run's length; and the learning rates a run's
-schedule set at each of its steps, from its metrics log's headers, for the curves'
-figure (gpt/train/run_curves.py, gpt/plot.py hand them to gpt/report/curves.py)."""
+cosine or the speedrun's trapezoid) and the chosen optimizer's own settings (its
+step_settings, e.g. a momentum warm-up), from the optimizer's section of the config and
+the run's length; and the learning rates a run's schedule set at each of its steps, from
+the configs its metrics log's headers hold (read by gpt/report/metrics_reader.py), for
+the curves' figure (gpt/train/run_curves.py, gpt/plot.py hand them to
+gpt/report/curves.py)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
-from gpt.core.config import OptimConfig
-from gpt.core.config_io import from_dict
-from gpt.core.errors import UserError
+from gpt.core.config import Config, OptimConfig
+from gpt.optim.kind import GroupSettings, OptimizerKind
+from gpt.optim.optimizer import chosen
 
 
 def lr_at(step: int, max_lr: float, min_lr_ratio: float, warmup_steps: int, max_steps: int,
@@ -51,14 +53,17 @@ class Schedule:
         return lr_at(step, o.max_lr, o.min_lr_ratio, o.warmup_steps, self.max_steps,
                      o.lr_schedule, o.cooldown_frac)
 
-    def muon_momentum(self, step: int) -> float | None:
-        """Muon's momentum at `step`; None where the optimizer is AdamW alone."""
-        o = self.optim
-        if o.optimizer != "muon":
-            return None
-        from gpt.optim.muon import momentum_at  # torch's import: not for a figure's schedule
+    @property
+    def kind(self) -> OptimizerKind:
+        return chosen(self.optim)
 
-        return momentum_at(step, o.muon_momentum, o.muon_momentum_warmup)
+    def settings(self, step: int) -> GroupSettings:
+        """The optimizer's group settings at `step` beside the learning rate."""
+        return self.kind.step_settings(self.optim, step)
+
+    def log_fields(self, step: int) -> dict[str, float]:
+        """The optimizer's figures of `step` for its log record, beside "lr"."""
+        return self.kind.log_fields(self.optim, step, self.lr(step))
 
 
 # Steps a learning-rate curve holds at most (besides its corners): a figure's width in
@@ -66,45 +71,41 @@ class Schedule:
 CURVE_POINTS = 2000
 
 
-def schedule_curves(headers: Sequence[Mapping[str, Any]], last_step: int,
-                    points: int = CURVE_POINTS) -> dict[str, tuple[list[int], list[float]]] | None:
-    """The learning rates the schedule set at steps 0 to `last_step` of a run, from its
-    metrics log's header records (one a start, each with its config and "start_step"):
-    "lr", and "muon lr" (Muon's own peak under the same schedule) for the steps a start
-    with --optimizer muon ran. A step follows the last start at or before it (a resume with
-    a longer --max-steps stretches the rest of the cosine). Every step while there are at
-    most `points`; beyond, `points` evenly spaced steps and the schedule's corners (the end
-    of the warm-up, the start of a cooldown, each resume), so a line through them is the
-    schedule's. None where a header lacks what it needs (a log from elsewhere)."""
-    starts: list[tuple[int, Schedule]] = []
-    for head in headers:
-        start, cfg = head.get("start_step", 0 if not starts else None), head.get("config")
-        if isinstance(start, bool) or not isinstance(start, int) or not isinstance(cfg, dict):
-            return None
-        try:
-            config = from_dict(cfg)
-        except (UserError, TypeError, ValueError, KeyError):  # another version's config
-            return None
-        starts = [(s, sched) for s, sched in starts if s < start]
-        starts.append((start, Schedule(config.optim, config.train.max_steps)))
+def schedule_curves(starts: Sequence[tuple[int, Config]], last_step: int,
+                    points: int = CURVE_POINTS
+                    ) -> tuple[dict[str, tuple[list[int], list[float]]], dict[str, str]] | None:
+    """The learning rates the schedule set at steps 0 to `last_step` of a run whose starts
+    are `starts` (each start's step and config, in order, each after the one before: a
+    metrics log's, read by gpt/report/metrics_reader.py's run_starts): "lr", and the
+    optimizer's own rates under the same schedule where it has others (its log fields
+    named in its lr_labels), for the steps a start with that optimizer ran; and the
+    legend's word for each (lr_labels). A step follows the last start at or before it (a
+    resume with a longer --max-steps stretches the rest of the cosine). Every step while
+    there are at most `points`; beyond, `points` evenly spaced steps and the schedule's
+    corners (the end of the warm-up, the start of a cooldown, each resume), so a line
+    through them is the schedule's. None where there is no step."""
     if not starts or last_step < 0:
         return None
-    steps = _curve_steps(starts, last_step, points)
-    lr: tuple[list[int], list[float]] = ([], [])
-    muon: tuple[list[int], list[float]] = ([], [])
+    scheduled = [(start, Schedule(c.optim, c.train.max_steps)) for start, c in starts]
+    steps = _curve_steps(scheduled, last_step, points)
+    curves: dict[str, tuple[list[int], list[float]]] = {"lr": ([], [])}
+    labels: dict[str, str] = {}
     at = 0
     for step in steps:
-        while at + 1 < len(starts) and starts[at + 1][0] <= step:
+        while at + 1 < len(scheduled) and scheduled[at + 1][0] <= step:
             at += 1
-        sched = starts[at][1]
+        sched = scheduled[at][1]
         value = sched.lr(step)
-        lr[0].append(step)
-        lr[1].append(value)
-        o = sched.optim
-        if o.optimizer == "muon":
-            muon[0].append(step)
-            muon[1].append(value * (o.muon_lr / o.max_lr if o.max_lr else 0.0))
-    return {"lr": lr, **({"muon lr": muon} if muon[0] else {})}
+        rates = {"lr": value}
+        if sched.kind.lr_labels:
+            labels.update(sched.kind.lr_labels)
+            fields = sched.kind.log_fields(sched.optim, step, value)
+            rates.update((k, fields[k]) for k in sched.kind.lr_labels if k in fields)
+        for key, rate in rates.items():
+            series = curves.setdefault(key, ([], []))
+            series[0].append(step)
+            series[1].append(rate)
+    return curves, labels
 
 
 def _curve_steps(starts: list[tuple[int, Schedule]], last: int, points: int) -> list[int]:

@@ -26,6 +26,7 @@ import sys
 from gpt.core.config import Config
 from gpt.core.config_io import describe
 from gpt.core.errors import UserError
+from gpt.core.text import one_line
 from gpt.core.units import human_count
 from gpt.data.tokenizer import GPT2_VOCAB, gpt2_tokenizer
 from gpt.model import fp8, loss_kernels, sizing
@@ -127,18 +128,21 @@ def report(plan: Plan) -> None:
     if plan.data is not None:
         facts = plan.data
         passes = cfg.train.max_steps * d.total_batch_tokens / max(facts.train_tokens, 1)
-        print(f"data:       {d.data_dir}: {facts.train_shards} train shard(s), "
+        print(f"data:       {one_line(d.data_dir, None)}: {facts.train_shards} train shard(s), "
               f"{facts.train_tokens:,} tokens; one pass is "
               f"{facts.train_tokens // d.total_batch_tokens:,} steps, the run {passes:.2f} "
               f"pass(es)")
         if facts.val_tokens is not None:
             print(f"            {facts.val_shards} val shard(s), {facts.val_tokens:,} tokens")
         elif cfg.eval.val_every:
-            print(f"note:       {d.data_dir} has no val_* shards; validation would be off")
+            print(f"note:       {one_line(d.data_dir, None)} has no val_* shards; validation "
+                  f"would be off")
     if plan.start is not None:
         start = plan.start
-        print(f"start:      fresh, in {cfg.train.out_dir}" if start.path is None else
-              f"start:      would resume from {start.path} at step {start.step:,}")
+        # paths a config file gave are anyone's text: escaped, as every error line is
+        print(f"start:      fresh, in {one_line(cfg.train.out_dir, None)}" if start.path is None
+              else f"start:      would resume from {one_line(str(start.path), None)} at step "
+                   f"{start.step:,}")
     if plan.memory is not None:
         print("\n".join("            " + line for line in plan.memory.table().splitlines()))
         if plan.capacity is not None and plan.memory.fits(plan.capacity):

@@ -8,8 +8,8 @@ A time is only ever from a measurement: MEASURED holds the throughput of the GPT
 recipe as `python -m gpt.bench gpu` measured it (the file of each figure named), matched
 by GPU name, micro-batch and one process; any other run is timed on the device it is
 on (gpt/plan/speed.py: the trainer's step on a slice of the model, scaled by FLOPs;
-under torchrun, rank 0's share of the step). HellaSwag, samples and checkpoints come
-on top.
+under torchrun, rank 0's share of the step). The evaluations other than validation,
+samples and checkpoints come on top.
 """
 
 from __future__ import annotations
@@ -21,15 +21,17 @@ from pathlib import Path
 import torch
 
 from gpt.checkpoint.files import list_checkpoints
-from gpt.core.config import Config, ConfigError, model_preset
+from gpt.core.config import Config, ConfigError, OptimConfig, model_preset
+from gpt.core.errors import UserError
 from gpt.core.file_checks import free_bytes
+from gpt.core.text import one_line
 from gpt.core.units import format_duration, human_bytes, human_count
+from gpt.data.shards import find_shards
+from gpt.optim import optimizer
 from gpt.plan import speed
 
 
 WEIGHT_BYTES = 4  # fp32 master weights, whatever the autocast precision
-ADAMW_STATE_BYTES = 8  # exp_avg and exp_avg_sq in fp32
-MUON_STATE_BYTES = 4  # one fp32 momentum buffer for each hidden matrix
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,13 @@ MEASURED = (
 def as_measured(cfg: Config, device_type: str) -> bool:
     """Whether the run's step costs what the measured cells' did: GPT-2 124M as the preset
     has it, T=1024, bf16 autocast with TF32, compiled in the default mode, the whole
-    logits, AdamW, no FP8, no activation checkpointing."""
+    logits, the default optimizer (AdamW), no FP8, no activation checkpointing."""
     t, o = cfg.train, cfg.optim
     return (device_type == "cuda" and cfg.model == model_preset("gpt2")
             and cfg.data.seq_len == 1024 and t.dtype in ("auto", "bf16") and t.tf32
             and t.compile_on(device_type) and t.compile_mode == "default"
             and not t.chunked_loss_on(device_type) and t.fp8 == "none"
-            and t.activation_checkpointing == "none" and o.optimizer == "adamw")
+            and t.activation_checkpointing == "none" and o.optimizer == OptimConfig().optimizer)
 
 
 def measured_for(cfg: Config, gpu: str, device_type: str, world: int) -> Measured | None:
@@ -78,26 +80,37 @@ def measured_for(cfg: Config, gpu: str, device_type: str, world: int) -> Measure
 
 
 def checkpoint_bytes(cfg: Config) -> int:
-    """A checkpoint's size, about: the fp32 weights and the optimizer's state (AdamW's two
-    moments; Muon's one momentum for the hidden matrices), counted on a model built on
-    the meta device (no memory); the rest (loader positions, RNG states, config) is
+    """A checkpoint's size, about: the fp32 weights and the optimizer's state (as its
+    state_bytes counts it: AdamW's two moments a weight), counted on a model built on the
+    meta device (no memory); the rest (loader positions, RNG states, config) is
     kilobytes."""
     from gpt.model.transformer import GPT
-    from gpt.optim.muon import hidden_matrices
 
     with torch.device("meta"):
         model = GPT(dataclasses.replace(cfg.model, dropout=0.0))
     params = list(model.parameters())  # each tied tensor once, as a checkpoint holds it
-    total = sum(p.numel() for p in params) * (WEIGHT_BYTES + ADAMW_STATE_BYTES)
-    if cfg.optim.optimizer == "muon":
-        total -= sum(p.numel() for p in hidden_matrices(model)) * (ADAMW_STATE_BYTES - MUON_STATE_BYTES)
-    return total
+    return (sum(p.numel() for p in params) * WEIGHT_BYTES
+            + optimizer.chosen(cfg.optim).state_bytes(model))
+
+
+def validates(cfg: Config) -> bool:
+    """Whether the run validates (--val-every and val_* shards, as the trainer decides;
+    a data folder not made yet is counted as one that will have them): only then can a
+    best checkpoint be kept beside the newest."""
+    if not cfg.eval.val_every:
+        return False
+    if not Path(cfg.data.data_dir).is_dir():
+        return True
+    try:
+        return bool(find_shards(cfg.data.data_dir, "val"))
+    except UserError:
+        return False
 
 
 def checkpoints_at_once(cfg: Config, start_step: int = 0) -> int:
     """The most checkpoint files the run folder holds at one time: the newest
-    --keep-checkpoints, the best by validation loss, and the one being written, of the
-    saves from `start_step` (a resume's) to the end."""
+    --keep-checkpoints, the best by validation loss (where the run validates), and the
+    one being written, of the saves from `start_step` (a resume's) to the end."""
     c = cfg.checkpoint
     steps, _ = speed.run_steps(cfg, start_step)
     if not c.save_checkpoints or not steps:
@@ -105,7 +118,7 @@ def checkpoints_at_once(cfg: Config, start_step: int = 0) -> int:
     end = start_step + steps
     every = c.checkpoint_every
     saves = (end // every - start_step // every + (end % every != 0)) if every else 1
-    return min(saves, c.keep_checkpoints + 2)
+    return min(saves, c.keep_checkpoints + 1 + validates(cfg))
 
 
 def disk_needed(cfg: Config, start_step: int = 0) -> tuple[int, int, int]:
@@ -115,7 +128,10 @@ def disk_needed(cfg: Config, start_step: int = 0) -> tuple[int, int, int]:
     if not n:
         return 0, 0, 0
     each = checkpoint_bytes(cfg)
-    held = sum(p.stat().st_size for _, p in list_checkpoints(Path(cfg.train.out_dir)))
+    try:
+        held = sum(p.stat().st_size for _, p in list_checkpoints(Path(cfg.train.out_dir)))
+    except (UserError, OSError):  # a folder that cannot be listed: the preflight says so
+        held = 0
     return max(n * each - held, 0), n, each
 
 
@@ -151,19 +167,21 @@ def lines(cfg: Config, device: torch.device, gpu: str, world: int,
     out = [f"expect:     {human_count(tokens)} tokens ({steps:,} steps x {per_step:,}{span})",
            "            " + time_line(cfg, device, gpu, world, estimate, start_step)]
     data = folder_bytes(Path(cfg.data.data_dir))
-    out_dir = Path(cfg.train.out_dir)
-    disk = [f"{cfg.data.data_dir} holds {human_bytes(data)}" if data is not None else
-            f"{cfg.data.data_dir} does not exist yet"]
+    # paths from a config file are anyone's text: printed escaped, as every error line is
+    data_dir, out_dir = one_line(cfg.data.data_dir, None), one_line(cfg.train.out_dir, None)
+    disk = [f"{data_dir} holds {human_bytes(data)}" if data is not None else
+            f"{data_dir} does not exist yet"]
     need, n, each = disk_needed(cfg, start_step)
     if n:
         disk.append(f"{out_dir} needs about {human_bytes(n * each)} for up to {n} checkpoint(s) "
                     f"of {human_bytes(each)} at once (--keep-checkpoints "
-                    f"{cfg.checkpoint.keep_checkpoints}, the best, the one being written)"
+                    f"{cfg.checkpoint.keep_checkpoints}, "
+                    f"{'the best, ' if validates(cfg) else ''}the one being written)"
                     + (f", {human_bytes(need)} more than its checkpoints hold now"
                        if need < n * each else ""))
     elif not cfg.checkpoint.save_checkpoints:
         disk.append(f"{out_dir}: no checkpoints (--no-save-checkpoints)")
-    free = free_bytes(out_dir)
+    free = free_bytes(Path(cfg.train.out_dir))
     out.append("            disk: " + "; ".join(disk)
                + (f"; {human_bytes(free)} free there" if free is not None else ""))
     return out

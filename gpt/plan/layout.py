@@ -7,7 +7,7 @@ The rule, cheapest first:
 - parallel: in one process always ddp (plain single-device training): there is nothing
   to shard over, and FSDP on one device only adds its copies and casts. Over several
   processes ddp if a whole replica fits, else zero1 (AdamW's state sharded), else fsdp
-  (never with Muon, which needs whole matrices).
+  (never where the optimizer refuses it: OptimizerKind.layout_problem, gpt/optim/kind.py).
 - activation checkpointing: none if it fits, else selective, else blocks. A layout
   with less recomputation is tried before one with more sharding: recomputation is
   compute the step waits for, while sharding's communication overlaps the compute.
@@ -35,6 +35,7 @@ from typing import Any, Callable
 from gpt.core.config import AUTO, Config, ConfigError
 from gpt.core.config_check import MAX_MICRO_TOKENS, validate
 from gpt.model import sizing
+from gpt.optim import optimizer
 from gpt.plan import memory
 
 
@@ -123,13 +124,14 @@ def settle(cfg: Config, world_size: int, device_type: str, capacity: int | None,
                  f"{c.train.activation_checkpointing}, --batch-size {c.data.batch_size}")
         return planned(c, w, dev)
     batches = _batches(cfg, world_size) if d.batch_size == AUTO else [d.batch_size]
+    state_bytes = optimizer.chosen(cfg.optim).least_state_bytes
     tried: list[str] = []
     for checkpointing in (CHECKPOINTING if t.activation_checkpointing == AUTO
                           else (t.activation_checkpointing,)):
         for parallel in _modes(cfg, world_size, distributed):
             trial = with_layout(cfg, parallel, checkpointing, batches[-1])
-            if sizing.least_bytes(trial, world_size) > capacity:
-                tried.append(f"{parallel}/{checkpointing}: its weights, gradients and AdamW "
+            if sizing.least_bytes(trial, world_size, state_bytes) > capacity:
+                tried.append(f"{parallel}/{checkpointing}: its weights, gradients and optimizer "
                              f"state alone exceed it")
                 continue
             smallest = plan_fn(trial, world_size, device_type)
@@ -164,8 +166,8 @@ def _modes(cfg: Config, world_size: int, distributed: bool) -> tuple[str, ...]:
         return (cfg.train.parallel,)
     if world_size == 1:
         return ("ddp",)
-    # Muon orthogonalises whole matrices, which FSDP would shard (config_check's rule)
-    return ("ddp", "zero1") if cfg.optim.optimizer == "muon" else ("ddp", "zero1", "fsdp")
+    kind = optimizer.chosen(cfg.optim)  # an optimizer may refuse a layout (whole matrices)
+    return tuple(m for m in ("ddp", "zero1", "fsdp") if kind.layout_problem(m) is None)
 
 
 def _batches(cfg: Config, world_size: int) -> list[int]:

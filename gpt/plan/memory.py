@@ -35,6 +35,7 @@ import torch
 from gpt.core.config import AUTO, Config, ConfigError
 from gpt.core.config_check import grad_accum_steps
 from gpt.model import loss_kernels, sizing
+from gpt.optim import optimizer
 from gpt.plan.memory_trace import CATEGORY, head_and_loss_peak, measure_step
 
 
@@ -56,8 +57,8 @@ _ALWAYS = ("eager: torch.compile's fused kernels usually hold fewer activations,
            "allocated bytes, as torch.cuda.max_memory_allocated counts them; fits() adds "
            f"x{MARGIN} + {RESERVE // GiB} GiB for the CUDA context, workspaces and "
            "fragmentation",
-           "the training step only: validation and HellaSwag hold no gradients or "
-           "backward activations, so they need less")
+           "the training step only: the evaluations hold no gradients or backward "
+           "activations, so they need less")
 
 # Why an --fp8 step is planned as the same step without FP8, an upper bound: torchao's
 # float8 linear keeps the same high-precision input for its backward pass as nn.Linear
@@ -116,6 +117,13 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
+# Tracing costs time per block (a tenth of a second and more each, growing with the
+# depth); every block of a GPT holds the same, so a deeper model is traced at two depths
+# of its own kind (its parity: the U-net pairs its blocks) and extrapolated block by block.
+TRACED_LAYERS = 64
+EXTRAPOLATED_FROM = (8, 16)
+
+
 def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryPlan:
     """The predicted peak memory per device of training `cfg` on `world_size` devices of
     `device_type` (cuda, mps or cpu: which autocast dtype "auto" means)."""
@@ -127,7 +135,10 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
     # is refused by arithmetic (gpt/model/sizing.py) before anything is traced
     accum = grad_accum_steps(cfg.data.total_batch_tokens, cfg.data.batch_size,
                              cfg.data.seq_len, world_size)
-    sizing.check_fits(cfg, world_size, *sizing.most_memory(device_type, CAPACITIES.values()))
+    sizing.check_fits(cfg, world_size, *sizing.most_memory(device_type, CAPACITIES.values()),
+                      optimizer.chosen(cfg.optim).least_state_bytes)
+    if cfg.model.n_layer > TRACED_LAYERS:
+        return _extrapolated(cfg, world_size, device_type)
     # What the trainer would run on device_type (gpt.engine.parallel), pinned: the fake run is on
     # the CPU, where an unset --chunked-loss always means on
     chunked = cfg.train.chunked_loss_on(device_type)
@@ -143,7 +154,7 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
         fp8_head=False))
     d, t = cfg.data, cfg.train
     dtype = _planned_dtype(t.dtype, device_type)
-    fused = cfg.optim.fused if cfg.optim.fused is not None else device_type in ("cuda", "cpu", "mps")
+    fused = optimizer.want_fused(cfg.optim, device_type)
     if t.parallel == "fsdp" and dtype is torch.float16:
         fused = False  # as gpt.engine.parallel does: the sharded fp16 scaler needs the unfused AdamW
     fsdp = t.parallel == "fsdp"
@@ -196,6 +207,37 @@ def plan(cfg: Config, world_size: int = 1, device_type: str = "cuda") -> MemoryP
              "fused_adamw": fused, "chunked_loss": chunked, "loss_kernel": kernel,
              "fsdp_param_dtype": t.fsdp_param_dtype if fsdp else None, "fp8": fp8}
     return MemoryPlan(int(peak), components, int(head), setup, tuple(assumptions))
+
+
+def _extrapolated(cfg: Config, world_size: int, device_type: str) -> MemoryPlan:
+    """The plan of a model deeper than TRACED_LAYERS: its plans at two depths, each
+    component grown by the blocks beyond the deeper one at the rate between them (a
+    step's memory is affine in the depth while the same moment of it peaks). The peak
+    can only move to a moment that grows faster per block: the end of the backward pass,
+    when every gradient is held at once, which is counted too."""
+    n = cfg.model.n_layer
+    lo, hi = (depth + n % 2 for depth in EXTRAPOLATED_FROM)
+    a, b = (plan(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layer=depth)),
+                 world_size, device_type) for depth in (lo, hi))
+
+    def grow(x: int, y: int) -> int:
+        return max(0, round(y + (y - x) * (n - hi) / (hi - lo)))
+
+    components = {name: grow(a.components[name], b.components[name]) for name in COMPONENTS}
+    held = ("parameters", "optimizer state", "gathered parameters", "collective buffers")
+    end_of_backward = {name: components[name] for name in held}
+    end_of_backward["gradients"] = max(components["gradients"], components["parameters"])
+    if sum(end_of_backward.values()) > sum(components.values()):
+        components = {name: end_of_backward.get(name, 0) for name in COMPONENTS}
+    params = grow(a.setup["params"], b.setup["params"])
+    setup = {**b.setup, "model": model_name(cfg), "params": params, "n_layer": n}
+    assumptions = (*b.assumptions,
+                   f"{n} blocks: traced at {lo} and {hi} and extrapolated block by block "
+                   f"(every block holds the same; tracing each one costs seconds per hundred)")
+    return MemoryPlan(sum(components.values()), components,
+                      min(b.logits_and_loss_bytes,
+                          components["activations"] + components["temporary buffers"]),
+                      setup, assumptions)
 
 
 class Progress:

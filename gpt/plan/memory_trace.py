@@ -85,7 +85,7 @@ def measure_step(cfg: Config, world_size: int, dtype: torch.dtype,
              micro_steps: int) -> tuple[dict[str, int], list[torch.Tensor], list[list[int]]]:
     """Bytes per tracker category at the peak of a `micro_steps` step, on one rank of
     `world_size` (FSDP) or one process; the model's (meta) parameters, and the sizes of
-    those in each of AdamW's groups."""
+    those in each of the optimizer's groups."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -93,16 +93,17 @@ def measure_step(cfg: Config, world_size: int, dtype: torch.dtype,
     from gpt.engine import parallel
     from gpt.engine.step import forward_backward
     from gpt.model.transformer import GPT
-    from gpt.optim.optimizer import param_groups
+    from gpt.optim.optimizer import chosen
 
     fsdp = cfg.train.parallel == "fsdp"
     with torch.device("meta"):
         model = GPT(cfg.model)
     params = [p.detach() for p in model.parameters()]  # meta: shapes only
     groups = [[p.numel() for p in g["params"]]
-              for g in param_groups(model, cfg.optim.weight_decay)]
+              for g in chosen(cfg.optim).param_groups(model, cfg.optim)]
     # The fused AdamW runs on fake tensors (the unfused one reads its step count on the
-    # host); the unfused one's extra temporaries are added by plan(). Muon's run as they are.
+    # host); the unfused one's extra temporaries are added by plan(). Other optimizers run
+    # as they are.
     train = dataclasses.replace(cfg.train, compile=False, device="cpu",
                                 parallel="fsdp" if fsdp else "ddp")
     runtime = Runtime(device=torch.device("cpu"), world_size=world_size, distributed=fsdp)

@@ -13,9 +13,9 @@ gpt2-lm-eval, a resume) judge a saved config's size with the same arithmetic
 
 In order, each check where what it needs is known:
   launch     the torchrun environment (a broken one is the whole answer)
+  optimizer  its own fields and the layouts it refuses (gpt/optim/optimizer.py's check)
   extras     the optional packages the flags need, imported as the run imports them
-             (gpt/core/extras.py): --tensorboard, --wandb-project, --fp8, a CUDA loss kernel,
-             --eval-tasks
+             (gpt/core/extras.py): --tensorboard, --wandb-project, --fp8, a CUDA loss kernel
   model      --init-from's depth and width (gpt/checkpoint/weights.py)
   device     the device of this rank, the precision it runs; on a CPU, a warning where other
              processes already hold the cores its threads need (gpt/runtime/machine_load.py)
@@ -24,12 +24,15 @@ In order, each check where what it needs is known:
   run        the parallel mode against the launch, the loss kernel and FP8 against the
              device, the batch against the world, the parameters against the device's
              memory (gpt/model/sizing.py)
-  data       enough tokens in each split for one step of every rank; with --check-tokens
-             every token id within the vocabulary; a folder fineweb.py is still writing
+  data       enough tokens in each split for one step of every rank; the first shard's
+             first token ids (with --check-tokens every one) within the vocabulary; a
+             folder fineweb.py is still writing
   files      --out-dir and the files the run opens there (gpt/checkpoint/run_folder.py),
-             --hellaswag-file's first examples, --eval-tasks' names and their folder
+             the --torch-profile and --memory-snapshot paths, --sample-prompt's tokens
   disk       the checkpoints the run keeps at once against the space free at --out-dir
              (gpt/plan/expected.py)
+  evaluate   each evaluation the run makes (gpt/eval/evaluations.py): its files, the hosts
+             it downloads from, the packages it needs
   time       on rank 0, its share of the run's step timed on a slice of the model
              (gpt/plan/speed.py: about a second of the device's, the slice freed
              after); a recipe of hours on a CPU that --device auto fell back to, a warning
@@ -55,12 +58,17 @@ from gpt.core.config_check import grad_accum_steps
 from gpt.core.errors import UserError
 from gpt.core.units import format_duration
 from gpt.data.loader import steps_per_pass
-from gpt.data.shards import check_not_being_written, find_shards, read_shard, shard_num_tokens
+from gpt.data.tokenizer import gpt2_tokenizer
+from gpt.data.shards import (check_first_tokens, check_not_being_written, find_shards,
+                             read_shard, shard_num_tokens)
 from gpt.engine.parallel import check_mode
-from gpt.eval import harness_tasks, hellaswag
+from gpt.eval import evaluations
+from gpt.eval.sampling import prompt_ids
 from gpt.model import fp8, loss_kernels, sizing
+from gpt.optim import optimizer
 from gpt.plan import expected, layout, memory, speed
 from gpt.report.flops import resident_memory
+from gpt.report.profiling import check_profile_paths
 from gpt.report.trackers import check_tracking
 from gpt.runtime import machine_load
 from gpt.runtime.device import device_name, pick_device, resolve_dtype
@@ -134,69 +142,79 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
     are the errors, in the order found."""
     plan = Plan(cfg=cfg)
 
-    def check(what: Callable[[], T]) -> T | None:
+    def attempt(what: Callable[[], T]) -> T | None:
+        """A check: its value, or None with its problem noted in the plan."""
         try:
             return what()
         except UserError as e:
             plan.problems.append(e)
             return None
 
-    plan.launch = check(lambda: launch_environment(os.environ if env is None else env))
+    plan.launch = attempt(lambda: launch_environment(os.environ if env is None else env))
     if plan.problems:
         return plan  # a broken launch environment is the whole answer
     launch = plan.launch
     t = cfg.train
-    check(lambda: check_tracking(t.tensorboard, t.wandb_project))
+    # the optimizer's own fields, and its layout: first, as the config's checks come first
+    attempt(lambda: optimizer.check(cfg.optim, t.parallel))
+    attempt(lambda: check_tracking(t.tensorboard, t.wandb_project))
     if t.init_from:  # the model's shape is the checkpoint's on the hub or in the folder
-        shaped = check(lambda: weights.pretrained_shape(cfg.model, t.init_from))
+        shaped = attempt(lambda: weights.pretrained_shape(cfg.model, t.init_from))
         plan.cfg = dataclasses.replace(cfg, model=shaped) if shaped is not None else cfg
-    device = check(lambda: pick_device(t.device, launch.local_rank if launch else 0))
-    if device is not None and check(lambda: check_launch_device(device, launch) or True):
+    device = attempt(lambda: pick_device(t.device, launch.local_rank if launch else 0))
+    if device is not None and attempt(lambda: check_launch_device(device, launch) or True):
         plan.runtime = Runtime(device=device, rank=launch.rank if launch else 0,
                                local_rank=launch.local_rank if launch else 0,
                                world_size=launch.world_size if launch else 1,
                                distributed=launch is not None)
-        plan.dtype = check(lambda: resolve_dtype(t.dtype, device))
+        plan.dtype = attempt(lambda: resolve_dtype(t.dtype, device))
         plan.capacity = sizing.device_memory(device)
         if device.type == "cpu":  # other processes on the cores its threads would use
             busy = machine_load.busy_warning(machine_load.read_load(env))
             plan.warnings += [busy] if busy else []
-    plan.start = check(lambda: resume_point(Path(t.out_dir), cfg.checkpoint.resume,
+    plan.start = attempt(lambda: resume_point(Path(t.out_dir), cfg.checkpoint.resume,
                                             verify_resume))
     if plan.runtime is not None:
-        _settle_layout(plan, check)
+        _settle_layout(plan, attempt)
     if plan.runtime is not None and not layout.unsettled(plan.cfg):
-        plan.accum = check(lambda: check_run(plan.cfg, plan.runtime, plan.capacity))
-        plan.data = check(lambda: check_data(plan.cfg, plan.runtime.world_size, plan.warnings))
-    check(lambda: check_out_dir(cfg))
+        plan.accum = attempt(lambda: check_run(plan.cfg, plan.runtime, plan.capacity))
+        plan.data = attempt(lambda: check_data(plan.cfg, plan.runtime.world_size, plan.warnings))
+    attempt(lambda: check_out_dir(cfg))
     if plan.accum is not None:  # the model's size judged: its checkpoint can be counted
-        check(lambda: expected.check_disk(plan.cfg, plan.start.step if plan.start else 0))
-    check(lambda: check_hellaswag_file(cfg))
-    check(lambda: check_eval_tasks(cfg))
+        attempt(lambda: expected.check_disk(plan.cfg, plan.start.step if plan.start else 0))
+    for ev in evaluations.enabled(cfg.eval):  # their files, hosts and packages
+        attempt(lambda ev=ev: ev.check(cfg))
+    attempt(lambda: check_profile_paths(cfg.profile))
+    if cfg.eval.sample_every:  # the prompt the run samples from, as the run encodes it
+        attempt(lambda: prompt_ids(gpt2_tokenizer(), cfg.eval.sample_prompt,
+                                   plan.cfg.model.vocab_size, "--sample-prompt"))
     if plan.start is not None and plan.start.path is not None:
-        _check_resume(plan, check)
+        _check_resume(plan, attempt)
     # timed before the memory plan, as the run times it (no plan traced first): what the
     # process holds, and what the timed step grows it by, are then the run's too
     if plan.runtime is not None and plan.runtime.device_type != "cuda":
         plan.resident = resident_memory()
     _estimate_time(plan, env)
     if plan_memory and plan.accum is not None and plan.dtype is not None:
-        plan.memory = (plan.layout.plan if plan.layout is not None and plan.layout.plan else
-                       check(lambda: memory.plan(plan.cfg, world_size=plan.runtime.world_size,
-                                                 device_type=plan.runtime.device_type)))
+        with memory.Progress("the memory of a step", sys.stdout) as progress:
+            progress(f"{plan.cfg.model.n_layer} blocks")  # said if it takes seconds
+            plan.memory = (plan.layout.plan if plan.layout is not None and plan.layout.plan else
+                           attempt(lambda: memory.plan(plan.cfg,
+                                                       world_size=plan.runtime.world_size,
+                                                       device_type=plan.runtime.device_type)))
         if plan.memory is not None:
-            check(lambda: check_peak(plan.cfg, plan.runtime, plan.capacity, plan.memory))
+            attempt(lambda: check_peak(plan.cfg, plan.runtime, plan.capacity, plan.memory))
     return plan
 
 
-def _settle_layout(plan: Plan, check: Callable) -> None:
+def _settle_layout(plan: Plan, attempt: Callable) -> None:
     """The automatic layout's values, from the checkpoint resumed from where they can run
     here, else from the planner against the device's memory."""
     runtime, start = plan.runtime, plan.start
     saved = start.saved if start is not None else None
     # on stdout, before the layout line it leads to: stderr is for what went wrong
     with memory.Progress("the layout (auto)", sys.stdout) as progress:
-        settled = check(lambda: layout.settle(
+        settled = attempt(lambda: layout.settle(
             plan.cfg, runtime.world_size, runtime.device_type, plan.capacity, saved,
             runtime.distributed, progress=progress if runtime.is_master else memory.quiet))
     if settled is not None:
@@ -232,11 +250,11 @@ def _estimate_time(plan: Plan, env: Mapping[str, str] | None = None) -> None:
     plan.time_line = expected.time_line(cfg, rt.device, name, rt.world_size, plan.estimate, start)
 
 
-def _check_resume(plan: Plan, check: Callable) -> None:
+def _check_resume(plan: Plan, attempt: Callable) -> None:
     """The checkpoint is one of this model, with this optimizer (a refusal); settings
     changed since are said (from a verified checkpoint: its resume says them otherwise)."""
     start = plan.start
-    notes = check(lambda: resume_differences(start.saved, plan.cfg, start.path))
+    notes = attempt(lambda: resume_differences(start.saved, plan.cfg, start.path))
     if start.contents is not None:
         plan.warnings += list(start.notes)
         plan.warnings += [f"setting changed since the checkpoint: {n}" for n in notes or []]
@@ -259,7 +277,8 @@ def check_run(cfg: Config, runtime: Runtime, capacity: int | None) -> int:
     fp8.check(cfg.train, runtime.device)
     d = cfg.data
     accum = grad_accum_steps(d.total_batch_tokens, d.batch_size, d.seq_len, runtime.world_size)
-    sizing.check_fits(cfg, runtime.world_size, capacity, str(runtime.device))
+    sizing.check_fits(cfg, runtime.world_size, capacity, str(runtime.device),
+                      optimizer.chosen(cfg.optim).least_state_bytes)
     return accum
 
 
@@ -278,6 +297,8 @@ def check_data(cfg: Config, world_size: int, warnings: list[str] | None = None) 
     def tokens(paths: list[Path]) -> int:
         if d.check_tokens:
             return sum(read_shard(p, cfg.model.vocab_size).size for p in paths)
+        if paths:  # a vocabulary too small for the data, found before the first batch
+            check_first_tokens(paths[0], cfg.model.vocab_size)
         return sum(shard_num_tokens(p) for p in paths)
 
     train_shards = find_shards(d.data_dir, "train")
@@ -303,40 +324,6 @@ def check_out_dir(cfg: Config) -> None:
     folder when it takes it, the dry run never."""
     t = cfg.train
     run_folder.check_run_folder(Path(t.out_dir), t.tensorboard, bool(t.wandb_project))
-
-
-def check_hellaswag_file(cfg: Config) -> None:
-    """--hellaswag-file, where HellaSwag runs and it names a local file, exists and its
-    first examples are HellaSwag's JSONL (gpt/eval/hellaswag.py's check_file) (an http(s)
-    address, or none for the official set, is fetched when the run starts: it is cached,
-    or its host answers)."""
-    e = cfg.eval
-    source = e.hellaswag_file
-    if e.hellaswag_every:  # a download that cannot happen (not cached, no network): now
-        hellaswag.check_reachable(source)
-    if not e.hellaswag_every or source is None or source.startswith(("http://", "https://")):
-        return
-    if source == "val" and not Path(source).exists():
-        return  # the official validation set's name
-    if not Path(source).is_file():
-        raise ConfigError(f"--hellaswag-file {source}: no such file; give a local HellaSwag "
-                          f"jsonl, or leave the flag out to download the validation set")
-    try:  # its first examples read as the scorer reads them: the format, not the whole file
-        hellaswag.check_file(source)
-    except hellaswag.HellaSwagError as err:
-        raise ConfigError(f"--hellaswag-file {err}; give HellaSwag's jsonl (one JSON object a "
-                          f"line with ctx, endings and label), or leave the flag out to "
-                          f"download the validation set") from None
-
-
-def check_eval_tasks(cfg: Config) -> None:
-    """--eval-tasks: lm-eval importable, --eval-tasks-include a folder, every task a name
-    the harness knows. No task's data is loaded (that may download): a task whose data
-    cannot be loaded is a warning when the run starts, and the run goes on without it."""
-    e = cfg.eval
-    if e.eval_tasks_every:
-        harness_tasks.check_tasks(e.eval_tasks, e.eval_tasks_include, flag="--eval-tasks",
-                                  include_flag="--eval-tasks-include")
 
 
 def check_peak(cfg: Config, runtime: Runtime, capacity: int | None,

@@ -124,8 +124,8 @@ class Estimate:
         gpu = ("; hours on this machine: the recipe is meant for a GPU"
                if self.meant_for_gpu(device_type) else "")
         return (f"time: {self.about()} of training{val} on {device}, "
-                f"{self.tokens_per_s:,.0f} tokens/s ({self.basis}{spread}); samples, HellaSwag "
-                f"and checkpoints come on top{gpu}")
+                f"{self.tokens_per_s:,.0f} tokens/s ({self.basis}{spread}); samples, other "
+                f"evaluations and checkpoints come on top{gpu}")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The training curves' figure from runs' metrics: loss (train and val), learning rate,
-tokens/s and, where a run scored it, HellaSwag accuracy, written atomically (the trainer
+tokens/s and, where a run scored them, its evaluations' panels (the caller's Panels:
+gpt/eval's, which this layer is below), written atomically (the trainer
 redraws its run folder's curves.png as it goes: gpt/train/run_curves.py; `python -m
 gpt.plot` is the command). matplotlib is the plot extra's.
 
@@ -9,8 +10,8 @@ million steps draws in the time and memory of a short one. A loss that was NaN o
 infinite (or beyond 1e30) breaks its line there and is marked (a red x at the top of the panel), never
 bridged by a line that makes a diverging run look healthy. The learning rate is the
 schedule's at every step where the caller computed it (RunMetrics.lr_schedule: this layer
-cannot, the schedule is gpt/optim's), Muon's beside AdamW's; else the rate the log
-sampled at its log steps.
+cannot, the schedule is gpt/optim's), an optimizer's own rates dashed beside it; else the
+rate the log sampled at its log steps.
 
 What was measured is shown as such: a series of few points marks each one, and sparse
 validations are dots, not joined by lines that would read as measured between them. The
@@ -118,23 +119,28 @@ def plot_runs(runs: Sequence[RunMetrics], output: str | Path, smooth: float = 0.
     return out
 
 
-def _panels(plt: Any, hellaswag: bool) -> tuple[Any, list[Any]]:
-    """The figure and its panels: loss, learning rate, tokens/s and HellaSwag in a 2 x 2
-    grid; without HellaSwag, the loss across the top and the other two below it."""
-    fig = plt.figure(figsize=(12, 8))
-    grid = fig.add_gridspec(2, 2)
-    if hellaswag:
-        return fig, [fig.add_subplot(grid[i // 2, i % 2]) for i in range(4)]
-    return fig, [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]),
-                 fig.add_subplot(grid[1, 1])]
+def _panels(plt: Any, extra: int) -> tuple[Any, list[Any]]:
+    """The figure and its panels: loss, learning rate, tokens/s and `extra` more (the
+    evaluations'), two a row; with none, the loss across the top and the other two below."""
+    if not extra:
+        fig = plt.figure(figsize=(12, 8))
+        grid = fig.add_gridspec(2, 2)
+        return fig, [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]),
+                     fig.add_subplot(grid[1, 1])]
+    rows = -(-(3 + extra) // 2)
+    fig = plt.figure(figsize=(12, 4 * rows))
+    grid = fig.add_gridspec(rows, 2)
+    return fig, [fig.add_subplot(grid[i // 2, i % 2]) for i in range(3 + extra)]
 
 
 def draw(runs: Sequence[RunMetrics], smooth: float = 0.0, title: str | None = None,
          log_loss: bool = False) -> Any:
-    """The figure: loss, learning rate, tokens/s, and HellaSwag where a run scored it."""
+    """The figure: loss, learning rate, tokens/s, and each evaluation's panel (the runs'
+    Panels) where a run scored it."""
     plt = _import_pyplot()
-    hellaswag = any(run.steps("hellaswag") for run in runs)
-    fig, axes = _panels(plt, hellaswag)
+    panels = list({p.record: p for run in runs for p in run.panels
+                   if run.steps(p.record)}.values())
+    fig, axes = _panels(plt, len(panels))
     ax_loss, ax_lr, ax_tok = axes[:3]
     many = len(runs) > 1
     differ = differences(list(runs)) if many else []
@@ -152,13 +158,12 @@ def draw(runs: Sequence[RunMetrics], smooth: float = 0.0, title: str | None = No
             ax_tok.plot(x, y, color=c, label=tok_label, **_marks(len(x)))
         for ax in axes:
             _draw_events(ax, run, c, ax is ax_loss)
-        if hellaswag:
-            x, y = decimate(*run.column("hellaswag", "acc_norm"))
-            if len(x):
-                axes[3].plot(x, y, color=c, marker="o", markersize=3, label=f"{name}acc_norm")
-            x, y = decimate(*run.column("hellaswag", "acc"))
-            if len(x):
-                axes[3].plot(x, y, color=c, linestyle=":", label=f"{name}acc")
+        for ax, panel in zip(axes[3:], panels):
+            for j, (key, word) in enumerate(panel.lines):
+                x, y = decimate(*run.column(panel.record, key))
+                if len(x):
+                    ax.plot(x, y, color=c, label=f"{name}{word}",
+                            **({"marker": "o", "markersize": 3} if j == 0 else {"linestyle": ":"}))
     ax_loss.set_title("loss")
     ax_loss.set_ylabel("loss (nats / token)")
     if log_loss:
@@ -170,9 +175,9 @@ def draw(runs: Sequence[RunMetrics], smooth: float = 0.0, title: str | None = No
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     ax_tok.set_title("tokens / s")
     ax_tok.set_ylabel("tokens / s")
-    if hellaswag:
-        axes[3].set_title("HellaSwag accuracy")
-        axes[3].set_ylabel("accuracy")
+    for ax, panel in zip(axes[3:], panels):
+        ax.set_title(panel.title)
+        ax.set_ylabel(panel.ylabel)
     for ax in fig.axes:
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
@@ -285,12 +290,11 @@ def _draw_loss(ax: Any, run: RunMetrics, c: Any, name: str, smooth: float) -> No
 
 def _draw_lr(ax: Any, run: RunMetrics, c: Any, many: bool) -> None:
     if run.lr_schedule:
-        muon = "muon lr" in run.lr_schedule
-        for key, (steps, values) in run.lr_schedule.items():
-            which = ("Muon" if key == "muon lr" else "AdamW") if muon else None
+        several = len(run.lr_schedule) > 1  # the schedule's, and an optimizer's own beside it
+        for i, (key, (steps, values)) in enumerate(run.lr_schedule.items()):
+            which = run.lr_labels.get(key, key) if several else None
             label = " ".join(filter(None, [run.label if many else None, which])) or None
-            ax.plot(steps, values, color=c, linestyle="--" if key == "muon lr" else "-",
-                    label=label)
+            ax.plot(steps, values, color=c, linestyle="-" if i == 0 else "--", label=label)
         return
     x, y = decimate(*run.column("train", "lr"))
     if len(x):

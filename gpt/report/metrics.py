@@ -113,8 +113,8 @@ def repair_tail(path: Path) -> str | None:
 
 def check_log_path(path: Path) -> None:
     """A MetricsError, in MetricsLog's words, where what stands at `path` cannot be opened
-    as the log (a folder, a FIFO, which would block, a symlink to nothing, which would
-    write elsewhere, a file that cannot be read and written). MetricsLog asks it as it
+    as the log (a folder, a FIFO, which would block, a symlink, which would write outside
+    the run's folder, a file that cannot be read and written). MetricsLog asks it as it
     opens, and the trainer's check of its run folder before a run (gpt/checkpoint/run_folder.py)
     asks the same. Writes nothing."""
     problem = entry_problem(path, APPENDED)
@@ -144,7 +144,10 @@ class MetricsLog:
             check_log_path(self.path)
             try:
                 note = repair_tail(self.path)
-                self._fh = open(self.path, "ab", buffering=0)
+                # never through a link (check_log_path refused one; one planted since fails)
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                             | getattr(os, "O_NOFOLLOW", 0), 0o666)
+                self._fh = os.fdopen(fd, "ab", buffering=0)
             except OSError as e:
                 raise MetricsError(f"{self.path}: cannot open the metrics log for appending "
                                    f"({e.strerror or e})") from None

@@ -21,15 +21,30 @@ import math
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Sequence
 
+from gpt.core.config import Config
+from gpt.core.config_io import from_dict
+from gpt.core.errors import UserError
 from gpt.core.units import human_count
 
 
-# the record types drawn, and the fields of each that are kept
-FIELDS = {"train": ("loss", "lr", "tokens_per_s"), "val": ("val_loss",),
-          "hellaswag": ("acc", "acc_norm")}
-PLOTTED = tuple(FIELDS)
+# the record types every figure draws, and the fields of each that are kept; an
+# evaluation's own records are kept where a Panel asks for them
+FIELDS = {"train": ("loss", "lr", "tokens_per_s"), "val": ("val_loss",)}
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A panel of the curves' figure beside loss, learning rate and tokens/s: the fields
+    of one record type, each a line. The caller says which (the evaluations' own:
+    gpt/eval/evaluation.py's panels, passed down by gpt/train/run_curves.py), so this
+    layer names none."""
+
+    record: str  # the record type ("type" in metrics.jsonl)
+    lines: tuple[tuple[str, str], ...]  # (field, legend word): the first solid, the rest dotted
+    title: str
+    ylabel: str
 _MISSING = math.nan  # a field the record lacks (or holds as null): not drawn
 _NONFINITE = math.inf  # a value that was NaN or +-inf in the log: drawn as a mark
 HUGE = 1e30  # a value beyond this is drawn as a non-finite one: an axis cannot span it
@@ -93,13 +108,16 @@ class RunMetrics:
     runs: list[dict[str, Any]] = field(default_factory=list)
     tables: dict[str, Table] = field(
         default_factory=lambda: {kind: Table(fields) for kind, fields in FIELDS.items()})
+    panels: tuple[Panel, ...] = ()  # the evaluations' panels its tables were read for
     bad_lines: int = 0
     events: list[tuple[int, str]] = field(default_factory=list)  # (step, "resumed" / "stopped (why)")
-    # The learning rates as the schedule set them at every step, by name ("lr", and "muon
-    # lr" under --optimizer muon), where a caller that can compute the schedule from the
-    # headers' config (gpt/optim/schedule.py: above this layer) has set them; else None
-    # and the figure draws the learning rate the log sampled at its log steps.
+    # The learning rates as the schedule set them at every step, by log field ("lr", and
+    # an optimizer's own where it has others), where a caller that can compute the
+    # schedule from the headers' config (gpt/optim/schedule.py: above this layer) has set
+    # them; else None and the figure draws the learning rate the log sampled at its log
+    # steps. lr_labels: each one's word in the legend, where there are several.
     lr_schedule: dict[str, tuple[list[int], list[float]]] | None = None
+    lr_labels: dict[str, str] = field(default_factory=dict)
 
     def steps(self, kind: str) -> list[int]:
         """The steps that have a record of this type."""
@@ -158,6 +176,26 @@ def run_title(run: RunMetrics) -> str:
     except (KeyError, TypeError, ValueError):  # a header from another version: the folder
         return str(run.path.parent)
     return f"{run.path.parent}: " + "; ".join(parts)
+
+
+def run_starts(headers: Sequence[Mapping[str, Any]]) -> list[tuple[int, Config]] | None:
+    """A run's starts from its log's header records (one a start, each with its config and
+    "start_step"): each start's step and config, in order, a start dropping the earlier
+    ones at or after its step (a resume from an earlier checkpoint supersedes what ran
+    from there). None where a header lacks what this needs (a log from elsewhere, or of
+    another version's config)."""
+    starts: list[tuple[int, Config]] = []
+    for head in headers:
+        start, cfg = head.get("start_step", 0 if not starts else None), head.get("config")
+        if isinstance(start, bool) or not isinstance(start, int) or not isinstance(cfg, dict):
+            return None
+        try:
+            config = from_dict(cfg)
+        except (UserError, TypeError, ValueError, KeyError):  # another version's config
+            return None
+        starts = [(s, c) for s, c in starts if s < start]
+        starts.append((start, config))
+    return starts or None
 
 
 def setup(run: RunMetrics) -> dict[str, str]:
@@ -221,15 +259,21 @@ def _step(rec: dict[str, Any]) -> int | None:
     return s if isinstance(s, int) and 0 <= s < MAX_STEP else None
 
 
-def load_metrics(path: str | Path, label: str | None = None) -> RunMetrics:
-    """The run's log read in one pass. Each "run" record starts a segment (the first run
-    or a resume): when its first plotted record comes, what an earlier attempt logged past
-    the resume point is dropped (its training steps from the segment's start step on, which
+def load_metrics(path: str | Path, label: str | None = None,
+                 panels: tuple[Panel, ...] = ()) -> RunMetrics:
+    """The run's log read in one pass, with the records `panels` draw besides the
+    figure's own (FIELDS). Each "run" record starts a segment (the first run or a
+    resume): when its first plotted record comes, what an earlier attempt logged past the
+    resume point is dropped (its training steps from the segment's start step on, which
     are redone; its evaluations after it: one at the start step itself scored the
     checkpointed weights and stays). The start step is the header's "start_step", else the
     segment's first plotted step."""
     path = resolve_path(path)
-    out = RunMetrics(path=path, label=label or path.parent.name or path.stem)
+    out = RunMetrics(path=path, label=label or path.parent.name or path.stem, panels=panels)
+    for panel in panels:
+        kept = out.tables[panel.record].fields if panel.record in out.tables else ()
+        wanted = tuple(dict.fromkeys((*kept, *(f for f, _ in panel.lines))))
+        out.tables[panel.record] = Table(wanted)
     start: int | None = None  # the current segment's, until its first plotted record
     new_segment = False
     for rec in read_records(path):
@@ -247,9 +291,9 @@ def load_metrics(path: str | Path, label: str | None = None) -> RunMetrics:
         if kind == "summary" and rec.get("stopped_by") and _step(rec) is not None:
             out.events.append((_step(rec), f"stopped ({str(rec['stopped_by'])[:40]})"))
             continue
-        step = _step(rec) if kind in FIELDS else None
+        step = _step(rec) if kind in out.tables else None
         if step is None:
-            if kind in FIELDS:
+            if kind in out.tables:
                 out.bad_lines += 1  # a step no run writes
             continue
         if new_segment:

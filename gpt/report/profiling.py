@@ -29,7 +29,8 @@ from typing import Any, Iterator
 
 import torch
 
-from gpt.core.config import ProfileConfig
+from gpt.core.config import ConfigError, ProfileConfig
+from gpt.core.file_checks import FOLDER, REPLACED, entry_problem, folder_problem, free_bytes
 from gpt.runtime.world import Runtime
 
 
@@ -329,6 +330,30 @@ def _one_trace_per_window() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
         yield
+
+
+def check_profile_paths(cfg: ProfileConfig) -> None:
+    """A ConfigError naming the flag where --torch-profile's folder or --memory-snapshot's
+    file could not be written (a folder that cannot be made, a file in the way, a file
+    system with no room such as /proc): asked before the run, which would otherwise stop
+    at its profiled step. Writes nothing."""
+    for flag, value, folder in (("--torch-profile", cfg.torch_profile, True),
+                                ("--memory-snapshot", cfg.memory_snapshot, False)):
+        if not value:
+            continue
+        path = Path(value)
+        where = path if folder else path.parent
+        found = folder_problem(where)
+        problem = (f"{found[0]} {found[1]}" if found is not None else
+                   entry_problem(path, FOLDER if folder else REPLACED))
+        if problem is None and free_bytes(where) == 0:
+            problem = ("its file system has no room (0 B free: a full disk, or one that holds "
+                       "no files, such as /proc)")
+        elif problem is not None and found is None:
+            problem = f"{path} {problem}"
+        if problem is not None:
+            raise ConfigError(f"{flag} {value}: cannot write there: {problem}; name another "
+                              f"{'folder' if folder else 'file'}")
 
 
 class Profiler:

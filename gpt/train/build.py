@@ -1,4 +1,4 @@
-"""Building a run: its loaders, its model (fresh on the meta device, or a checkpoint's or
+"""Building a run: its loader, what its evaluations load, its model (fresh on the meta device, or a checkpoint's or
 GPT-2's weights), spread over the ranks, the run folder taken, a checkpoint restored;
 each part from its own section of the settled plan's config."""
 
@@ -10,47 +10,31 @@ from typing import Any
 import torch
 
 from gpt.checkpoint import weights
-from gpt.checkpoint.checkpointer import Checkpointer
+from gpt.checkpoint.checkpointer import Checkpointer, LoopState, Parts
 from gpt.checkpoint.files import model_weights
 from gpt.core.compat import old_torch_note
 from gpt.core.config import DataConfig, ModelConfig
 from gpt.core.config_io import to_dict
 from gpt.core.rng import seed_everything
 from gpt.data.loader import ShardLoader
-from gpt.data.shards import DataError, find_shards
 from gpt.data.tokenizer import gpt2_tokenizer
 from gpt.engine import parallel
-from gpt.eval import hellaswag
+from gpt.eval import evaluations as gpt_evaluations
 from gpt.model.transformer import GPT
 from gpt.plan.preflight import Plan
 from gpt.report.trackers import open_trackers
 from gpt.runtime.world import Runtime, set_matmul_precision
 from gpt.train.run import Run
-from gpt.train.train_tasks import TrainingTasks
 
 
-def build_loaders(d: DataConfig, runtime: Runtime, *, seed: int, vocab_size: int,
-                  validation: bool) -> tuple[ShardLoader, ShardLoader | None]:
-    """The train loader, and the val loader if `validation` is on and val_* shards exist.
-    Batches hold token ids below `vocab_size`; `seed` orders shuffled shards."""
-
-    def loader(split: str, shuffle: bool = False) -> ShardLoader:
-        # --check-tokens scanned every shard in the preflight (gpt/plan/preflight.py), as the
-        # dry run does; each batch is still checked as it is read (max_token)
-        return ShardLoader(d.data_dir, split, batch_size=d.batch_size, seq_len=d.seq_len,
-                           rank=runtime.rank, world_size=runtime.world_size, seed=seed,
-                           shuffle=shuffle, device=runtime.device, max_token=vocab_size - 1)
-
-    train = loader("train", shuffle=d.shuffle)
-    if not validation:
-        return train, None
-    try:
-        find_shards(d.data_dir, "val")
-    except DataError:
-        if runtime.is_master:
-            print(f"note: {d.data_dir} has no val_* shards; validation is off")
-        return train, None
-    return train, loader("val")
+def build_loader(d: DataConfig, runtime: Runtime, *, seed: int, vocab_size: int) -> ShardLoader:
+    """The train loader: batches of token ids below `vocab_size`; `seed` orders shuffled
+    shards. (The val loader is validation's: gpt/eval/validation.py.)"""
+    # --check-tokens scanned every shard in the preflight (gpt/plan/preflight.py), as the
+    # dry run does; each batch is still checked as it is read (max_token)
+    return ShardLoader(d.data_dir, "train", batch_size=d.batch_size, seq_len=d.seq_len,
+                       rank=runtime.rank, world_size=runtime.world_size, seed=seed,
+                       shuffle=d.shuffle, device=runtime.device, max_token=vocab_size - 1)
 
 
 def build_model(m: ModelConfig, runtime: Runtime, ckpt: dict[str, Any] | None = None,
@@ -85,33 +69,34 @@ def build_run(plan: Plan, runtime: Runtime) -> Run:
     seed_everything(t.seed)
     set_matmul_precision(runtime, t.tf32)
     # bad data stops before any file is written
-    train_loader, val_loader = build_loaders(cfg.data, runtime, seed=t.seed,
-                                             vocab_size=cfg.model.vocab_size,
-                                             validation=e.val_every > 0)
+    train_loader = build_loader(cfg.data, runtime, seed=t.seed, vocab_size=cfg.model.vocab_size)
+    # Before the model: what each evaluation needs (the val loader, examples, the tasks
+    # and their data), loaded once (the preflight checked what it could); one that finds
+    # nothing to load says so and the run goes on without it.
+    evaluations = gpt_evaluations.load(cfg, runtime)
     checkpointer = Checkpointer(Path(t.out_dir), cfg.checkpoint, runtime)
     resume_path, ckpt = checkpointer.open(cfg)  # the run folder is this run's from here on
     try:
         samples = e.sample_every > 0 and parallel.samples_on_this_rank(t.parallel, runtime)
-        examples: list[Any] = []
-        if e.hellaswag_every > 0:  # every rank scores its share; rank 0 downloads, once
-            examples = hellaswag.load_examples(e.hellaswag_file, None, runtime.rank, None,
-                                               e.hellaswag_max_examples)
-        # Before the model: the tasks and their data, loaded once (the preflight knew the
-        # names); a task whose data cannot load is a warning and the run goes on.
-        tasks = TrainingTasks(e, runtime, t.parallel == "fsdp") if e.eval_tasks_every else None
         model = build_model(cfg.model, runtime, ckpt, t.init_from)
         par = parallel.parallelize(model, t, cfg.optim, runtime, autocast_dtype)
-        run = Run(cfg=cfg, runtime=runtime, out_dir=checkpointer.out_dir, model=model, par=par,
-                  autocast_dtype=autocast_dtype, accum=plan.accum, train_loader=train_loader,
-                  val_loader=val_loader, checkpointer=checkpointer,
-                  tokenizer=gpt2_tokenizer() if samples else None, hellaswag_examples=examples,
-                  tasks=tasks)
+        state = LoopState()
         if ckpt is not None:
-            checkpointer.restore(run.parts(), ckpt)
-            run.say(f"resumed from {resume_path} at step {run.state.step}")
-        if runtime.is_master:  # last: W&B can fail to start (no login)
-            run.trackers = open_trackers(t.tensorboard, t.wandb_project, run.out_dir, to_dict(cfg))
+            checkpointer.restore(Parts(model, par.optimizer, par.scaler, train_loader, state, cfg),
+                                 ckpt)
+            if runtime.is_master:
+                print(f"resumed from {resume_path} at step {state.step}", flush=True)
+        # last: W&B can fail to start (no login)
+        trackers = (open_trackers(t.tensorboard, t.wandb_project, checkpointer.out_dir,
+                                  to_dict(cfg)) if runtime.is_master else [])
     except BaseException:
         checkpointer.close(failed_at_start=True)
         raise
-    return run
+    return Run(cfg=cfg, runtime=runtime, out_dir=checkpointer.out_dir, model=model, par=par,
+               autocast_dtype=autocast_dtype, accum=plan.accum, train_loader=train_loader,
+               checkpointer=checkpointer, tokenizer=gpt2_tokenizer() if samples else None,
+               evaluations=evaluations, state=state, trackers=trackers,
+               # what --parallel/--activation-checkpointing/--batch-size auto settled on, for
+               # the metrics header
+               layout_choice=plan.layout.to_json() if plan.layout is not None else None,
+               expected_step_s=plan.step_s)  # the loop holds its first steps against it

@@ -1,5 +1,6 @@
-"""One training run's parts, built once by gpt/train/build.py's build_run() and passed to every
-piece of periodic work (gpt/train/run_record.py, the loop's helpers)."""
+"""One training run's parts, built whole by gpt/train/build.py's build_run() and passed to
+every piece of periodic work (gpt/train/run_record.py, the loop's helpers); and what the
+loop keeps as it trains (Records), started with it."""
 
 from __future__ import annotations
 
@@ -14,17 +15,19 @@ from gpt.core.config import Config
 from gpt.data.loader import ShardLoader
 from gpt.engine import parallel
 from gpt.engine.step import SkippedSteps
+from gpt.eval.evaluations import Loaded
 from gpt.model.transformer import GPT
 from gpt.report.metrics import MetricsLog, Progress
 from gpt.runtime.world import Runtime
 from gpt.train.run_curves import RunCurves
 from gpt.train.run_summary import Tally
-from gpt.train.train_tasks import TrainingTasks
 
 
 @dataclass
 class Run:
-    """Everything one training run is made of, built once by build_run()."""
+    """Everything one training run is made of, built whole by build_run(): the loop
+    changes its state (the step, the last validation) and the skips it counts, and
+    nothing else of it."""
 
     cfg: Config
     runtime: Runtime
@@ -34,20 +37,14 @@ class Run:
     autocast_dtype: torch.dtype
     accum: int
     train_loader: ShardLoader
-    val_loader: ShardLoader | None
     checkpointer: Checkpointer
     tokenizer: Any
-    hellaswag_examples: list[Any] = field(default_factory=list)
-    tasks: TrainingTasks | None = None  # --eval-tasks
-    layout_choice: dict[str, Any] | None = None  # what the auto layout chose (gpt/plan/layout.py)
-    expected_step_s: float | None = None  # one step's seconds as the start's estimate timed it
-    trackers: list[Any] = field(default_factory=list)  # TensorBoard / W&B, rank 0 only
-    state: LoopState = field(default_factory=LoopState)
+    evaluations: Loaded  # each evaluation the run makes, and what it loaded
+    state: LoopState  # where the loop is (a checkpoint's, when resumed)
+    layout_choice: dict[str, Any] | None  # what the auto layout chose (gpt/plan/layout.py)
+    trackers: list[Any]  # TensorBoard / W&B, rank 0 only
     skips: SkippedSteps = field(default_factory=SkippedSteps)  # counted on the device
-    log: MetricsLog | None = None  # opened by the loop
-    progress: Progress | None = None  # started by the loop
-    tally: Tally = field(default_factory=Tally)  # for the summary at the end (restarted by the loop)
-    curves: RunCurves | None = None  # OUT_DIR/curves.png, started by the loop
+    expected_step_s: float | None = None  # one step's seconds as the start's estimate timed it
 
     def say(self, *args: Any) -> None:
         """Print on rank 0 only."""
@@ -64,3 +61,15 @@ class Run:
         """What a checkpoint of this run is made of."""
         return Parts(self.model, self.par.optimizer, self.par.scaler, self.train_loader, self.state,
                      self.cfg)
+
+
+@dataclass
+class Records:
+    """What the loop keeps as it trains, started with it (gpt/train/loop.py's run_loop): the
+    metrics log (open for the loop's life), the progress line's clock and ETA, the tally
+    its summary reads, OUT_DIR/curves.png's drawing."""
+
+    log: MetricsLog
+    progress: Progress
+    tally: Tally
+    curves: RunCurves

@@ -1,11 +1,11 @@
 """The run folder's picture: `curves.png`, gpt/report/curves.py's figure (the one
 `python -m gpt.plot` draws) of the run's metrics.jsonl (loss, learning rate, tokens/s,
-HellaSwag when scored), titled with the run's folder and recipe, redrawn as the run goes
+the evaluations' panels when scored), titled with the run's folder and recipe, redrawn as the run goes
 where matplotlib is installed. Where it is not, the run says so once, as it starts, with
 the command that installs it.
 
 Drawing takes a second or two of CPU (matplotlib's import, then each figure), so the
-redraws after a validation are paced: once MIN_INTERVAL_S have passed since the run
+redraws after evaluations are paced: once MIN_INTERVAL_S have passed since the run
 started or last drew (or COST_FACTOR times the last drawing's time, where a long log makes
 it longer). The end of a run that trained always draws, with its last points, so every
 run folder holds its picture (`python -m gpt.plot RUN_FOLDER` draws it from the log at any
@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpt.core.extras import have, install
+from gpt.eval import evaluations
 from gpt.optim.schedule import schedule_curves
-from gpt.report.metrics_reader import RunMetrics, load_metrics, run_title
+from gpt.report.metrics_reader import RunMetrics, load_metrics, run_starts, run_title
 
 
 CURVES_NAME = "curves.png"
@@ -65,7 +66,7 @@ class RunCurves:
     def path(self) -> Path:
         return self.out_dir / CURVES_NAME
 
-    def after_validation(self) -> Path | None:
+    def after_evaluations(self) -> Path | None:
         """Redraw, if a minute (or COST_FACTOR times the last drawing's time, if more) has
         passed since the start or the last drawing."""
         since = self.last if self.last is not None else self.started
@@ -106,11 +107,14 @@ class RunCurves:
 
 
 def read_run(path: Path, label: str | None = None) -> RunMetrics:
-    """A run's metrics log read for its figure, with the learning rates its schedule set
-    at every step (from its headers' config: gpt/optim/schedule.py, which the figure's
-    layer is below), where they can be computed."""
-    run = load_metrics(path, label)
+    """A run's metrics log read for its figure, with its evaluations' records (their
+    panels: gpt/eval/evaluations.py's) and the learning rates its schedule set at every
+    step (from its headers' config: gpt/optim/schedule.py), where they can be computed:
+    both from layers above the figure's."""
+    run = load_metrics(path, label, evaluations.panels())
     last = run.last_step("train")
-    if last is not None:
-        run.lr_schedule = schedule_curves(run.runs, last)
+    starts = run_starts(run.runs)  # the configs its headers hold
+    curves = schedule_curves(starts, last) if starts and last is not None else None
+    if curves is not None:
+        run.lr_schedule, run.lr_labels = curves
     return run

@@ -17,6 +17,7 @@ from gpt.core.cli import to_toml
 from gpt.core.config import ConfigError
 from gpt.core.config_io import describe, to_dict
 from gpt.core.fileio import atomic_write
+from gpt.core.text import one_line
 from gpt.model import loss_kernels
 from gpt.report.flops import flops_per_token, peak_memory, peak_tflops
 from gpt.report.metrics import MetricsLog
@@ -39,18 +40,21 @@ def open_log(run: Run) -> Iterator[MetricsLog]:
         recipe = dataclasses.replace(run.cfg, checkpoint=dataclasses.replace(
             run.cfg.checkpoint, resume="none", stop_at_step=None))
         text = ("# the resolved config of this run: python train_gpt2.py --config config.toml "
-                "--out-dir NEW_FOLDER repeats it\n" + to_toml(recipe))
+                "--out-dir NEW_FOLDER repeats it\n"
+                f"# out_dir names this run's folder: a copy of the folder continues in the "
+                f"copy only with --out-dir COPY (--config COPY/config.toml --resume auto alone "
+                f"trains in {one_line(str(run.out_dir), None)})\n" + to_toml(recipe))
         try:
             atomic_write(run.out_dir / CONFIG_NAME, lambda fh: fh.write(text.encode()))
         except OSError as e:
             raise ConfigError(f"{run.out_dir / CONFIG_NAME}: cannot write it ({e.strerror or e})") from None
-    run.log = MetricsLog(run.out_dir / METRICS_NAME, enabled=run.runtime.is_master,
-                         trackers=run.trackers)
+    log = MetricsLog(run.out_dir / METRICS_NAME, enabled=run.runtime.is_master,
+                     trackers=run.trackers)
     try:
-        run.log.write(banner(run))
-        yield run.log
+        log.write(banner(run))
+        yield log
     finally:
-        run.log.close()
+        log.close()
 
 
 def banner(run: Run) -> dict[str, Any]:

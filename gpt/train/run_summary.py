@@ -41,6 +41,7 @@ class Tally:
     best_val: float = math.inf
     best_step: int | None = None
     drawing_seconds: float = 0.0  # the curves' figure, drawn during the run and at its end
+    last: dict[str, dict[str, Any]] = field(default_factory=dict)  # each evaluation's last record
 
     def training_seconds(self) -> float:
         """The time since the start, less the curves' drawing: the summary's figures are
@@ -55,6 +56,9 @@ class Tally:
         if math.isfinite(loss) and loss < self.best_val:
             self.best_val, self.best_step = loss, step
 
+    def scored(self, evaluation: str, record: dict[str, Any]) -> None:
+        self.last[evaluation] = record
+
 
 @dataclass(frozen=True)
 class Ending:
@@ -66,11 +70,11 @@ class Ending:
     checkpoint: Path | None  # this process's last
     out_dir: Path
     curves: Path | None  # drawn at the end, if it was
-    val: bool  # it validated on val_* shards of its --data-dir
-    hellaswag: bool  # it scored HellaSwag
     distributed: bool  # under torchrun
-    val_batches: int = 0  # the batches a validation scored, all ranks together
-    compiled: bool = False  # validation ran the compiled model
+    # `python -m gpt.evaluate`'s flags that score its checkpoint as its evaluations did
+    # (gpt/eval/evaluations.py's evaluate_flags)
+    evaluate: list[str] = field(default_factory=list)
+    scores: list[str] = field(default_factory=list)  # the evaluations' parts of the line
 
 
 def summarize(tally: Tally, end: Ending) -> tuple[list[str], dict[str, Any]]:
@@ -93,6 +97,7 @@ def summarize(tally: Tally, end: Ending) -> tuple[list[str], dict[str, Any]]:
                  " before the resume" if math.isfinite(best) else "")
         parts.append(f"val loss {last_val:.4f}"
                      + (f", best {best:.4f}{where}" if math.isfinite(best) else ""))
+    parts += end.scores
     seen = f"{human_count(trained)} tokens in {format_duration(wall)}"
     if tally.start_step:
         seen += f" ({human_count(step * tokens_per_step)} in all)"
@@ -113,10 +118,8 @@ def summarize(tally: Tally, end: Ending) -> tuple[list[str], dict[str, Any]]:
         ckpt = shlex.quote(str(end.checkpoint))
         lines.append(f"  sample:   python -m gpt.generate --checkpoint {ckpt} --prompt "
                      f"{shlex.quote(cfg.eval.sample_prompt)}")
-        what = validation_flags(cfg, end) if end.val else []
-        if end.hellaswag or not what:  # something to score: HellaSwag, downloaded once
-            what.append(f"--hellaswag {shlex.quote(cfg.eval.hellaswag_file or 'val')}")
-        lines.append(f"  evaluate: python -m gpt.evaluate --checkpoint {ckpt} {' '.join(what)}")
+        lines.append(f"  evaluate: python -m gpt.evaluate --checkpoint {ckpt} "
+                     f"{' '.join(end.evaluate)}".rstrip())
     if end.curves is not None:
         lines.append(f"  curves:   {end.curves}")
     record = {"type": "summary", "step": step, "stopped_by": end.stopped_by,
@@ -124,25 +127,6 @@ def summarize(tally: Tally, end: Ending) -> tuple[list[str], dict[str, Any]]:
               "best_step": best_step, "tokens": trained, "tokens_seen": step * tokens_per_step,
               "wall_s": round(wall, 3), "tokens_per_s": rate, "step_tokens_per_s": steps_rate,
               "checkpoint": str(end.checkpoint) if end.checkpoint else None,
-              "curves": str(end.curves) if end.curves else None}
+              "curves": str(end.curves) if end.curves else None,
+              **({"scores": end.scores} if end.scores else {})}
     return lines, record
-
-
-def validation_flags(cfg: Config, end: Ending) -> list[str]:
-    """gpt.evaluate's flags that score the tokens the run's validation scored, as it did:
-    its batches (all ranks' together: the ranks' windows, read in order by one process, are
-    the same tokens), their size, and the device, precision and compilation where the run
-    chose them. gpt.evaluate's defaults (20 batches of 8 x the block size) are left out."""
-    d, t = cfg.data, cfg.train
-    flags = [f"--data-dir {shlex.quote(d.data_dir)}"]
-    if end.val_batches:
-        flags.append(f"--val-steps {end.val_batches}")
-    if d.batch_size != 8:
-        flags.append(f"--batch-size {d.batch_size}")
-    if d.seq_len != cfg.model.block_size:
-        flags.append(f"--seq-len {d.seq_len}")
-    flags += [f"--{name} {value}" for name, value in (("device", t.device), ("dtype", t.dtype))
-              if value != "auto"]
-    if end.compiled:
-        flags.append("--compile")
-    return flags

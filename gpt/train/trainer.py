@@ -12,7 +12,6 @@ from typing import Any
 
 from gpt.core.config import Config
 from gpt.core.errors import UserError
-from gpt.eval import harness_tasks
 from gpt.plan.preflight import Plan, preflight
 from gpt.report.trackers import close_trackers
 from gpt.runtime.device import is_oom, reuse_freed_memory
@@ -27,10 +26,6 @@ class OutOfMemory(UserError):
 
 def train(cfg: Config) -> dict[str, Any]:
     """Run training as configured (one process, or one rank under torchrun)."""
-    if cfg.eval.eval_tasks:
-        # datasets' progress bars would fill the training log at each scoring; it reads
-        # this as the preflight first imports it (lm-eval's own: harness_tasks.run_tasks)
-        harness_tasks.quiet_progress()
     # Every check before the ranks meet, as the dry run makes them: a refusal is one
     # line, not a rendezvous that waits for --dist-timeout
     plan = preflight(cfg).settled()
@@ -73,10 +68,6 @@ def build_and_run(plan: Plan, runtime: Runtime) -> dict[str, Any]:
     """The run lives in this frame alone, so it is gone by the time the process group is
     torn down (see gpt/runtime/world.py's shutdown)."""
     run = build_run(plan, runtime)
-    # what --parallel/--activation-checkpointing/--batch-size auto settled on, for the
-    # metrics header
-    run.layout_choice = plan.layout.to_json() if plan.layout is not None else None
-    run.expected_step_s = plan.step_s  # the loop holds its first steps against it
     try:
         return run_loop(run)
     finally:

@@ -20,9 +20,10 @@ trainer runs), and recorded as a timeout. Without --budget, a cell is stopped on
 HANG_FACTOR times its estimate (at least 10 minutes): hung. SIGTERM (a time limit's) or
 Ctrl-C stops the cell running the same way, records the cells left as not run, writes
 every stage's files and exits 1. A stage that lacks an input it needs (--nanogpt,
---corpus) fails at once, running nothing; a cell whose optional package is missing (Liger
-Kernel, Cut Cross-Entropy, torchao), neither importable nor in --wheels, is skipped with
-the reason, in one line, and the others run. A cell whose command an earlier stage of the
+--corpus) fails at once, running nothing; a cell whose optional package (Liger Kernel,
+Cut Cross-Entropy, torchao) cannot be had (not importable, no wheel in --wheels, or one
+that does not install or import) is skipped with the reason, in one line, and the others
+run; only the packages the chosen cells use are looked at. A cell whose command an earlier stage of the
 invocation ran takes that measurement ("same_as"). Results, per stage, under --out:
 `gpu_<stage>.json` (the machine, versions, commit, command, every cell's raw figures and
 estimate, the comparisons, each trainer cell's predicted peak memory beside the measured
@@ -72,7 +73,11 @@ from gpt.runtime.device import device_name
 # and recipe, fp8_comparison, recipe_comparison, packages, mean loss differences.
 # 5: "finished" (whether the stage ran to its end), cells "stopped", the loss-bench cell,
 # params softcap, profiles per micro-batch (gpt/bench/trace_summary.py)
-SCHEMA = 5
+# 6: loss-bench variants by launch, judged (tolerances, status "wrong"), and its "choice";
+# the loss kernels' baseline is the loss "default"; comparison rows with "loss", the
+# earlier stages' cells ("stage") and "fastest"; packages those of the stage's cells; the
+# CUDA tests' "durations_s"
+SCHEMA = 6
 
 
 class NoGPU(UserError):
@@ -146,9 +151,10 @@ def run(args: argparse.Namespace) -> int:
         if device.type == "cuda" and not torch.cuda.is_available():
             raise NoGPU("no CUDA device; run on a GPU machine, or use --smoke to check the "
                         "plumbing on the CPU")
-        packages = inputs.prepare(list(stages), inputs.wheels_dir(args), tmp / "site")
+        packages = inputs.prepare([c for cells in stages.values() for c in cells],
+                                  inputs.wheels_dir(args), tmp / "site")
         for module, why in packages.missing.items():  # once here; each cell says it again
-            print(f"{module}: {why}; its cells are skipped", flush=True)
+            print(f"{module}: {why}; the cells that need it are skipped", flush=True)
         return run_stages(args, sizes, stages, device, tmp, packages, t0)
 
 
@@ -160,11 +166,14 @@ def check_only(args: argparse.Namespace, names: list[str], known: list[str]) -> 
                           f"(their cells: {', '.join(dict.fromkeys(known))})")
 
 
-def write_stage(out: Path, stem: str, report: dict[str, Any], started: float) -> None:
+def write_stage(out: Path, stem: str, report: dict[str, Any], started: float,
+                earlier: list[dict[str, Any]] | None = None) -> None:
     """The stage's JSON and summary as they stand: after every cell, so that whatever ends
-    the run, every finished cell's figures are on disk."""
+    the run, every finished cell's figures are on disk. `earlier`: the cells of the
+    invocation's earlier stages (build-nanogpt is compared with each of ours at its
+    micro-batch, whichever stage measured it)."""
     report["seconds"] = round(clock() - started, 1)
-    report.update(comparisons_of(report["cells"]))
+    report.update(comparisons_of(report["cells"], earlier or []))
     write_json(out / f"{stem}.json", report, indent=1)
     write_text(out / f"{stem}.md", summary(report))
 
@@ -184,7 +193,8 @@ def run_stages(args: argparse.Namespace, sizes: Sizes, stages: dict[str, list[Ce
     data.mkdir()
     write_shard(data / "train_000000.bin", tokens[0])
     write_shard(data / "val_000000.bin", tokens[1])
-    failed = []
+    failed: list[str] = []
+    done: list[dict[str, Any]] = []  # the finished stages' cells, each with its stage
     measured: dict[str, tuple[str, dict[str, Any]]] = {}  # a command run: its stage, result
     with Signals() as signals:
         for name, cells in stages.items():
@@ -195,7 +205,7 @@ def run_stages(args: argparse.Namespace, sizes: Sizes, stages: dict[str, list[Ce
                 "estimates": "each cell's estimate_s is gpt/bench/gpu/estimates.py's for one H100, "
                              "not measured; beside its seconds (what it took) it says how far off it is",
                 "env": env, "packages": {m: packages.status.get(m, "missing") for m in
-                                         (*STAGES[name].requires, *STAGES[name].optional)},
+                                         dict.fromkeys(m for c in cells for m in (*c.needs, *c.uses))},
                 "cells": [], "finished": False,
             }
             started = clock()
@@ -204,11 +214,12 @@ def run_stages(args: argparse.Namespace, sizes: Sizes, stages: dict[str, list[Ce
                     report["cells"].append(run_one(args, cell, name, sizes, tokens, tmp, log,
                                                    packages, measured, signals, t0))
                     log.flush()
-                    write_stage(out, stem, report, started)
+                    write_stage(out, stem, report, started, done)
             report["finished"] = True
-            write_stage(out, stem, report, started)
+            write_stage(out, stem, report, started, done)
             print(summary(report))
             print(f"wrote {out / stem}.json, .md and .log")
+            done += [{**c, "stage": name} for c in report["cells"]]
             failed += [c["name"] for c in report["cells"]
                        if c["status"] in ("failed", "timeout", "stopped")]
     return 1 if failed or signals.received else 0

@@ -14,8 +14,9 @@ class Stage:
     title: str
     question: str
     needs: tuple[str, ...] = ()  # "nanogpt", "corpus": inputs without which it cannot run
-    requires: tuple[str, ...] = ()  # packages it cannot run without (installed from --wheels)
-    optional: tuple[str, ...] = ()  # packages some of its cells use (skipped without)
+    # packages some of its cells use (installed from --wheels where not importable; the
+    # cells that need one are skipped without it: a cell's own needs and uses, stages.py)
+    optional: tuple[str, ...] = ()
     measured: bool = True  # whether a GPU run has checked its estimates
 
 
@@ -31,10 +32,12 @@ STAGES: dict[str, Stage] = {
                 "does XL train, at what MFU, in how much memory, and what the trainer's own "
                 "choice of layout buys"),
     "loss-kernels": Stage("the whole logits' loss on its own (inductor's compiled loss, our fused "
-                          "Triton cross-entropy's backward and forward modes, without and with "
-                          "the soft cap); then GPT-2 124M at micro-batch 64: the whole logits, the "
+                          "Triton cross-entropy's backward mode and its forward mode at each "
+                          "launch, without and with the soft cap, judged against the compiled "
+                          "loss); then GPT-2 124M at micro-batch 64: the whole logits, the "
                           "chunked loss through Liger Kernel's and Cut Cross-Entropy's kernels, "
-                          "and the whole logits through our fused cross-entropy",
+                          "and the whole logits through our fused cross-entropy in each of its "
+                          "modes",
                           "what each head + loss kernel costs on CUDA against the whole logits, "
                           "and the memory it saves",
                           optional=("liger_kernel", "cut_cross_entropy")),

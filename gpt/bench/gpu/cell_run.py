@@ -21,7 +21,7 @@ import numpy as np
 from gpt.bench.gpu import nanogpt
 from gpt.bench.gpu.inputs import Packages
 from gpt.bench.gpu.results import RESULTS, predicted_memory, with_measured
-from gpt.bench.gpu.stages import CUDA_ONLY_LOSSES, FP8_PACKAGE, LOSS_PACKAGES, LR_WARMUP_STEPS, Cell, Sizes
+from gpt.bench.gpu.stages import CUDA_ONLY_LOSSES, LR_WARMUP_STEPS, Cell, Sizes
 from gpt.bench.record import REPO
 from gpt.bench.runs import run_group
 
@@ -67,10 +67,7 @@ def skip_reason(cell: Cell, sizes: Sizes, packages: Packages) -> str | None:
         return f"--smoke: --fp8 {fp8} runs FP8 matmuls on CUDA only"
     if sizes.smoke and cell.kind == "nanogpt":
         return "--smoke: build-nanogpt's model is fixed at GPT-2 124M, too big for a CPU check"
-    module = FP8_PACKAGE if fp8 != "off" else LOSS_PACKAGES.get(loss or "")
-    if module in packages.missing:
-        return packages.missing[module]
-    return None
+    return next((packages.missing[m] for m in cell.needs if m in packages.missing), None)
 
 
 def run_cell(cell: Cell, limit_s: float, sizes: Sizes, tokens: tuple[np.ndarray, np.ndarray],

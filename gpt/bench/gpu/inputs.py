@@ -1,9 +1,13 @@
 """What the GPU acceptance's stages need from the user, checked before anything runs:
 build-nanogpt's train_gpt2.py (`--nanogpt PATH`), a corpus of token shards (`--corpus
 DIR`), and the optional packages some cells import (Liger Kernel, Cut Cross-Entropy,
-torchao). A package that is not importable is installed from the user's wheels
-(`--wheels DIR`, for a machine without internet) into a scratch folder that only the
-cells see (on their PYTHONPATH), never into the user's environment.
+torchao: a cell's `needs` and `uses`). Only the packages the chosen cells use are looked
+at. One that is not importable is installed from the user's wheels (`--wheels DIR`, for a
+machine without internet) into a scratch folder that only the cells see (on their
+PYTHONPATH), never into the user's environment, and checked to import from there. A
+package that cannot be had (no wheel, a wheel pip cannot install, one that installs but
+does not import) is said in one line, and the cells that need it are skipped; the others
+run.
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ def why_missing(module: str, wheels: Path | None) -> str:
 
 def check(stages: dict[str, list[Cell]], args: Any) -> None:
     """Raises StageError, naming the flag, when a chosen stage lacks an input it cannot run
-    without: build-nanogpt's script, the corpus, a required package (--smoke needs none of
-    them: it skips build-nanogpt and FP8, and trains on random tokens)."""
+    without: build-nanogpt's script, the corpus (--smoke needs neither: it skips
+    build-nanogpt and trains on random tokens). A missing package is no such input: it
+    skips the cells that need it (prepare)."""
     if args.smoke:
         return
     for name, cells in stages.items():
@@ -78,11 +83,6 @@ def check(stages: dict[str, list[Cell]], args: Any) -> None:
                 raise StageError(f"stage {name}: --nanogpt {args.nanogpt}: {e}; nothing was run") from None
         if "corpus" in STAGES[name].needs and cells:
             check_corpus(name, args.corpus)
-        fp8 = any(c.params.get("fp8", "off") != "off" for c in cells)  # torchao: FP8's cells only
-        for module in STAGES[name].requires:
-            if fp8 and not importable(module) and wheel_for(module, wheels_dir(args)) is None:
-                raise StageError(f"stage {name} needs {module}: {why_missing(module, wheels_dir(args))}; "
-                                 f"nothing was run")
 
 
 def check_corpus(stage: str, corpus: str | None) -> None:
@@ -101,35 +101,43 @@ def wheels_dir(args: Any) -> Path | None:
     return Path(args.wheels) if args.wheels else None
 
 
-def prepare(stages: list[str], wheels: Path | None, site: Path) -> Packages:
-    """Every package the stages use: importable as it is, or installed from its wheel into
-    `site` (then checked to import from there), or missing with the reason."""
+def prepare(cells: list[Cell], wheels: Path | None, site: Path) -> Packages:
+    """Every package the cells need or use: importable as it is, or installed from its wheel
+    into `site` (then checked to import from there, with the cells' PYTHONPATH), or missing
+    with the reason, in one line: the cells that need it are skipped (cell_run.skip_reason)."""
     out = Packages()
-    install: dict[str, Path] = {}
-    for module in dict.fromkeys(m for s in stages for m in (*STAGES[s].requires, *STAGES[s].optional)):
+    for module in dict.fromkeys(m for c in cells for m in (*c.needs, *c.uses)):
         if importable(module):
             out.status[module] = "importable"
-        elif (wheel := wheel_for(module, wheels)) is not None:
-            install[module] = wheel
-        else:
+        elif (wheel := wheel_for(module, wheels)) is None:
             out.missing[module] = why_missing(module, wheels)
-    if not install:
-        return out
+        elif (why := install(wheel, module, site)) is not None:
+            out.missing[module] = f"--wheels {wheels}: {why}"
+        else:
+            out.status[module] = f"installed from {wheel}"
+    if any(how.startswith("installed") for how in out.status.values()):
+        out.env = {"PYTHONPATH": cells_path(site)}
+    return out
+
+
+def cells_path(site: Path) -> str:
+    """The cells' PYTHONPATH: the scratch folder first, then the user's own."""
+    return os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def install(wheel: Path, module: str, site: Path) -> str | None:
+    """`wheel` installed into `site` and `import module` tried in the cells' interpreter with
+    their PYTHONPATH; why not, in one line, or None. A wheel at a time, so that a broken one
+    costs only its own cells."""
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-                           "--no-compile", "--target", str(site), *map(str, install.values())],
+                           "--no-compile", "--target", str(site), str(wheel)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         last = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
-        raise StageError(f"--wheels {wheels}: pip could not install {', '.join(p.name for p in install.values())}: "
-                         f"{last[0]}; nothing was run")
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    out.env = {"PYTHONPATH": path}
-    for module, wheel in install.items():  # the cells' interpreter, with their PYTHONPATH
-        probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
-                               env={**os.environ, **out.env})
-        if probe.returncode != 0:
-            last = probe.stderr.strip().splitlines()[-1:] or ["(no output)"]
-            raise StageError(f"--wheels {wheels}: {wheel.name} installed but `import {module}` fails: "
-                             f"{last[0]}; nothing was run")
-        out.status[module] = f"installed from {wheel}"
-    return out
+        return f"pip could not install {wheel.name}: {last[0]}"
+    probe = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": cells_path(site)})
+    if probe.returncode != 0:
+        last = probe.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        return f"{wheel.name} installed but `import {module}` fails: {last[0]}"
+    return None

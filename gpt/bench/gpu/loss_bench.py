@@ -1,9 +1,10 @@
 """The whole logits' cross-entropy on its own, the GPU acceptance's loss-bench cell: inductor's
 compiled loss (what the trainer's compiled model runs on the head's logits),
-gpt/model/fused_ce.py's backward mode (--loss-kernel fused: the gradient written in the
-backward) and its forward mode (llm.c's: written in the forward, for the incoming gradient
-expected), each without and with the speedrun recipe's soft cap, at GPT-2 124M's
-micro-batch (64 x 1024 rows of 50,304 columns in bf16, as the head makes them).
+gpt/model/fused_ce.py's backward mode (the gradient written in the backward) and its
+forward mode (llm.c's: written in the forward, for the incoming gradient expected) at each
+of its launches (fused_ce.LAUNCHES: block, warps, the order that keeps a row in L2), each
+without and with the speedrun recipe's soft cap, at GPT-2 124M's micro-batch (64 x 1024
+rows of 50,304 columns in bf16, as the head makes them).
 
     python -m gpt.bench.gpu.loss_bench --out loss_bench.json            # on CUDA
     python -m gpt.bench.gpu.loss_bench --out x.json --device cpu --rows 64 --vocab 500 --no-compile
@@ -12,11 +13,14 @@ Per variant: the forward's and the backward's milliseconds (CUDA events around e
 median of --repeats after --warmup iterations; the logits copied fresh before each, outside
 the timing), the logits' traffic each makes at least (3 logits' worth, read twice and
 written once; the forward mode 2) over its time, the peak memory above the logits, and its
-loss and gradient against the compiled loss's on the same logits. The incoming gradient is
+loss and gradient against the compiled loss's on the same logits, judged (TOLERANCES): a
+variant outside its tolerance is "wrong", and the bench exits 1. The incoming gradient is
 1 / 2 (the trainer's 1 / accumulation steps at 2^17 tokens a step), which the forward mode
 is told to expect; what it costs when it expects wrong (a loop's first call) is its
-variant "expected wrong". Off CUDA the fused modes run only under Triton's interpreter
-(TRITON_INTERPRET=1), otherwise they are recorded as skipped.
+variant "expected wrong". Its "choice": the forward mode's fastest launch of those judged
+right, and the faster of the two modes (fused_ce.FORWARD_LAUNCH and
+loss_kernels.FUSED_MODE follow it). Off CUDA the fused modes run only under Triton's
+interpreter (TRITON_INTERPRET=1, fp32), otherwise they are recorded as skipped.
 """
 
 from __future__ import annotations
@@ -34,10 +38,44 @@ import torch.nn.functional as F
 
 GRAD_OUT = 0.5  # the trainer's 1 / accumulation steps: 2^17 tokens a step in 64 x 1024 rows
 SOFTCAPS = (0.0, 15.0)  # none (the GPT-2 recipe), the speedrun recipe's (configs/gpt2-124m-speedrun.toml)
-# (name, the logits' traffic it makes at least, in logits' worth)
-VARIANTS = (("compiled", 3), ("fused-backward", 3), ("fused-forward", 2),
-            ("fused-forward, expected wrong", 3))
+FORWARD, WRONG = "fused-forward", "fused-forward, expected wrong"
+# How far a fused variant may be from the compiled loss, by the logits' dtype: (the loss,
+# relative; each gradient entry, relative to itself; what a rescaling adds to that, where
+# the forward mode expects wrong). Both sides compute in fp32 from the same logits, each
+# within its fp32 error of exact (tests/test_fused_ce.py's error_bounds, at these sizes:
+# each row's log-sum-exp within about 1.4e-5 absolute, 2.9e-5 more with the cap, so each
+# gradient entry within 5e-5 relative and each row's loss within 5e-5 absolute, against a
+# loss near 11). The loss, a mean of fp32 rows on both sides, within 1e-5 relative of the
+# other's, so 1e-4: ten times that, while a row summed in bf16 or miscounted is off by
+# 2^-9 (2e-3) or more. In bf16 each side rounds its fp32 gradient once, to nearest (a
+# GPU's conversion; Triton's interpreter truncates instead), and two values within 1e-4
+# of each other round to bf16 values at most one ulp apart: 2^-7 of the value at most,
+# plus the 1e-4; a rescaling rounds ours once more, 2^-8. In fp32 (the interpreter, on a
+# CPU) no side rounds to bf16: the fp32 differences alone, 1e-4, and 4 u for a rescaling.
+TOLERANCES = {"bfloat16": (1e-4, 2.0 ** -7 + 1e-4, 2.0 ** -8),
+              "float32": (1e-5, 1e-4, 2.0 ** -22)}
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def launch_names() -> list[str]:
+    """The forward mode's launches by name (fused_ce.LAUNCHES), the one it runs first; none
+    where Triton cannot be imported (its variant is then one, skipped)."""
+    try:
+        from gpt.model import fused_ce
+    except ImportError:
+        return []
+    first = fused_ce.FORWARD_LAUNCH.name
+    return [first, *(n for n in fused_ce.LAUNCHES if n != first)]
+
+
+def variants() -> list[tuple[str, str | None, int]]:
+    """(variant, launch, the logits' traffic it makes at least, in logits' worth): the
+    compiled loss first (the others' reference), the backward mode, the forward mode at
+    each launch, and expecting wrong at its own."""
+    launches = launch_names()
+    return [("compiled", None, 3), ("fused-backward", None, 3),
+            *((FORWARD, name, 2) for name in launches or [None]),
+            (WRONG, launches[0] if launches else None, 3)]
 
 
 def whole_logits_loss(cap: float) -> LossFn:
@@ -51,7 +89,8 @@ def whole_logits_loss(cap: float) -> LossFn:
     return loss
 
 
-def loss_fn(variant: str, cap: float, device: torch.device, compile_mode: str | None) -> LossFn:
+def loss_fn(variant: str, launch: str | None, cap: float, device: torch.device,
+            compile_mode: str | None) -> LossFn:
     if variant == "compiled":
         fn = whole_logits_loss(cap)
         return torch.compile(fn, mode=compile_mode, dynamic=False) if compile_mode else fn
@@ -60,11 +99,12 @@ def loss_fn(variant: str, cap: float, device: torch.device, compile_mode: str | 
     if variant == "fused-backward":
         return lambda z, t: fused_ce.cross_entropy(z, t, cap, inplace=True)
     guess = fused_ce.expected_grad(device, GRAD_OUT)
+    how = fused_ce.LAUNCHES[launch] if launch else None
 
     def forward_mode(z: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        if variant.endswith("expected wrong"):
+        if variant == WRONG:
             guess.fill_(1.0)  # every call a loop's first: its backward rescales
-        return fused_ce.cross_entropy(z, t, cap, inplace=True, expected_grad=guess)
+        return fused_ce.cross_entropy(z, t, cap, inplace=True, expected_grad=guess, launch=how)
 
     return forward_mode
 
@@ -130,6 +170,64 @@ def measure(fn: LossFn, src: torch.Tensor, targets: torch.Tensor, warmup: int,
     return out, loss.detach(), grad.detach()
 
 
+def distances(loss: torch.Tensor, grad: torch.Tensor, ref_loss: torch.Tensor,
+              ref_grad: torch.Tensor, rows: int = 4096) -> dict[str, float]:
+    """A variant's loss and gradient against the reference's: the loss's relative
+    difference, the largest difference over the largest entry, and the largest of each
+    entry's difference relative to itself (an entry of zero counted against the gradient's
+    smallest normal fp32, so a zero where the reference has none shows); `rows` at a time,
+    so that the fp32 copies stay small beside the logits (13 GB each whole, at 124M's
+    micro-batch)."""
+    largest_diff = largest = largest_rel = torch.zeros((), device=grad.device)
+    for start in range(0, grad.shape[0], rows):
+        g, r = grad[start:start + rows].float(), ref_grad[start:start + rows].float()
+        diff = (g - r).abs()
+        largest_diff = torch.maximum(largest_diff, diff.max())
+        largest = torch.maximum(largest, r.abs().max())
+        rel = diff / r.abs().clamp(min=torch.finfo(torch.float32).tiny)
+        largest_rel = torch.maximum(largest_rel, rel.max())  # a NaN carries through
+    return {"loss_rel_diff": abs(loss.item() - ref_loss.item()) / abs(ref_loss.item()),
+            "grad_max_diff_over_max": largest_diff.item() / (largest.item() or 1.0),
+            "grad_max_rel_diff": largest_rel.item()}
+
+
+def judge(row: dict[str, Any], dtype: torch.dtype) -> None:
+    """The row's verdict against TOLERANCES: status "wrong", with the reason, where the loss
+    or a gradient entry is outside (NaN is outside)."""
+    loss_tol, grad_tol, rescaled = TOLERANCES[str(dtype).removeprefix("torch.")]
+    grad_tol += rescaled if row["variant"] == WRONG else 0.0
+    row.update(loss_tolerance=loss_tol, grad_tolerance=grad_tol)
+    wrong = [f"{what} {got:.3g} from the compiled loss's, tolerance {tol:.3g}"
+             for what, got, tol in (("loss", row["loss_rel_diff"], loss_tol),
+                                    ("a gradient entry", row["grad_max_rel_diff"], grad_tol))
+             if not got <= tol]
+    if wrong:
+        row.update(status="wrong", reason="; ".join(wrong))
+
+
+def choose(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """From the variants judged right under every cap: the forward mode's fastest launch
+    (its total over the caps) and the faster of the modes, each with its total beside the
+    compiled loss's; what is missing is said."""
+    def total(variant: str, launch: str | None = None) -> float | None:
+        rows = [r for r in results if r["variant"] == variant and r.get("launch") == launch]
+        if len(rows) != len(SOFTCAPS) or any(r["status"] != "ok" for r in rows):
+            return None
+        return sum(r["total_ms"] for r in rows)
+
+    launches = {r["launch"]: total(FORWARD, r["launch"]) for r in results
+                if r["variant"] == FORWARD and r.get("launch")}
+    right = {name: ms for name, ms in launches.items() if ms is not None}
+    out: dict[str, Any] = {"over_softcaps": list(SOFTCAPS), "compiled_ms": total("compiled")}
+    if not right:
+        return {**out, "launch": None, "mode": None,
+                "reason": "no launch of the forward mode ran and was right"}
+    launch = min(right, key=right.__getitem__)
+    modes = {"forward": right[launch], "backward": total("fused-backward")}
+    mode = min((m for m in modes if modes[m] is not None), key=modes.__getitem__)
+    return {**out, "launch": launch, "launch_ms": right, "mode": mode, "mode_ms": modes}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # interpreter: fp32 only
@@ -141,36 +239,95 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     for cap in SOFTCAPS:
         reference: tuple[torch.Tensor, torch.Tensor] | None = None
-        for variant, traffic in VARIANTS:
-            row: dict[str, Any] = {"variant": variant, "softcap": cap, "traffic_logits": traffic}
+        for variant, launch, traffic in variants():
+            row: dict[str, Any] = {"variant": variant, "softcap": cap, "traffic_logits": traffic,
+                                   **({"launch": launch} if launch else {})}
             results.append(row)
             reason = skip_reason(variant, device)
             if reason:
                 row.update(status="skipped", reason=reason)
                 continue
-            figures, loss, grad = measure(loss_fn(variant, cap, device, mode), src, targets,
-                                          args.warmup, args.repeats)
+            figures, loss, grad = measure(loss_fn(variant, launch, cap, device, mode), src,
+                                          targets, args.warmup, args.repeats)
             row.update(status="ok", **figures,
                        gb_per_s=traffic * logits_gb / (figures["total_ms"] / 1e3))
             if reference is None:
                 reference = (loss, grad)  # the compiled loss: the others' reference
                 continue
-            ref_loss, ref_grad = reference
-            scale = ref_grad.float().abs().max().item() or 1.0
-            row.update(loss_rel_diff=abs(loss.item() - ref_loss.item()) / abs(ref_loss.item()),
-                       grad_max_diff_over_max=(grad.float() - ref_grad.float()).abs().max().item() / scale)
+            row.update(distances(loss, grad, *reference))
+            judge(row, dtype)
             del loss, grad
         del reference
     base = {r["softcap"]: r for r in results if r["variant"] == "compiled" and r["status"] == "ok"}
     for r in results:
         b = base.get(r["softcap"])
-        if r["status"] == "ok" and b is not None and r is not b:
+        if "total_ms" in r and b is not None and r is not b:
             r["total_over_compiled"] = r["total_ms"] / b["total_ms"]
     return {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "rows": args.rows, "vocab": args.vocab,
             "dtype": str(dtype).removeprefix("torch."), "logits_gb": logits_gb,
             "grad_out": GRAD_OUT, "compile_mode": mode or "eager",
-            "warmup": args.warmup, "repeats": args.repeats, "variants": results}
+            "warmup": args.warmup, "repeats": args.repeats, "variants": results,
+            "choice": choose(results)}
+
+
+# ---------------------------------------------------------------------------------------
+# its part of the stage's summary (gpt/bench/gpu/results.py)
+
+
+def summary_row(v: dict[str, Any]) -> dict[str, str]:
+    """A variant's figures in words: its name, status, times (forward + backward = total
+    ms), its traffic's rate, its time over the compiled loss's, its peak memory above the
+    logits, and its distances from the compiled loss (the loss relative, the largest
+    gradient entry's relative to itself) beside their tolerances."""
+    launch = f" {v['launch']}" if v.get("launch") else ""
+    row = {"variant": f"- {v['variant']}{launch}, cap {v['softcap']:g}", "status": v["status"]}
+    if "total_ms" not in v:
+        return {**row, "time": v.get("reason", "")}
+    peak = v.get("peak_above_gib")
+    row.update(time=f"{v['forward_ms']:.2f} + {v['backward_ms']:.2f} = {v['total_ms']:.2f}",
+               rate=f"{v['gb_per_s']:,.0f} GB/s",
+               ratio=(f"{v['total_over_compiled']:.3f}x compiled" if "total_over_compiled" in v
+                      else "-"),
+               peak=f"{peak:.2f} above" if peak is not None else "-")
+    if "loss_rel_diff" in v:
+        row["distance"] = (f"loss {v['loss_rel_diff']:.1e} (<= {v['loss_tolerance']:.0e}), "
+                           f"grad {v['grad_max_rel_diff']:.1e} (<= {v['grad_tolerance']:.1e})")
+    return row
+
+
+def summary_lines(cell: str, r: dict[str, Any]) -> list[str]:
+    """What the loss-bench cell `cell` (its result `r`) judged, by what tolerance, and what
+    it chose."""
+    judged = [v for v in r["variants"] if "loss_rel_diff" in v]
+    if not judged:
+        return []
+    wrong = [v for v in judged if v["status"] == "wrong"]
+    rescaled = next((v["grad_tolerance"] for v in judged if v["variant"] == WRONG), None)
+    lines = ["", f"Loss bench ({cell}): each fused variant judged against the compiled loss on "
+             f"the same {r['dtype']} logits: the loss within {judged[0]['loss_tolerance']:.0e} "
+             f"relative, each gradient entry within "
+             f"{min(v['grad_tolerance'] for v in judged):.3g} of itself"
+             + (f" ({rescaled:.3g} where the forward mode rescales)" if rescaled else "")
+             + f" (gpt/bench/gpu/loss_bench.py's TOLERANCES): {len(judged) - len(wrong)} right, "
+             f"{len(wrong)} wrong" + "".join(f"; wrong: {v['variant']} {v.get('launch', '')}, cap "
+                                             f"{v['softcap']:g}: {v['reason']}" for v in wrong) + "."]
+    choice = r.get("choice") or {}
+    if choice.get("launch"):
+        ms, compiled = choice["mode_ms"], choice.get("compiled_ms")
+        backward = (f"{ms['backward']:.2f} ms" if ms.get("backward") is not None
+                    else "not right or not run")
+        lines.append(
+            f"Choice (over caps {', '.join(f'{c:g}' for c in choice['over_softcaps'])}): the "
+            f"forward mode's fastest right launch is {choice['launch']} "
+            f"({choice['launch_ms'][choice['launch']]:.2f} ms"
+            + (f", the compiled loss {compiled:.2f} ms" if compiled else "") + "); the faster "
+            f"mode is {choice['mode']} (forward {ms['forward']:.2f} ms, backward {backward}): "
+            f"gpt/model/fused_ce.py's FORWARD_LAUNCH and gpt/model/loss_kernels.py's FUSED_MODE "
+            f"follow it.")
+    elif choice:
+        lines.append(f"Choice: none ({choice.get('reason')}).")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,10 +351,19 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args)
     Path(args.out).write_text(json.dumps(report, indent=1), encoding="utf-8")
     for r in report["variants"]:
+        name = f"{r['variant']}{' ' + r['launch'] if r.get('launch') else ''}"
         figures = (f"{r['forward_ms']:.2f} + {r['backward_ms']:.2f} = {r['total_ms']:.2f} ms"
-                   if r["status"] == "ok" else f"skipped: {r['reason']}")
-        print(f"cap {r['softcap']:>4}: {r['variant']:<30} {figures}")
-    return 0
+                   if "total_ms" in r else "")
+        verdict = "" if r["status"] == "ok" else f"{r['status']}: {r['reason']}"
+        print(f"cap {r['softcap']:>4}: {name:<42} {figures} {verdict}".rstrip())
+    choice = report["choice"]
+    print(f"choice: the forward mode's fastest right launch {choice['launch']}, the faster "
+          f"mode {choice['mode']}" if choice["launch"] else f"choice: {choice['reason']}")
+    wrong = [r for r in report["variants"] if r["status"] == "wrong"]
+    for r in wrong:
+        print(f"loss-bench: {r['variant']} {r.get('launch', '')}, cap {r['softcap']:g}: wrong: "
+              f"{r['reason']}", file=sys.stderr)
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

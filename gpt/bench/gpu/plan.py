@@ -45,7 +45,7 @@ def plan(stages: list[str], budget_s: float | None, workers: int = PYTEST_WORKER
                 planned[key] = name
             cells.append({"name": c.name, "estimate_s": round(c.estimate_s), "fits": fits})
         out.append({"stage": name, "title": stage.title, "question": stage.question,
-                    "needs": list(stage.needs), "requires": list(stage.requires),
+                    "needs": list(stage.needs),
                     "optional_packages": list(stage.optional), "measured": stage.measured,
                     "cells": cells, "estimate_s": sum(c["estimate_s"] for c in cells)})
     return {"stages": out, "budget_s": budget_s, "total_s": sum(s["estimate_s"] for s in out),
@@ -61,14 +61,14 @@ def render_plan(p: dict[str, Any]) -> str:
     lines = [f"{len(p['stages'])} stage(s), about {p['total_s']} s ({p['total_s'] / 60:.1f} min) on one "
              f"H100 in all; seconds are estimates (* rough: no GPU run has checked them yet)"]
     for s in p["stages"]:
-        needs = [NEEDS[n] for n in s["needs"]] + [f"{m} (importable or from --wheels)" for m in s["requires"]]
+        needs = [NEEDS[n] for n in s["needs"]]
         lines += ["", f"{s['stage']}{'' if s['measured'] else ' *'}: {s['title']}  ~{s['estimate_s']} s",
                   f"  {s['question']}"]
         if needs:
             lines.append(f"  needs {', '.join(needs)}")
         if s["optional_packages"]:
             lines.append(f"  uses {', '.join(s['optional_packages'])} where importable or in --wheels "
-                         "(its cells are skipped without)")
+                         "(the cells that need one are skipped without it)")
         lines += [f"    {c['name']:<45}{c['estimate_s']:5d} s"
                   + (f"   as measured in stage {c['same_as']}" if c.get("same_as") else
                      "" if c["fits"] else f"   skipped under --budget {p['budget_s']:.0f}")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from gpt.bench import trace_summary
-from gpt.bench.gpu import nanogpt
+from gpt.bench.gpu import loss_bench, nanogpt
 from gpt.bench.gpu.estimates import WARMUP
 from gpt.bench.gpu.stages import Cell, Sizes
 from gpt.bench.runs import read_metrics
@@ -85,8 +85,12 @@ def pytest_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, t
                              "message": (bad.get("message") or "")[:500],
                              "detail": (bad.text or "")[-3000:]})
     skipped = sum(1 for c in cases if c.find("skipped") is not None)
+    # each test's seconds, named as gpt/bench/gpu/estimates.py's CUDA_TESTS names them
+    durations = {f"{(c.get('classname') or '').rpartition('.')[2]}.py::{c.get('name')}":
+                 float(c.get("time") or 0) for c in cases}
     return {"tests": len(cases), "failed": len(failures), "skipped": skipped,
             "passed": len(cases) - len(failures) - skipped, "failures": failures,
+            "durations_s": durations,
             "seconds": float(suite.get("time", 0)),
             "summary": proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""}
 
@@ -156,12 +160,17 @@ def with_measured(memory: dict[str, Any], result: dict[str, Any]) -> dict[str, A
 # ours against build-nanogpt, and the summary
 
 
-def comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each 124M trainer cell against build-nanogpt at its micro-batch, where both ran."""
+def comparisons(cells: list[dict[str, Any]],
+                earlier: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Each 124M trainer cell against build-nanogpt at its micro-batch, where both ran: the
+    stage's own, then those of the invocation's earlier stages (`earlier`, each with its
+    "stage": the loss kernels' cells, say), so that the fastest of ours at a micro-batch,
+    whatever its head + loss, is set beside the baseline ("fastest")."""
     base = {c["params"]["batch_size"]: c for c in cells
             if c["kind"] == "nanogpt" and c["status"] == "ok"}
+    names = {c["name"] for c in cells}
     out = []
-    for c in cells:
+    for c in [*cells, *(c for c in earlier or [] if c["name"] not in names)]:
         b = base.get(c["params"].get("batch_size"))
         if c["kind"] != "trainer" or c["status"] != "ok" or b is None \
                 or c["params"].get("model") != BASELINE_MODEL:
@@ -169,9 +178,14 @@ def comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ours, theirs = c["result"]["tokens_per_s_median"], b["result"]["tokens_per_s_median"]
         # the same tokens and learning rate at each step: the losses should agree to bf16's noise
         out.append({"cell": c["name"], "baseline": b["name"], "batch_size": c["params"]["batch_size"],
+                    **({"stage": c["stage"]} if c["name"] not in names else {}),
+                    "loss": c["params"].get("loss", "default"),
                     "ours_tokens_per_s": ours, "baseline_tokens_per_s": theirs,
                     "ours_over_baseline": ours / theirs,
                     **loss_agreement(c["result"]["losses"], b["result"]["losses"])})
+    for batch in {r["batch_size"] for r in out}:
+        best = max((r for r in out if r["batch_size"] == batch), key=lambda r: r["ours_over_baseline"])
+        best["fastest"] = True
     return out
 
 
@@ -221,24 +235,24 @@ def side_by_side(cells: list[dict[str, Any]], field: str, base: str,
 
 def loss_comparisons(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each cell with a head + loss kernel (a library's chunked one, or fused) against the
-    whole logits."""
-    return side_by_side([c for c in cells if c.get("params", {}).get("loss", "default") != "default"],
-                        "loss", "unchunked")
+    trainer's default (on CUDA, the whole logits) beside it."""
+    return side_by_side(cells, "loss", "default")
 
 
 # Each comparison of a variant against its baseline in one stage: its JSON key, the field
 # of a cell's params that tells them apart and the baseline's value, and the summary's words.
-COMPARED = {"loss_comparison": ("loss", "unchunked", "Each head + loss kernel against the whole "
-                                "logits, in the same stage:"),
+COMPARED = {"loss_comparison": ("loss", "default", "Each head + loss kernel against the whole "
+                                "logits (the trainer's default on CUDA), in the same stage:"),
             "fp8_comparison": ("fp8", "off", "FP8 matmuls against bf16, in the same stage (loss "
                                "diff: FP8 - bf16 at each step, mean over the last quarter of the steps):"),
             "recipe_comparison": ("recipe", "gpt2", "The speedrun recipe against the GPT-2 recipe, "
                                   "in the same stage:")}
 
 
-def comparisons_of(cells: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """A stage's every comparison, as its JSON holds them."""
-    return {"comparison": comparisons(cells), "loss_comparison": loss_comparisons(cells),
+def comparisons_of(cells: list[dict[str, Any]],
+                   earlier: list[dict[str, Any]] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """A stage's every comparison, as its JSON holds them (`earlier`: see comparisons)."""
+    return {"comparison": comparisons(cells, earlier), "loss_comparison": loss_comparisons(cells),
             "fp8_comparison": side_by_side(cells, "fp8", "off", losses=True),
             "recipe_comparison": side_by_side(cells, "recipe", "gpt2")}
 
@@ -317,13 +331,36 @@ def summary(report: dict[str, Any]) -> str:
              "s (est.): seconds the cell took (the plan's estimate); peak GiB: measured "
              "(gpt.plan.memory.plan's prediction, measured / predicted)"]
     lines += [f"No prediction: {note}" for note in notes]
+    lines += baseline_lines(report.get("comparison", []))
     if report.get("packages"):
         lines += ["", "Packages: " + "; ".join(f"{m} {how}" for m, how in report["packages"].items())]
     for name, (field, _, words) in COMPARED.items():
         if report.get(name):
             lines += ["", words, "", md_table(report[name], side_by_side_columns(field))]
     lines += [profile_line(c) for c in report["cells"] if (c.get("result") or {}).get("profile")]
+    for c in report["cells"]:
+        if "variants" in (c.get("result") or {}):
+            lines += loss_bench.summary_lines(c["name"], c["result"])
     return "\n".join(lines) + "\n"
+
+
+def baseline_lines(found: list[dict[str, Any]]) -> list[str]:
+    """Where ours was measured against build-nanogpt beyond the table's own cells (the
+    invocation's earlier stages): each at the baseline's micro-batch, and the fastest."""
+    if not any("stage" in r for r in found):
+        return []
+    lines = []
+    for batch in sorted({r["batch_size"] for r in found}):
+        rows = [r for r in found if r["batch_size"] == batch]
+        best = next(r for r in rows if r.get("fastest"))
+        each = "; ".join(f"{r['cell']}{' (' + r['stage'] + ')' if 'stage' in r else ''} "
+                         f"{r['ours_over_baseline']:.3f}x" for r in rows)
+        lines += ["", f"Ours against build-nanogpt at micro-batch {batch}, every cell of this "
+                  f"invocation: {each}. The fastest: {best['cell']} (loss {best['loss']}), "
+                  f"{best['ours_over_baseline']:.3f}x, its losses within "
+                  f"{best['max_abs_loss_diff']:.2g} of build-nanogpt's over "
+                  f"{best['losses_compared']} steps."]
+    return lines
 
 
 def profile_line(cell: dict[str, Any]) -> str:
@@ -342,17 +379,14 @@ def profile_line(cell: dict[str, Any]) -> str:
 
 
 def loss_variant_row(v: dict[str, Any]) -> dict[str, str]:
-    """A loss-bench variant as a summary row: its times, its traffic's rate in the tokens/s
-    column's place, its time over the compiled loss's in the ratio's, its peak memory."""
-    row = {"cell": f"- {v['variant']}, cap {v['softcap']:g}", "status": v["status"]}
-    if v["status"] != "ok":
-        return {**row, STEP: v.get("reason", "")}
-    peak = v.get("peak_above_gib")
-    return {**row, STEP: f"{v['forward_ms']:.2f} + {v['backward_ms']:.2f} = {v['total_ms']:.2f}",
-            "tokens/s": f"{v['gb_per_s']:,.0f} GB/s",
-            "ours / build-nanogpt": (f"{v['total_over_compiled']:.3f}x compiled"
-                                     if "total_over_compiled" in v else "-"),
-            "peak GiB (predicted, ratio)": f"{peak:.2f} above" if peak is not None else "-"}
+    """A loss-bench variant as a summary row (gpt/bench/gpu/loss_bench.py's summary_row): its
+    times in the step's column, its traffic's rate in the tokens/s column's place, its time
+    over the compiled loss's in the ratio's, its peak memory in the memory's, its
+    distances from the compiled loss in the final loss's."""
+    row = loss_bench.summary_row(v)
+    return {"cell": row["variant"], "status": row["status"], STEP: row["time"],
+            "tokens/s": row.get("rate", ""), "ours / build-nanogpt": row.get("ratio", ""),
+            "peak GiB (predicted, ratio)": row.get("peak", ""), "final loss": row.get("distance", "")}
 
 
 def memory_text(cell: dict[str, Any]) -> str:

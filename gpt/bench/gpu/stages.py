@@ -40,6 +40,11 @@ class Cell:
     estimate_s: float  # on one H100, compilation included (estimates.py)
     cmd: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
+    # optional packages by import name (gpt/bench/gpu/inputs.py installs them from --wheels
+    # where they are not importable): those it cannot run without (skipped where one cannot
+    # be imported), and those it uses where they can be (the CUDA tests: theirs skip without)
+    needs: tuple[str, ...] = ()
+    uses: tuple[str, ...] = ()
 
 
 def same_command(cell: Cell) -> str:
@@ -98,23 +103,29 @@ NOWHERE = Where(Path("/nowhere"), Path("/nowhere"), Path("/nowhere"), Path("/now
 # side in loss-kernels, the whole logits named (--no-chunked-loss), the chunked loss
 # through Liger Kernel's or Cut Cross-Entropy's kernel (--loss-kernel; ours is not offered
 # on CUDA, gpt/model/loss_kernels.py), and the whole logits' loss in our Triton kernels
-# (--loss-kernel fused, gpt/model/fused_ce.py): its name's suffix and its flags. (The fused
-# kernels' forward mode is measured on its own, in the loss-bench cell: loss_bench.py.)
+# (--loss-kernel fused, gpt/model/fused_ce.py) in each of its modes (FUSED_MODE; the forward
+# mode's cell runs the trainer through gpt/bench/gpu/fused_mode.py): its name's suffix and
+# its flags.
 LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "default": ("", ()), "unchunked": ("-unchunked", ("--no-chunked-loss",)),
     "liger": ("-liger", ("--loss-kernel", "liger")), "cce": ("-cce", ("--loss-kernel", "cce")),
-    "fused": ("-fused", ("--loss-kernel", "fused"))}
-# the whole logits first: the others' baseline
-KERNEL_LOSSES = ("unchunked", "liger", "cce", "fused")
+    "fused": ("-fused", ("--loss-kernel", "fused")),
+    "fused-forward": ("-fused-forward", ("--loss-kernel", "fused"))}
+# the losses whose trainer runs in a mode of the fused loss other than FUSED_MODE's value
+FUSED_MODE_LOSSES = {"fused-forward": "forward"}
+# the trainer's default first (on CUDA, the whole logits): the others' baseline, and the
+# same command as the throughput and fp8 stages' bf16 cell, measured once in an invocation
+KERNEL_LOSSES = ("default", "liger", "cce", "fused", "fused-forward")
 # Triton kernels: --smoke (CPU) records them as skipped (fused needs no package of its own:
 # CUDA builds of torch bring Triton)
-CUDA_ONLY_LOSSES = ("liger", "cce", "fused")
+CUDA_ONLY_LOSSES = ("liger", "cce", "fused", "fused-forward")
 LOSS_PACKAGES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
 FP8_PACKAGE = "torchao"  # every --fp8 cell's (skipped without it)
 FP8_RECIPES = ("tensorwise", "rowwise")  # --fp8: torchao's float8 scaling, per tensor or per row
 SOFTCAP = 15.0  # the speedrun recipe's --logit-softcap (configs/gpt2-124m-speedrun.toml)
-# fused-compile's cells: (compile mode, loss), the whole logits first (the others' baseline)
-FUSED_COMPILE = (("default", "unchunked"), ("default", "fused"), ("reduce-overhead", "fused"),
+# fused-compile's cells: (compile mode, loss), the whole logits (the trainer's default on
+# CUDA) first: the others' baseline
+FUSED_COMPILE = (("default", "default"), ("default", "fused"), ("reduce-overhead", "fused"),
                  ("max-autotune", "fused"))
 RECIPES = {"gpt2": "configs/gpt2-124m.toml", "speedrun": "configs/gpt2-124m-speedrun.toml"}
 # The xl stage's auto-layout cell: 2^16 tokens a step, so several micro-batches whatever
@@ -173,9 +184,11 @@ def pytest_cell(tmp: Path, workers: int) -> Cell:
     cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider",
            "--continue-on-collection-errors", f"--junitxml={tmp / 'junit.xml'}"]
     if workers > 1:  # the tests' trainer runs are mostly compiling: CPU work
-        cmd += ["-n", str(workers)]
+        # one test at a time to whichever worker is free, not the settings' whole file a
+        # worker (--dist loadfile: tests/test_cuda.py's tests alone are 400 s on one)
+        cmd += ["-n", str(workers), "--dist", "load"]
     return Cell("pytest-cuda", "pytest", pytest_estimate(workers), [*cmd, str(REPO / "tests")],
-                {"workers": workers})
+                {"workers": workers}, uses=tuple(LOSS_PACKAGES.values()))
 
 
 def ours_cell(s: Sizes, w: Where, batch: int, mode: str = "default", loss: str = "default",
@@ -301,8 +314,9 @@ def tokens_cell(s: Sizes, w: Where) -> Cell:
 
 def loss_bench_cell(s: Sizes, tmp: Path) -> Cell:
     """The whole logits' loss on its own (gpt/bench/gpu/loss_bench.py): inductor's compiled
-    loss and the fused kernels' two modes, without and with the soft cap, at the 124M cells'
-    micro-batch; tiny and eager in --smoke (the fused modes then skipped: CUDA only)."""
+    loss and the fused kernels' two modes, the forward mode at each of its launches, without
+    and with the soft cap, at the 124M cells' micro-batch, each judged against the compiled
+    loss; tiny and eager in --smoke (the fused modes then skipped: CUDA only)."""
     out = tmp / "loss_bench.json"
     cmd = [sys.executable, "-m", "gpt.bench.gpu.loss_bench", "--out", str(out)]
     if s.smoke:
@@ -340,8 +354,12 @@ def trainer_cell(name: str, s: Sizes, data: Path, work: Path, *, batch: int | st
         argv += ["--warmup-steps", str(LR_WARMUP_STEPS)]
     if not s.smoke:
         argv += ["--compile-mode", mode]
-    return Cell(name, "trainer", estimate, trainer_command(argv),
-                {"model": model or s.model, "batch_size": batch, "compile_mode": mode, "out": str(out),
-                 "tokens_per_step": tokens, "steps": steps, "loss": loss, "fp8": fp8 or "off",
-                 "recipe": recipe or "default",
-                 "trainer_argv": argv, "world_size": 1, "device_type": "cpu" if s.smoke else "cuda"})
+    cmd = trainer_command(argv)
+    if loss in FUSED_MODE_LOSSES:  # the same trainer, the fused loss in that mode
+        cmd = [sys.executable, "-m", "gpt.bench.gpu.fused_mode", FUSED_MODE_LOSSES[loss], *argv]
+    needs = tuple(m for m in (LOSS_PACKAGES.get(loss), FP8_PACKAGE if fp8 else None) if m)
+    params = {"model": model or s.model, "batch_size": batch, "compile_mode": mode, "out": str(out),
+              "tokens_per_step": tokens, "steps": steps, "loss": loss, "fp8": fp8 or "off",
+              "recipe": recipe or "default", "trainer_argv": argv, "world_size": 1,
+              "device_type": "cpu" if s.smoke else "cuda"}
+    return Cell(name, "trainer", estimate, cmd, params, needs=needs)

@@ -35,6 +35,13 @@ def _ignore_sigint_in_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def without_surrogates(text: str) -> str:
+    """`text` with each lone surrogate (a half of a UTF-16 pair, which JSON's \\ud800
+    escapes can give and UTF-8 cannot hold) as U+FFFD, as invalid UTF-8 bytes are read;
+    a whole pair becomes its character."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 def encode_pieces(texts: list[str], doc_starts: list[bool]) -> tuple[np.ndarray, np.ndarray]:
     """Encode pieces into one uint16 array, with EOT before each piece that starts a
     document; also return each piece's token count (its EOT included)."""
@@ -43,10 +50,17 @@ def encode_pieces(texts: list[str], doc_starts: list[bool]) -> tuple[np.ndarray,
     # encode_to_numpy (tiktoken >= 0.8) skips building Python int lists; with nothing
     # allowed or disallowed it encodes exactly as encode_ordinary.
     to_numpy = getattr(enc, "encode_to_numpy", None)
-    arrays = [
-        to_numpy(t, disallowed_special=()) if to_numpy else np.asarray(enc.encode_ordinary(t))
-        for t in texts
-    ]
+
+    def encode(text: str) -> np.ndarray:
+        return (to_numpy(text, disallowed_special=()) if to_numpy else
+                np.asarray(enc.encode_ordinary(text)))
+
+    arrays = []
+    for t in texts:
+        try:
+            arrays.append(encode(t))
+        except UnicodeEncodeError:  # a lone surrogate (a JSON "\ud800"): not text in UTF-8
+            arrays.append(encode(without_surrogates(t)))
     lens = np.fromiter((a.size + s for a, s in zip(arrays, doc_starts)), dtype=np.int64, count=len(texts))
     out = np.empty(int(lens.sum()), dtype=np.uint16)
     pos = 0

@@ -34,11 +34,12 @@ class HFSource:
         return min(1.0, self._seen / self._total) if self._total else None
 
     def _load(self) -> Any:
+        # Without network: a stream cannot start, and a download is read from the cache
+        # alone, at once (not after the library's retries); asked before the import, which
+        # fails on an address it cannot parse
+        offline = network.hub_unreachable()
         import datasets  # looked up at call time, so tests can stand in for load_dataset
 
-        # Without network: a stream cannot start, and a download is read from the cache
-        # alone, at once (not after the library's retries)
-        offline = network.hub_unreachable()
         if offline is not None and self.streaming:
             raise PrepareError(f"--source {self.name} --streaming: streaming reads the Hugging "
                                f"Face hub, which cannot be reached ({offline}); go online, or "

@@ -1,32 +1,23 @@
 """The trainer's --eval-tasks: lm-evaluation-harness tasks scored every
---eval-tasks-every steps (and at the end), each metric in the metrics log and so in
-TensorBoard and W&B ("tasks/<task>/<metric>"), beside GPT-2's published scores.
+--eval-tasks-every steps (and at the end), one of gpt/eval/evaluations.py's, each metric
+in the metrics log and so in TensorBoard and W&B ("tasks/<task>/<metric>"), beside GPT-2's
+published scores.
 
-The task names are checked before the run starts (gpt/plan/preflight.py: the dry run says the
-same) and the tasks loaded once, as it starts: a task whose data cannot be loaded, or
-that fails while being scored, is one warning and the run goes on without it.
+The task names are checked before the run starts (the preflight asks Tasks.check: the
+dry run says the same) and the tasks loaded once, as it starts: a task whose data cannot
+be loaded, or that fails while being scored, is one warning and the run goes on without it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from gpt.core.config import EvalConfig
+from gpt.core.config import Config, EvalConfig
 from gpt.eval import gpt2_scores, harness_tasks
-from gpt.eval.rank_agreement import first_failure
-from gpt.runtime.world import Runtime
+from gpt.eval.evaluation import Evaluation, Result, Scoring
 
-
-class _Run(Protocol):
-    """What score() reads of the trainer's Run (gpt/train/loop.py), by name."""
-
-    model: torch.nn.Module
-    runtime: Runtime
-    autocast_dtype: torch.dtype
-    log: Any
-    say: Callable[..., None]
+if TYPE_CHECKING:
+    from gpt.runtime.world import Runtime
 
 
 class TrainingTasks:
@@ -46,15 +37,16 @@ class TrainingTasks:
         if self.is_master:
             print(f"warning: --eval-tasks {line}", flush=True)
 
-    def score(self, run: _Run, step: int) -> None:
-        """Score the model on each task; print and log the results (rank 0). A task that
-        fails while being scored is one warning and is dropped, as one that cannot load
-        is: training and its checkpoints go on."""
+    def score(self, at: Scoring) -> Result | None:
+        """Score the model on each task: the record and lines of the results (rank 0;
+        None elsewhere). A task that fails while being scored is one warning and is
+        dropped, as one that cannot load is: training and its checkpoints go on."""
         if not self.tasks:
-            return
+            return None
         from gpt.eval.harness import GPT2TrainerLM
 
-        lm = GPT2TrainerLM(model=run.model, dtype=run.autocast_dtype, rank=self.rank,
+        step = at.step
+        lm = GPT2TrainerLM(model=at.model, dtype=at.autocast_dtype, rank=self.rank,
                            world_size=self.world_size, quiet=True)
         scores: dict[str, dict[str, float]] = {}
         for name, task in list(self.tasks.items()):
@@ -73,16 +65,14 @@ class TrainingTasks:
             else:
                 scores.update(task_scores)
         if not scores:  # not rank 0, or nothing scored
-            return
-        for line in gpt2_scores.comparison_lines(scores):
-            run.say(f"step {step:6d} | {line}")
-        record: dict[str, Any] = {"type": "tasks", "step": step}
+            return None
+        record: dict[str, Any] = {"type": Tasks.name, "step": step}
         for task, metrics in scores.items():
             record.update({f"{task}/{metric}": value for metric, value in metrics.items()})
         centred, _ = gpt2_scores.centred_mean(scores)
         if centred is not None:
             record["centred_mean"] = centred
-        run.log.write(record)
+        return Result(record, tuple(gpt2_scores.comparison_lines(scores)))
 
 
 def agreed_failure(why: str | None, world_size: int) -> str | None:
@@ -91,6 +81,8 @@ def agreed_failure(why: str | None, world_size: int) -> str | None:
     but the harness computes the metrics on rank 0 alone: a failure there must drop the
     task on every rank, or the others would score it next time and wait for rank 0 in its
     gather."""
+    from gpt.eval.rank_agreement import first_failure  # torch's import: where it scores
+
     found = first_failure(why, world_size)
     return None if found is None else found[1]
 
@@ -98,3 +90,30 @@ def agreed_failure(why: str | None, world_size: int) -> str | None:
 def _label(key: Any) -> str:
     """A task dict's key: a task's name, or a group (an object with a group_name)."""
     return str(getattr(key, "group_name", None) or getattr(key, "group", None) or key)
+
+
+class Tasks(Evaluation):
+    name = "tasks"
+
+    def every(self, e: EvalConfig) -> int:
+        return e.eval_tasks_every
+
+    def check(self, cfg: Config) -> None:
+        """lm-eval importable, --eval-tasks-include a folder, every task a name the harness
+        knows. No task's data is loaded (that may download): a task whose data cannot be
+        loaded is a warning when the run starts, and the run goes on without it."""
+        # datasets' progress bars would fill the training log at each scoring: it reads
+        # this as check_tasks first imports it (lm-eval's own: harness_tasks.run_tasks)
+        harness_tasks.quiet_progress()
+        e = cfg.eval
+        harness_tasks.check_tasks(e.eval_tasks, e.eval_tasks_include, flag="--eval-tasks",
+                                  include_flag="--eval-tasks-include")
+
+    def load(self, cfg: Config, runtime: Runtime) -> TrainingTasks:
+        return TrainingTasks(cfg.eval, runtime, cfg.train.parallel == "fsdp")
+
+    def score(self, loaded: TrainingTasks, at: Scoring) -> Result | None:
+        return loaded.score(at)
+
+
+TASKS = Tasks()
