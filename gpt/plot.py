@@ -17,7 +17,10 @@ learning rate is the schedule's at every step, from the log's header records
 metrics.jsonl holds one JSON object per line with a "type": "run" (written at every
 start, with "start_step" when resumed), "train" (step, loss, lr, grad_norm, ms,
 tokens_per_s, mfu), "val" (step, val_loss), an evaluation's (its panels' fields:
-gpt/eval/evaluations.py's), and others ("sample", "checkpoint") that are not plotted. A resumed run appends to the same file, so
+gpt/eval/evaluations.py's), "summary" (a stop is marked where it happened), and others
+("sample", "checkpoint") that are not plotted. Runs drawn together that ran differently
+(device, processes, threads, batch) say so in the figure. A resumed run appends to the
+same file, so
 a step can appear more than once: the later record wins. When a "run" record starts a
 new segment, the earlier attempt's train records from the resume step on and its
 evaluations after that step are dropped (that attempt was superseded from an earlier
@@ -87,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             print(f"error: {path}: no such file", file=sys.stderr)
             return 2
-        run = read_run(path)  # with the learning rate its schedule set at every step
+        try:
+            run = read_run(path)  # with the learning rate its schedule set at every step
+        except OSError as e:  # no read permission, an I/O error mid-file
+            print(f"error: {path}: cannot read it ({e.strerror or e})", file=sys.stderr)
+            return 2
         if run.bad_lines:
             print(f"note: {path}: skipped {run.bad_lines} unreadable line(s)", file=sys.stderr)
         if run.empty:

@@ -9,6 +9,7 @@ import site
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,6 +60,42 @@ def pytest_report_header(config: pytest.Config) -> str:
         return ("tier: fast (tests marked slow are left out: `--slow` adds them, `-m slow` "
                 "runs them alone)")
     return f"tier: {'all tests' if config.getoption('--slow') else '-m ' + config.option.markexpr}"
+
+
+_BUSY = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(wrapper=True)  # around pytest's own: after its header
+def pytest_sessionstart(session: pytest.Session):
+    """The busy machine's note, once, at any verbosity (-q hides the header)."""
+    result = yield
+    note = session.config.stash.get(_BUSY, None)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if note and reporter is not None:
+        reporter.write_line(note)
+    return result
+
+
+def busy_note(env: dict[str, str], workers: int) -> str | None:
+    """One line where other processes already hold the cores the suite's workers will use
+    (gpt/runtime/machine_load.py's judgement, as the trainer makes it at a run's start):
+    the tests then take longer than on an idle machine. None on a quiet machine, where
+    the load cannot be read, or with GPT2_TRAINER_IGNORE_LOAD set."""
+    from gpt.runtime import machine_load
+
+    load = machine_load.read_load(env)
+    if load is None:
+        return None
+    given = env.get("OMP_NUM_THREADS", "")
+    threads = (int(given) if given.isdigit() and int(given) > 0 else
+               max(1, load.cores // workers) if workers > 1 else load.threads)  # as configured below
+    load = machine_load.Load(load.average, load.cores, threads, max(1, workers))
+    if not machine_load.busy(load):
+        return None
+    return (f"note: the machine is busy: {load.describe()} (the suite's "
+            f"{'workers' if workers > 1 else 'process'}); the tests "
+            f"wait for the cores other processes hold and take longer than on an idle "
+            f"machine (README section 1 gives an idle machine's time)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -130,6 +167,13 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, sub in HOME_WRITES.items():
         (root / sub).mkdir(parents=True, exist_ok=True)
         os.environ[name] = str(root / sub)
+    if not hasattr(config, "workerinput"):  # said once, by the process that reports
+        workers = config.getoption("numprocesses", None) if config.pluginmanager.hasplugin(
+            "xdist") else None
+        count = (os.cpu_count() or 1) if workers in ("auto", "logical") else workers or 1
+        note = busy_note(dict(os.environ), int(count))
+        if note:
+            config.stash[_BUSY] = note
     os.environ.update(QUIET_ENV)
     _start_recording(root)
     # Under pytest-xdist (the dev extra; `-n auto` in pyproject.toml) each worker, and each
@@ -236,6 +280,7 @@ def _check_imports(session: pytest.Session) -> None:
     missing = [name for name in unseen if name not in excused]
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
+        end_progress_line(reporter)
         reporter.write_line(
             f"the package's modules this run imported: {len(modules & seen)} of {len(modules)}"
             + (f"; never: {', '.join(missing)}" if missing else "")
@@ -243,6 +288,15 @@ def _check_imports(session: pytest.Session) -> None:
                f"{', '.join(f'{n} ({why})' for n, why in excused.items())}" if excused else ""))
     if missing:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def end_progress_line(reporter: Any) -> None:
+    """End the progress line ("....  [100%]") where it is still open: pytest ends it only
+    after the session's own finishing hooks, so a line written from one would be glued
+    to it."""
+    reporter.ensure_newline()
+    if getattr(reporter, "_width_of_current_line", 1):
+        reporter.write("\n")
 
 
 def _extra_missing(module: str) -> str | None:

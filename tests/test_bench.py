@@ -231,6 +231,50 @@ def test_model_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert md.count("| tiny |") == 9
 
 
+def test_a_model_sweep_says_its_cells_and_time_as_it_starts_and_its_place_and_eta_per_cell(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's sweep on a CPU ran blind for minutes: it now says how many cells, which
+    are skipped here and why, what tf32 and bf16 mean on this device, and a time costed by
+    FLOPs at a rate timed here, then each cell's place and the time left."""
+    run_bench(tmp_path, "plan", "model", "--sizes", "tiny", "--seq-len", "16", "--batch-size",
+              "2", "--precision", "fp32", "tf32", "bf16", "--warmup", "1", "--steps", "2")
+    err = capsys.readouterr().err.splitlines()
+    plan = next(line for line in err if line.startswith("[model] 9 cells"))
+    assert plan.startswith("[model] 9 cells: 6 to run, 3 skipped here (tf32 needs CUDA")
+    assert "; about " in plan and "GFLOP/s one eager fp32 forward+backward of tiny at 2 x 16 " \
+        "ran here" in plan
+    assert any(line.startswith("note: tf32 is a CUDA tensor-core mode") for line in err)
+    assert any(line.startswith("note: bf16 on a CPU is autocast to bfloat16") for line in err)
+    places = [line for line in err if "(cell " in line]
+    assert [line.split("(cell ")[1].split(";")[0] for line in places] == [
+        f"{i} of 6" for i in range(1, 7)]
+    assert all("; left: about " in line for line in places)
+    assert err.index(plan) < err.index(places[0])  # said before the first cell
+
+
+def test_the_eta_is_corrected_by_the_cells_done_and_compiling_costed_once_seen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpt.bench.step import sweep_plan
+
+    cells = [sweep_plan.Cell(f"c{i}", "tiny", 16, 2, "fwd", precision, compiled, None, 2e9)
+             for i, (compiled, precision) in enumerate([(False, "fp32"), (False, "fp32"),
+                                                        (True, "fp32"), (True, "fp32"),
+                                                        (False, "bf16"), (False, "bf16")])]
+    progress = sweep_plan.SweepProgress(cells, rate=1e9)  # 2 s a cell, as FLOPs say
+    assert progress.eta_words() == "about 8s + compiling 2 cells (costed once one is compiled)"
+    clock = iter([0.0, 6.0, 12.0, 42.0, 72.0, 172.0])  # when each cell begins
+    monkeypatch.setattr(sweep_plan.time, "perf_counter", lambda: next(clock))
+    assert "(cell 1 of 6; left: about 8s + compiling 2 cells" in progress.before("c0")
+    # c0 took 6 s where 2 were said: the rest of the eager cells x3 (bf16 too: no bf16 yet)
+    assert "(cell 2 of 6; left: about 18s + compiling 2" in progress.before("c1")
+    progress.before("c2")
+    progress.before("c3")  # a compiled cell took 30 s: the other one is costed so
+    assert progress.eta_words() == "about 42s"  # c3's 30 s and two bf16 cells' 6 s
+    progress.before("c4")
+    progress.before("c5")  # a bf16 cell took 100 s: the other bf16 one is costed so
+    assert progress.eta_words() == "about 1m40s"
+
+
 def test_model_peak_override_gives_mfu(tmp_path: Path) -> None:
     data = run_bench(tmp_path, "peak", "model", "--sizes", "tiny", "--seq-len", "16",
                      "--batch-size", "1", "--modes", "fwdbwd", "--warmup", "0", "--steps", "1",

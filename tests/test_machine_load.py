@@ -118,3 +118,42 @@ def test_a_run_whose_steps_slow_under_load_says_so_once(
     assert len(notes) == 1 and notes[0].startswith("note: steps now take 3.0x as long as the "
                                                    "fastest so far"), proc.stdout
     assert machine_load.SLOWER == 2.0
+
+
+def test_the_test_suite_says_once_at_its_start_that_the_machine_is_busy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite's workers judged as the trainer judges its threads: at load 5 on 2
+    cores, 2 workers of 1 thread each wait for cores (the fast tier took about twice its
+    idle time there); a quiet machine, or GPT2_TRAINER_IGNORE_LOAD, says nothing."""
+    from conftest import busy_note
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 4.0, 3.0))
+    note = busy_note({}, workers=2)
+    assert note is not None and "\n" not in note
+    assert note.startswith("note: the machine is busy: load average 5.0 on 2 cores, and torch "
+                           "runs 1 thread each in 2 processes (the suite's workers)")
+    assert busy_note({IGNORE: "1"}, workers=2) is None
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.4, 0.4, 0.4))
+    assert busy_note({}, workers=2) is None
+
+
+def test_the_last_progress_line_ends_before_the_next_message(request: pytest.FixtureRequest
+                                                             ) -> None:
+    """pytest ends its progress line only after the session's finishing hooks: the
+    suite's own line there (the modules it imported) starts a line of its own."""
+    import io
+
+    from _pytest.terminal import TerminalReporter
+
+    from conftest import end_progress_line
+
+    out = io.StringIO()
+    reporter = TerminalReporter(request.config, file=out)
+    reporter.write("....    [100%]")
+    end_progress_line(reporter)
+    reporter.write_line("the package's modules this run imported: all")
+    assert out.getvalue().splitlines() == ["....    [100%]",
+                                           "the package's modules this run imported: all"]
+    end_progress_line(reporter)  # a line already ended: no blank line
+    assert out.getvalue().endswith("imported: all\n")

@@ -4,6 +4,7 @@ when matplotlib is not installed)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -251,7 +252,7 @@ def test_a_nan_or_inf_loss_is_marked_not_bridged(tmp_path: Path) -> None:
         lines = {line.get_label(): line for line in fig.axes[0].lines}
         y = list(lines["train"].get_ydata())
         assert y[:2] == [5.0, 4.5] and all(math.isnan(v) for v in y[2:4]) and y[4:] == [4.0, 3.9]
-        assert list(lines["NaN or inf loss (3 steps)"].get_xdata()) == [2, 3, 5]
+        assert list(lines["NaN, inf or over 1e30 loss (3 steps)"].get_xdata()) == [2, 3, 5]
     finally:
         plt.close(fig)
 
@@ -282,7 +283,7 @@ def test_a_long_log_is_drawn_with_a_bounded_number_of_points(tmp_path: Path) -> 
         y = list(lines["train"].get_ydata())
         assert max(v for v in y if not math.isnan(v)) == 50.0  # the spike
         assert any(math.isnan(v) for v in y)  # the line breaks at the NaNs
-        marks = list(lines["NaN or inf loss (100 steps)"].get_xdata())
+        marks = list(lines["NaN, inf or over 1e30 loss (100 steps)"].get_xdata())
         assert marks and all(40_000 <= m < 40_100 for m in marks)
     finally:
         plt.close(fig)
@@ -294,3 +295,185 @@ def test_the_plot_command_needs_no_torch() -> None:
                            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# what was measured, the learning made visible, resumes and stops, runs that differ
+
+
+def _figure(runs: list, **kw: object):
+    pytest.importorskip("matplotlib")
+    from gpt.report.curves import draw
+
+    return draw(runs, **kw)
+
+
+def _close(fig) -> None:
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def first_run_like(tmp_path: Path, name: str = "metrics.jsonl", val_every: int = 50,
+                   **head: object) -> Path:
+    """The README's first run's shape: 150 steps logged every 10, the loss falling from
+    10.8 to about 5 in its first 20 steps, validation every 50."""
+    records: list[dict] = [{"type": "run", "start_step": 0, **head}]
+    for s in [*range(0, 150, 10), 149]:
+        records.append(train(s, 10.8 if s == 0 else 7.6 if s == 10 else 6.0 - s / 150))
+    records += [{"type": "val", "step": s, "val_loss": 10.8 if s == 0 else 6.1 - s / 150}
+                for s in range(0, 151, val_every)]
+    return write_jsonl(tmp_path / name, records)
+
+
+def test_measured_points_are_marked_and_sparse_validations_not_joined(tmp_path: Path) -> None:
+    """Four validations in 150 steps are dots: a line from step 0 to step 50 would read as
+    measured between them (above the train curve); validations every 5 steps are a
+    curve. The 16 logged train points are each marked."""
+    fig = _figure([load_metrics(first_run_like(tmp_path))])
+    try:
+        lines = {line.get_label(): line for line in fig.axes[0].lines}
+        assert lines["val"].get_linestyle() == "None" and lines["val"].get_marker() == "o"
+        assert lines["train"].get_marker() == "o" and len(lines["train"].get_xdata()) == 16
+    finally:
+        _close(fig)
+    fig = _figure([load_metrics(first_run_like(tmp_path, "dense.jsonl", val_every=5))])
+    try:
+        lines = {line.get_label(): line for line in fig.axes[0].lines}
+        assert lines["val"].get_linestyle() == "--"
+    finally:
+        _close(fig)
+
+
+def test_the_loss_axis_shows_the_learning_not_the_first_steps_fall(tmp_path: Path) -> None:
+    """From 10.8 to 5 in 20 steps, then 6 to 5 over 130: the axis is zoomed to the later
+    part, the first steps' losses marked at its top with their highest value; a run
+    without such a fall keeps its whole range."""
+    from gpt.report.curves import zoomed_range
+
+    run = load_metrics(first_run_like(tmp_path))
+    bottom, top, highest = zoomed_range([run])
+    assert highest == 10.8 and top < 6.1 and bottom == pytest.approx(6.0 - 149 / 150)
+    fig = _figure([run])
+    try:
+        ax = fig.axes[0]
+        assert ax.get_ylim()[1] < 6.5 and ax.get_ylim()[0] < bottom
+        above = [line for line in ax.lines if line.get_marker() == "^"]
+        assert len(above) == 1 and list(above[0].get_xdata()) == [0, 10]
+        assert any("up to 10.8" in t.get_text() for t in ax.texts)
+    finally:
+        _close(fig)
+    flat = load_metrics(write_jsonl(tmp_path / "flat.jsonl",
+                                    [train(s, 6.0 - s / 100) for s in range(0, 100, 10)]))
+    assert zoomed_range([flat]) is None
+    fig = _figure([flat], log_loss=True)  # --log-loss: the whole range, on a log axis
+    try:
+        assert fig.axes[0].get_yscale() == "log"
+    finally:
+        _close(fig)
+
+
+def test_resumes_and_stops_are_marked_where_they_happened(tmp_path: Path) -> None:
+    """A stop at step 100 (--stop-at-step), then a resume there: one dotted line at 100,
+    named; a stop whose steps a resume from an earlier checkpoint superseded is not."""
+    path = write_jsonl(tmp_path / "metrics.jsonl", [
+        {"type": "run", "start_step": 0}, *(train(s, 5.0) for s in range(0, 130, 10)),
+        {"type": "summary", "step": 120, "stopped_by": "SIGTERM"},
+        {"type": "run", "start_step": 100}, *(train(s, 4.0) for s in range(100, 110, 10)),
+        {"type": "summary", "step": 110, "stopped_by": "--stop-at-step 110"},
+        {"type": "run", "start_step": 110}, *(train(s, 3.0) for s in range(110, 150, 10)),
+        {"type": "summary", "step": 150, "stopped_by": None}])
+    run = load_metrics(path)
+    assert run.events == [(100, "resumed"), (110, "stopped (--stop-at-step 110)"),
+                          (110, "resumed")]
+    fig = _figure([run])
+    try:
+        texts = [t.get_text() for t in fig.axes[0].texts]
+        assert " resumed" in texts and " stopped (--stop-at-step 110), then resumed" in texts
+        for ax in fig.axes:  # every panel: the same steps
+            drawn = sorted(line.get_xdata()[0] for line in ax.lines
+                           if line.get_linestyle() == ":")
+            assert drawn == [100, 110]
+    finally:
+        _close(fig)
+
+
+def test_compared_runs_say_in_the_figure_what_differs_between_them(tmp_path: Path) -> None:
+    """A single process of 2 threads beside 2 ranks of 1 thread each: the title says
+    what differs (processes, threads, batch; not the device, which they share), and
+    each tokens/s curve names its processes and threads. Runs alike say nothing."""
+    from gpt.report.metrics_reader import differences
+
+    def head(world: int, threads: int, accum: int) -> dict:
+        return {"device_name": "AMD EPYC", "world_size": world, "threads": threads,
+                "grad_accum": accum, "config": {"data": {"batch_size": 8, "seq_len": 128,
+                                                         "total_batch_tokens": 2048}}}
+
+    one = load_metrics(first_run_like(tmp_path, "one.jsonl", **head(1, 2, 2)), label="one")
+    two = load_metrics(first_run_like(tmp_path, "two.jsonl", **head(2, 1, 1)), label="two")
+    assert differences([one, two]) == [
+        "one: processes 1, threads 2, batch 8 x 128 x 2 accum, 2.05k tokens/step",
+        "two: processes 2, threads 1 each, batch 8 x 128 x 1 accum, 2.05k tokens/step"]
+    fig = _figure([one, two])
+    try:
+        title = fig._suptitle.get_text()
+        assert "these runs differ in their setup" in title and "two: processes 2" in title
+        tok = next(ax for ax in fig.axes if ax.get_title() == "tokens / s")
+        assert [line.get_label() for line in tok.lines] == [
+            "one (processes 1, threads 2)", "two (processes 2, threads 1 each)"]
+    finally:
+        _close(fig)
+    assert differences([one, one]) == []
+
+
+def test_a_run_records_its_threads_for_the_comparison(four_step_run: Path) -> None:
+    import torch
+
+    header = json.loads((four_step_run / "metrics.jsonl").read_text().splitlines()[0])
+    assert header["type"] == "run" and isinstance(header["threads"], int)
+    assert 1 <= header["threads"] <= max(torch.get_num_threads(), os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize("case", ["huge", "step", "deep"])
+def test_hostile_logs_are_drawn_never_a_traceback(tmp_path: Path, case: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Losses of 1e308 (beyond what an axis can span: drawn as non-finite marks), a step
+    of 2**63 (beyond an int64: the record skipped and counted), a record nested 100,000
+    lists deep (past the parser's depth: skipped and counted)."""
+    pytest.importorskip("matplotlib")
+    lines = [json.dumps(train(0, 5.0)), json.dumps(train(1, 4.0))]
+    if case == "huge":
+        lines += [json.dumps(train(s, 1e308, tokens_per_s=1e308)) for s in (2, 3)]
+        lines += [json.dumps({"type": "val", "step": 3, "val_loss": -1e308})]
+    elif case == "step":
+        lines += [json.dumps(train(2**63, 3.0)), json.dumps({"type": "run", "start_step": 2**70}),
+                  json.dumps({"type": "summary", "step": 2**64, "stopped_by": "SIGTERM"})]
+    else:
+        lines += ["[" * 100_000 + "]" * 100_000,
+                  '{"type": "train", "step": 2, "loss": ' + "[" * 100_000 + "]" * 100_000 + "}"]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    assert main([str(path), "-o", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    run = load_metrics(path)
+    if case == "huge":
+        assert run.nonfinite("train", "loss") == [2, 3] and run.nonfinite("val", "val_loss") == [3]
+    else:
+        assert run.bad_lines == (1 if case == "step" else 2)
+        assert "unreadable line(s)" in capsys.readouterr().err
+    assert run.series("train", "loss")[0][:2] == [0, 1]
+
+
+def test_an_unreadable_log_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from gpt.report import metrics_reader
+
+    path = write_jsonl(tmp_path / "metrics.jsonl", [train(0, 1.0)])
+
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(metrics_reader, "open", denied, raising=False)  # root reads anything
+    assert main([str(path), "-o", str(tmp_path / "c.png")]) == 2
+    assert capsys.readouterr().err == f"error: {path}: cannot read it (Permission denied)\n"
+    assert not (tmp_path / "c.png").exists()

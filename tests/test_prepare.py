@@ -481,6 +481,81 @@ def test_val_tokens_taking_everything(tmp_path: Path) -> None:
         run(src, tmp_path / "out2", val_tokens=10, max_tokens=10)
 
 
+@pytest.mark.parametrize("shard_tokens", [100_000, 300])  # one val shard, or several written
+def test_a_refused_split_leaves_nothing_behind(tmp_path: Path, enc, shard_tokens: int) -> None:
+    """--val-tokens that takes the whole input: refused in one line, and the folder is as
+    it was (no metadata.json or val shard that would make the next try need --overwrite),
+    even where val shards were already written; the next try runs as written."""
+    docs = make_docs(20, seed=3)
+    src = write_jsonl(tmp_path / "in.jsonl", docs)
+    n = len(expected_stream(enc, docs))
+    out = tmp_path / "out"
+    with pytest.raises(PrepareError, match=rf"only {n:,} tokens and --val-tokens 100,000,000 "
+                                           rf"would take them all.*leave it out"):
+        run(src, out, val_tokens=100_000_000, shard_tokens=shard_tokens)
+    assert not out.exists()
+    (out / "keep").mkdir(parents=True)  # a folder of the user's stays, and stays theirs
+    with pytest.raises(PrepareError, match="would take them all"):
+        run(src, out, val_tokens=n, shard_tokens=shard_tokens)  # exactly all of it
+    assert sorted(p.name for p in out.iterdir()) == ["keep"]
+    res = run(src, out, shard_tokens=shard_tokens)  # no --overwrite needed
+    assert res.train_tokens > 0
+
+
+def test_without_val_tokens_a_small_input_gives_a_tenth_to_validation(
+        tmp_path: Path, enc, capsys: pytest.CaptureFixture[str]) -> None:
+    """Your own text of a few thousand tokens: the default's 10.5M would take it all; left
+    out, --val-tokens is a tenth of the input, said in one line, the stream byte for byte
+    as with that count given, and the same command again finds the folder complete."""
+    docs = make_docs(40, seed=4)
+    src = write_jsonl(tmp_path / "in.jsonl", docs)
+    stream = expected_stream(enc, docs)
+    n = len(stream)
+    code = prep_cli.main(["--source", str(src), "--out", str(tmp_path / "auto"), "--workers", "1",
+                          "--quiet", "--shard-tokens", "700"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert err == (f"note: --val-tokens {n // 10:,}: a tenth of the input's {n:,} tokens (the "
+                   f"default 10,485,761 is for inputs of 104,857,610 or more); --val-tokens N "
+                   f"chooses\n")
+    assert np.array_equal(read_stream(tmp_path / "auto"), stream)
+    given = run(src, tmp_path / "given", val_tokens=n // 10, shard_tokens=700)
+    assert shard_bytes(tmp_path / "auto") == shard_bytes(tmp_path / "given")
+    meta, meta_given = metadata(tmp_path / "auto"), metadata(tmp_path / "given")
+    assert meta["shards"] == meta_given["shards"]  # the same resume positions and documents
+    assert meta["settings"]["val_tokens"] == n // 10 and given.val_tokens == n // 10
+    again = run(src, tmp_path / "auto", shard_tokens=700)
+    assert again.kept_shards == len(meta["shards"])  # complete: nothing redone
+
+
+def test_a_split_left_to_the_run_resumes_byte_identical(tmp_path: Path, enc,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large input (the default made 60 tokens here, so 600 tokens is 'large'): the
+    default count exactly; killed after its first shards, the same command resumes to
+    the bytes an unbroken run writes."""
+    from gpt.data.prepare import writer as prep_writer
+
+    monkeypatch.setattr(prep_writer, "DEFAULT_VAL_TOKENS", 60)
+    docs = make_docs(40, seed=5)
+    src = write_jsonl(tmp_path / "in.jsonl", docs)
+    whole = run(src, tmp_path / "whole", shard_tokens=250)
+    assert whole.val_tokens == 60 and whole.note is None
+    calls = []
+
+    def kill(entry: dict) -> None:
+        calls.append(entry)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        prepare(PrepareConfig(sources=(str(src),), out_dir=str(tmp_path / "cut"), shard_tokens=250,
+                              workers=1, progress=False), on_shard=kill)
+    resumed = run(src, tmp_path / "cut", shard_tokens=250)
+    assert resumed.kept_shards == 3
+    assert shard_bytes(tmp_path / "cut") == shard_bytes(tmp_path / "whole")
+    assert np.array_equal(read_stream(tmp_path / "whole"), expected_stream(enc, docs))
+
+
 def test_output_folder_with_other_shards_is_left_alone(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", make_docs(30))
     out = tmp_path / "out"
@@ -539,7 +614,8 @@ def test_defaults() -> None:
     cli = prep_cli
     args = cli.build_parser().parse_args([])
     assert args.source == ["HuggingFaceFW/fineweb-edu"] and args.out == "data/fineweb-edu-10B"
-    assert args.val_tokens == 20 * 8 * 64 * 1024 + 1 and args.shard_tokens == 100_000_000
+    assert args.val_tokens is None and args.shard_tokens == 100_000_000  # None: the run's choice
+    assert prep.DEFAULT_VAL_TOKENS == 20 * 8 * 64 * 1024 + 1
     src = prep_sources.open_source(PrepareConfig())
     assert isinstance(src, prep_sources.HFSource) and src.subset == "sample-10BT" and src.split == "train"
     assert prep_sources.looks_like_hf_dataset("someone/corpus") and prep_sources.looks_like_hf_dataset("hf:someone/corpus")

@@ -44,6 +44,22 @@ def test_its_two_commands_are_what_ci_runs_first_in_a_fresh_environment():
     assert "torch==" not in readme_part and "--upgrade pip" not in readme_part  # nothing else
 
 
+COMMANDS = ("python", "torchrun", "pip ", "launch/", "sbatch", "gpt2-lm-eval", "OMP_NUM_THREADS",
+            "NNODES", "TORCH_DISABLE")
+
+
+def test_every_command_runs_as_written_or_names_its_placeholders():
+    """No command elides what it needs with `...` (section 7's `--out-dir runs/124M ...`):
+    each, in a bash block or inline, is complete, or names its placeholders (NODE0_HOST)."""
+    blocks = re.findall(r"```bash\n(.*?)```", README, flags=re.S)
+    lines = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    lines += [span for span in re.findall(r"`([^`\n]+)`", README) if span.startswith(COMMANDS)]
+    commands = [line.split(" #")[0] for line in lines if line.strip().startswith(COMMANDS)]
+    assert len(commands) > 40  # the README's commands were found
+    elided = [c for c in commands if "..." in c]
+    assert not elided, elided
+
+
 def test_every_file_it_points_to_exists():
     paths = set(re.findall(r"\]\(((?:docs|benchmarks|examples|configs|launch|gpt)/[^)#]*)\)", README))
     paths |= set(re.findall(r"`((?:docs|benchmarks|examples|configs|launch|gpt)/[\w./-]+)`", README))

@@ -28,7 +28,7 @@ from gpt.core.config_io import describe
 from gpt.core.errors import UserError
 from gpt.core.text import one_line
 from gpt.core.units import human_count
-from gpt.data.tokenizer import GPT2_VOCAB
+from gpt.data.tokenizer import GPT2_VOCAB, gpt2_tokenizer
 from gpt.model import fp8, loss_kernels, sizing
 from gpt.plan import expected, memory
 from gpt.plan.preflight import Plan, WillNotFit, preflight
@@ -50,6 +50,8 @@ def main(cfg: Config) -> int:
         return 0  # under torchrun rank 0 answers for everyone
     print("dry run: nothing is started or written (a slice of the model is timed on the "
           "device, to say how long the run takes)", flush=True)
+    if cfg.eval.sample_every:  # the run loads it for its samples: in the memory it holds
+        gpt2_tokenizer()
     plan = preflight(cfg, verify_resume=True, plan_memory=True)
     report(plan)
     sys.stdout.flush()  # in order with what follows on stderr, when both go to one file
@@ -63,8 +65,39 @@ def main(cfg: Config) -> int:
                  if any(isinstance(p, WillNotFit) for p in plan.problems) else ""),
               file=sys.stderr)
         return plan.problems[0].exit_code
-    print("dry run: the run would start")
+    print(verdict(plan))
     return 0
+
+
+def verdict(plan: Plan) -> str:
+    """The last line of a dry run whose run would start: what it would do, and for how
+    long here."""
+    rt = plan.runtime
+    return expected.verdict(plan.cfg, rt.device, device_name(rt.device), rt.world_size,
+                            plan.estimate, plan.start.step if plan.start else 0)
+
+
+def memory_words(plan: Plan) -> str:
+    """What the log's mem should read on a CPU (or MPS), where it is the process's peak
+    resident memory: what this process held before the timing (Python, torch, this
+    package, the tokenizer where the run samples: as the run's will), and the step's own,
+    as the timed step grew this process where it was the whole run's (the CPU allocator's
+    keep in it), else the plan's tensors."""
+    kind, baseline = plan.runtime.device_type, plan.resident
+    peak = plan.memory.peak_bytes
+    if baseline is None:
+        return (f"the log's mem on {kind} is the process's peak resident memory: this plan and "
+                f"what torch and the process hold besides")
+    grown = plan.estimate.step_memory if plan.estimate is not None else None
+    step = (f"{grown / GiB:.2f} GiB the step timed here grew it by (the plan's "
+            f"{peak / GiB:.3f} GiB of tensors, and what the CPU allocator keeps)"
+            if grown is not None else
+            f"the plan's {peak / GiB:.3f} GiB (the CPU allocator keeps some more)")
+    return (f"the log's mem on {kind} (the process's peak resident memory) should read about "
+            f"{(baseline + (grown if grown is not None else peak)) / GiB:.2f} GiB: "
+            f"{baseline / GiB:.2f} GiB the process holds before it builds the model (torch, "
+            f"this package, the tokenizer; measured here) and {step}; validation, samples, "
+            f"the curves' drawing and the allocator's keep growing over the steps add some")
 
 
 def report(plan: Plan) -> None:
@@ -115,9 +148,8 @@ def report(plan: Plan) -> None:
         if plan.capacity is not None and plan.memory.fits(plan.capacity):
             print(f"memory:     fits {rt.device} ({plan.capacity / GiB:.1f} GiB)"
                   + ("" if rt.device_type == "cuda" else
-                     f": the plan counts the tensors of one training step; the log's mem on "
-                     f"{rt.device_type} is the process's peak resident memory, torch itself "
-                     f"included (about 0.2-0.5 GiB more)"))
+                     f": the plan counts the tensors of one training step; "
+                     + memory_words(plan)))
 
 
 def params_words(cfg: Config) -> str:

@@ -6,10 +6,10 @@ check_disk).
 
 A time is only ever from a measurement: MEASURED holds the throughput of the GPT-2 124M
 recipe as `python -m gpt.bench gpu` measured it (the file of each figure named), matched
-by GPU name, micro-batch and one process; any other run in one process is timed on the
-device it is on (gpt/plan/speed.py: the trainer's step on a slice of the model, scaled
-by FLOPs). Several processes are said to be untimed rather than guessed. The evaluations
-other than validation, samples and checkpoints come on top.
+by GPU name, micro-batch and one process; any other run is timed on the device it is
+on (gpt/plan/speed.py: the trainer's step on a slice of the model, scaled by FLOPs;
+under torchrun, rank 0's share of the step). The evaluations other than validation,
+samples and checkpoints come on top.
 """
 
 from __future__ import annotations
@@ -193,7 +193,8 @@ def time_line(cfg: Config, device: torch.device, gpu: str, world: int,
     of this recipe on this GPU, else from `estimate` (gpt/plan/speed.py's timing here)."""
     steps, _ = speed.run_steps(cfg, start_step)
     tokens = steps * cfg.data.total_batch_tokens
-    where = f"{gpu} x {world}" if device.type == "cuda" else f"{device.type} ({gpu})"
+    where = (f"{gpu} x {world}" if device.type == "cuda" else f"{device.type} ({gpu})"
+             + (f" x {world} processes" if world > 1 else ""))
     m = measured_for(cfg, gpu, device.type, world)
     if m is not None:
         return (f"time: about {format_duration(tokens / m.tokens_per_s)} of "
@@ -202,6 +203,28 @@ def time_line(cfg: Config, device: torch.device, gpu: str, world: int,
                 f"evaluation and checkpoints come on top")
     if estimate is not None:
         return estimate.line(where, device.type)
-    why = (f" ({world} processes are not timed)" if world > 1 else
-           "" if steps else " (nothing to train)")
-    return f"time: not timed on {where}{why}; the log's ETA says once the run is going"
+    return (f"time: not timed on {where}{'' if steps else ' (nothing to train)'}; the log's "
+            f"ETA says once the run is going")
+
+
+def verdict(cfg: Config, device: torch.device, gpu: str, world: int,
+            estimate: speed.Estimate | None = None, start_step: int = 0) -> str:
+    """The dry run's last line where the run would start: what it would do, and for how
+    long on this device (as the time line says it)."""
+    steps, _ = speed.run_steps(cfg, start_step)
+    if not steps:
+        return (f"dry run: the run would start and find nothing to train (step {start_step:,} "
+                f"is where it stops)")
+    where = (f"{gpu} x {world}" if device.type == "cuda" else f"this {device.type} ({gpu})"
+             + (f" in {world} processes" if world > 1 else ""))
+    span = f"steps {start_step:,} to {start_step + steps:,}" if start_step else f"{steps:,} steps"
+    out = f"dry run: the run would start and train {span}"
+    m = measured_for(cfg, gpu, device.type, world)
+    if m is not None:
+        tokens = steps * cfg.data.total_batch_tokens
+        return f"{out}, about {format_duration(tokens / m.tokens_per_s)} on {where} (as measured)"
+    if estimate is None or estimate.train_s is None:
+        why = f": {estimate.basis}" if estimate is not None else ""
+        return f"{out} on {where}; not timed{why}"
+    gpu_note = ": a recipe meant for a GPU" if estimate.meant_for_gpu(device.type) else ""
+    return f"{out}, taking {estimate.about()} of training on {where}{gpu_note}"

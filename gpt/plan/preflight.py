@@ -33,10 +33,10 @@ In order, each check where what it needs is known:
              (gpt/plan/expected.py)
   evaluate   each evaluation the run makes (gpt/eval/evaluations.py): its files, the hosts
              it downloads from, the packages it needs
-  memory     (when asked) the planner's peak against the device's memory (gpt/plan/memory.py)
-  time       on rank 0 of one process, the run's step timed on a slice of the model
+  time       on rank 0, its share of the run's step timed on a slice of the model
              (gpt/plan/speed.py: about a second of the device's, the slice freed
              after); a recipe of hours on a CPU that --device auto fell back to, a warning
+  memory     (when asked) the planner's peak against the device's memory (gpt/plan/memory.py)
 Nothing else is built on the device, no process group is started and nothing is written.
 """
 
@@ -67,6 +67,7 @@ from gpt.eval.sampling import prompt_ids
 from gpt.model import fp8, loss_kernels, sizing
 from gpt.optim import optimizer
 from gpt.plan import expected, layout, memory, speed
+from gpt.report.flops import resident_memory
 from gpt.report.profiling import check_profile_paths
 from gpt.report.trackers import check_tracking
 from gpt.runtime import machine_load
@@ -113,8 +114,10 @@ class Plan:
     start: ResumePoint | None = None
     memory: memory.MemoryPlan | None = None
     capacity: int | None = None  # one device's memory, where it can be read
-    estimate: speed.Estimate | None = None  # how long it takes here (rank 0, one process)
-    time_line: str | None = None  # that, or the GPU bench's time, in words (rank 0; None: untimed)
+    estimate: speed.Estimate | None = None  # how long it takes here (timed on rank 0)
+    time_line: str | None = None  # that, or the GPU bench's time, in words (rank 0)
+    step_s: float | None = None  # one optimizer step's seconds in that (None: untimed)
+    resident: int | None = None  # the process's resident bytes before the timing (CPU, MPS)
     warnings: list[str] = field(default_factory=list)
     problems: list[UserError] = field(default_factory=list)
 
@@ -187,6 +190,11 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
                                    plan.cfg.model.vocab_size, "--sample-prompt"))
     if plan.start is not None and plan.start.path is not None:
         _check_resume(plan, attempt)
+    # timed before the memory plan, as the run times it (no plan traced first): what the
+    # process holds, and what the timed step grows it by, are then the run's too
+    if plan.runtime is not None and plan.runtime.device_type != "cuda":
+        plan.resident = resident_memory()
+    _estimate_time(plan, env)
     if plan_memory and plan.accum is not None and plan.dtype is not None:
         with memory.Progress("the memory of a step", sys.stdout) as progress:
             progress(f"{plan.cfg.model.n_layer} blocks")  # said if it takes seconds
@@ -196,7 +204,6 @@ def preflight(cfg: Config, env: Mapping[str, str] | None = None, verify_resume: 
                                                        device_type=plan.runtime.device_type)))
         if plan.memory is not None:
             attempt(lambda: check_peak(plan.cfg, plan.runtime, plan.capacity, plan.memory))
-    _estimate_time(plan)
     return plan
 
 
@@ -214,28 +221,33 @@ def _settle_layout(plan: Plan, attempt: Callable) -> None:
         plan.cfg, plan.layout = settled
 
 
-def _estimate_time(plan: Plan) -> None:
+def _estimate_time(plan: Plan, env: Mapping[str, str] | None = None) -> None:
     """How long the run takes on this device, on rank 0: the GPU bench's measurement of
-    this recipe on this GPU, else timed here in one process (the others print nothing);
-    and the line that says it. A recipe that takes hours on a CPU that --device auto fell
-    back to is a warning."""
+    this recipe on this GPU, else rank 0's share of the step timed here (the others print
+    nothing); and the line that says it, also where the run is too short to time. A
+    recipe that takes hours on a CPU that --device auto fell back to is a warning."""
     rt, cfg = plan.runtime, plan.cfg
     if rt is None or plan.accum is None or plan.dtype is None or not rt.is_master:
         return
     start, name = (plan.start.step if plan.start else 0), device_name(rt.device)
-    measured = expected.measured_for(cfg, name, rt.device_type, rt.world_size) is not None
-    if rt.world_size == 1 and not measured:
-        plan.estimate = speed.estimate(cfg, rt.device, plan.dtype, plan.accum, start,
-                                       val=plan.data is None or plan.data.val_tokens is not None)
+    measured = expected.measured_for(cfg, name, rt.device_type, rt.world_size)
+    if measured is None:
+        env = os.environ if env is None else env
+        local = env.get("LOCAL_WORLD_SIZE", "1")
+        plan.estimate = speed.estimate(
+            cfg, rt.device, plan.dtype, plan.accum, start,
+            val=plan.data is None or plan.data.val_tokens is not None, world=rt.world_size,
+            local=int(local) if local.isdigit() and int(local) > 0 else 1)
         if cfg.train.device == "auto" and plan.estimate.meant_for_gpu(rt.device_type):
             plan.warnings.append(
                 f"--device auto found no GPU and falls back to {rt.device}, where this recipe "
                 f"takes about {format_duration(plan.estimate.total_s or 0)} "
                 f"({plan.estimate.tokens_per_s:,.0f} tokens/s, timed here): it is meant for a "
                 f"GPU; run it on one, or train the README's first run (configs/cpu-speedrun.toml) here")
-    if measured or (plan.estimate is not None and plan.estimate.train_s is not None):
-        plan.time_line = expected.time_line(cfg, rt.device, name, rt.world_size,
-                                            plan.estimate, start)
+        plan.step_s = plan.estimate.step_s
+    else:
+        plan.step_s = cfg.data.total_batch_tokens / measured.tokens_per_s
+    plan.time_line = expected.time_line(cfg, rt.device, name, rt.world_size, plan.estimate, start)
 
 
 def _check_resume(plan: Plan, attempt: Callable) -> None:

@@ -7,11 +7,19 @@ gpt.plot` is the command). matplotlib is the plot extra's.
 A series is drawn with at most POINTS points, however long the run: beyond that, each
 stretch of steps keeps its lowest and highest value (a spike stays visible), so a log of a
 million steps draws in the time and memory of a short one. A loss that was NaN or
-infinite breaks its line there and is marked (a red x at the top of the panel), never
+infinite (or beyond 1e30) breaks its line there and is marked (a red x at the top of the panel), never
 bridged by a line that makes a diverging run look healthy. The learning rate is the
 schedule's at every step where the caller computed it (RunMetrics.lr_schedule: this layer
 cannot, the schedule is gpt/optim's), an optimizer's own rates dashed beside it; else the
-rate the log sampled at its log steps."""
+rate the log sampled at its log steps.
+
+What was measured is shown as such: a series of few points marks each one, and sparse
+validations are dots, not joined by lines that would read as measured between them. The
+loss axis is zoomed to where the learning goes on when the first steps' fall would
+squeeze it into a strip (zoomed_range: the losses above it are marked at its top edge
+with their highest value). A resume and a stop are marked where they happened. Runs drawn
+together that ran on different setups (device, processes, threads, batch) say so in the
+figure's title, and their tokens/s are labelled with their processes and threads."""
 
 from __future__ import annotations
 
@@ -22,12 +30,16 @@ import numpy as np
 
 from gpt.core.extras import install
 from gpt.core.fileio import atomic_path
-from gpt.report.metrics_reader import RunMetrics
+from gpt.report.metrics_reader import RunMetrics, differences, setup
 
 
 MATPLOTLIB_HINT = f"{install('plot')} (or pip install matplotlib)"
 POINTS = 3000  # points a series is drawn with, at most
 NONFINITE_COLOR = "red"
+MARKED = 200  # a series of at most this many points marks each measured one
+JOINED = 20  # validations joined by a line only from this many on (else dots alone)
+SQUEEZED = 2.0  # zoom where the whole range is this many times the learning's range
+EARLY = 0.1  # the share of a run's steps whose fall the zoomed range leaves out
 
 
 def _import_pyplot() -> Any:
@@ -131,6 +143,7 @@ def draw(runs: Sequence[RunMetrics], smooth: float = 0.0, title: str | None = No
     fig, axes = _panels(plt, len(panels))
     ax_loss, ax_lr, ax_tok = axes[:3]
     many = len(runs) > 1
+    differ = differences(list(runs)) if many else []
     colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", [None])
     for i, run in enumerate(runs):
         c = colors[i % len(colors)]
@@ -139,7 +152,12 @@ def draw(runs: Sequence[RunMetrics], smooth: float = 0.0, title: str | None = No
         _draw_lr(ax_lr, run, c, many)
         x, y = decimate(*run.column("train", "tokens_per_s"))
         if len(x):
-            ax_tok.plot(x, y, color=c, label=run.label if many else None)
+            facts = setup(run)
+            tok_label = (f"{run.label} (processes {facts['processes']}, threads "
+                         f"{facts['threads']})" if differ else run.label) if many else None
+            ax_tok.plot(x, y, color=c, label=tok_label, **_marks(len(x)))
+        for ax in axes:
+            _draw_events(ax, run, c, ax is ax_loss)
         for ax, panel in zip(axes[3:], panels):
             for j, (key, word) in enumerate(panel.lines):
                 x, y = decimate(*run.column(panel.record, key))
@@ -150,6 +168,8 @@ def draw(runs: Sequence[RunMetrics], smooth: float = 0.0, title: str | None = No
     ax_loss.set_ylabel("loss (nats / token)")
     if log_loss:
         ax_loss.set_yscale("log")
+    else:
+        _zoom(ax_loss, runs, colors)
     ax_lr.set_title("learning rate")
     ax_lr.set_ylabel("learning rate")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
@@ -166,10 +186,80 @@ def draw(runs: Sequence[RunMetrics], smooth: float = 0.0, title: str | None = No
         elif not ax.lines:
             ax.text(0.5, 0.5, "no records", ha="center", va="center", transform=ax.transAxes,
                     color="gray")
+    if differ:  # tokens/s of different setups side by side: say what differs
+        shown = differ[:6] + ([f"... and {len(differ) - 6} more"] if len(differ) > 6 else [])
+        title = "\n".join(filter(None, [title, "these runs differ in their setup "
+                                               "(tokens/s are whole runs'):", *shown]))
     if title:
         fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
     return fig
+
+
+def _marks(points: int) -> dict[str, Any]:
+    """A series' style: each measured point marked where they are few."""
+    return {"marker": "o", "markersize": 2.5} if points <= MARKED else {}
+
+
+def zoomed_range(runs: Sequence[RunMetrics]) -> tuple[float, float, float] | None:
+    """(bottom, top, highest) of the loss axis where the first steps' fall would squeeze
+    the rest into a strip: the top is the highest loss after the first EARLY of each run's
+    steps, the highest is the highest loss drawn; None where no zoom is needed."""
+    values, later = [], []
+    for run in runs:
+        for kind, key in (("train", "loss"), ("val", "val_loss")):
+            steps, v = run.series(kind, key)
+            if not steps:
+                continue
+            first, last = steps[0], steps[-1]
+            cut = first + EARLY * (last - first)
+            values += v
+            later += [y for x, y in zip(steps, v) if x > cut]
+    if not values or not later:
+        return None
+    bottom, top, highest = min(values), max(later), max(values)
+    if highest - bottom <= SQUEEZED * max(top - bottom, 1e-12):
+        return None
+    return bottom, top, highest
+
+
+def _zoom(ax: Any, runs: Sequence[RunMetrics], colors: Sequence[Any]) -> None:
+    """The zoomed loss axis (zoomed_range), each loss above it a mark on its top edge."""
+    from matplotlib.transforms import blended_transform_factory
+
+    zoom = zoomed_range(runs)
+    if zoom is None:
+        return
+    bottom, top, highest = zoom
+    pad = 0.05 * (top - bottom) or 0.05 * abs(top) or 0.05
+    ax.set_ylim(bottom - pad, top + pad)
+    at_top = blended_transform_factory(ax.transData, ax.transAxes)
+    for i, run in enumerate(runs):
+        above = sorted({x for kind, key in (("train", "loss"), ("val", "val_loss"))
+                        for x, y in zip(*run.series(kind, key)) if y > top + pad})
+        if above:
+            marks = nonfinite_marks(above)
+            ax.plot(marks, np.full(len(marks), 0.985), transform=at_top, linestyle="none",
+                    marker="^", markersize=4, color=colors[i % len(colors)], clip_on=False)
+    ax.annotate(f"^ above the axis: the first steps' losses, up to {highest:.4g}",
+                xy=(0.01, 0.93), xycoords="axes fraction", va="top", fontsize="small",
+                color="gray")
+
+
+def _draw_events(ax: Any, run: RunMetrics, c: Any, labelled: bool) -> None:
+    """Each resume and stop of the run as a dotted vertical line, named on the loss panel."""
+    from matplotlib.transforms import blended_transform_factory
+
+    named: dict[int, list[str]] = {}
+    for step, what in run.events[:POINTS]:  # a stop and its resume at one step: one line
+        named.setdefault(step, []).append(what)
+    for step, whats in named.items():
+        what = ", then ".join(whats)
+        ax.axvline(step, color=c, linestyle=":", linewidth=0.9, alpha=0.7)
+        if labelled:
+            ax.text(step, 0.02, f" {what}", rotation=90, va="bottom", ha="right",
+                    fontsize="x-small", color=c,
+                    transform=blended_transform_factory(ax.transData, ax.transAxes))
 
 
 def _draw_loss(ax: Any, run: RunMetrics, c: Any, name: str, smooth: float) -> None:
@@ -182,10 +272,11 @@ def _draw_loss(ax: Any, run: RunMetrics, c: Any, name: str, smooth: float) -> No
             ax.plot(*decimate(s, _ema(np.asarray(v), smooth)), color=c,
                     label=f"{name}train (EMA {smooth:g})")
         else:
-            ax.plot(x, y, color=c, linewidth=1.0, label=f"{name}train")
+            ax.plot(x, y, color=c, linewidth=1.0, label=f"{name}train", **_marks(len(x)))
     x, y = decimate(*run.column("val", "val_loss"))
-    if len(x):
-        ax.plot(x, y, color=c, linestyle="--", marker="o", markersize=3, label=f"{name}val")
+    if len(x):  # measured at its dots: joined only where they are dense enough to be a curve
+        ax.plot(x, y, color=c, linestyle="--" if len(x) >= JOINED else "none", marker="o",
+                markersize=4, label=f"{name}val")
     bad = sorted({*run.nonfinite("train", "loss"), *run.nonfinite("val", "val_loss")})
     if bad:
         from matplotlib.transforms import blended_transform_factory
@@ -194,7 +285,7 @@ def _draw_loss(ax: Any, run: RunMetrics, c: Any, name: str, smooth: float) -> No
         at_top = blended_transform_factory(ax.transData, ax.transAxes)
         ax.plot(marks, np.full(len(marks), 0.97), transform=at_top, linestyle="none",
                 marker="x", color=NONFINITE_COLOR,
-                label=f"{name}NaN or inf loss ({len(bad):,} step{'s' if len(bad) > 1 else ''})")
+                label=f"{name}NaN, inf or over 1e30 loss ({len(bad):,} step{'s' if len(bad) > 1 else ''})")
 
 
 def _draw_lr(ax: Any, run: RunMetrics, c: Any, many: bool) -> None:

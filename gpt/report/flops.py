@@ -121,6 +121,11 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
     return _peak_rss(), "peak RSS"
 
 
+def resident_memory() -> int:
+    """The process's resident set size now (bytes): what it holds in RAM."""
+    return int(psutil.Process().memory_info().rss)
+
+
 def _peak_rss() -> int:
     try:  # Linux: VmHWM, which clear_refs can reset
         for line in Path("/proc/self/status").read_text().splitlines():

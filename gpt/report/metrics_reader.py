@@ -6,8 +6,12 @@ title. Only the standard library: reading needs no matplotlib.
 The file is read a line at a time and only the figures the curves draw are kept, in
 arrays of 8 bytes a value: a long run's log (hundreds of MB, a million steps) is read in
 one pass and held in tens of MB, where its records as dicts took gigabytes. A value that
-is NaN or infinite in the log (a diverging loss) is kept as such (the figure marks it);
-a field a record lacks is left out."""
+is NaN or infinite in the log (a diverging loss), or beyond HUGE (no axis can hold it), is
+kept as non-finite (the figure marks it); a field a record lacks is left out. A line that
+is not a record (cut short, nested past the parser's depth, a step outside 0 to MAX_STEP)
+is skipped and counted. The run's events are kept for the figure to mark: each resume's
+step and each stop's (a signal, --stop-at-step), with the header facts that make runs
+compare (device, processes, threads, batch)."""
 
 from __future__ import annotations
 
@@ -43,6 +47,8 @@ class Panel:
     ylabel: str
 _MISSING = math.nan  # a field the record lacks (or holds as null): not drawn
 _NONFINITE = math.inf  # a value that was NaN or +-inf in the log: drawn as a mark
+HUGE = 1e30  # a value beyond this is drawn as a non-finite one: an axis cannot span it
+MAX_STEP = 2**53  # steps are whole numbers a float holds exactly (and an int64 array)
 
 
 class Table:
@@ -85,7 +91,11 @@ class Table:
 def _value(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return _MISSING
-    return float(v) if math.isfinite(v) else _NONFINITE
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond any float
+        return _NONFINITE
+    return f if math.isfinite(f) and abs(f) <= HUGE else _NONFINITE
 
 
 @dataclass
@@ -100,6 +110,7 @@ class RunMetrics:
         default_factory=lambda: {kind: Table(fields) for kind, fields in FIELDS.items()})
     panels: tuple[Panel, ...] = ()  # the evaluations' panels its tables were read for
     bad_lines: int = 0
+    events: list[tuple[int, str]] = field(default_factory=list)  # (step, "resumed" / "stopped (why)")
     # The learning rates as the schedule set them at every step, by log field ("lr", and
     # an optimizer's own where it has others), where a caller that can compute the
     # schedule from the headers' config (gpt/optim/schedule.py: above this layer) has set
@@ -187,6 +198,37 @@ def run_starts(headers: Sequence[Mapping[str, Any]]) -> list[tuple[int, Config]]
     return starts or None
 
 
+def setup(run: RunMetrics) -> dict[str, str]:
+    """What a run ran on, from its newest header, in words by field (device, processes,
+    threads, batch): the facts that make two runs' tokens/s compare, or not."""
+    head = run.runs[-1] if run.runs else {}
+    cfg = head.get("config") if isinstance(head.get("config"), dict) else {}
+    data = cfg.get("data") if isinstance(cfg.get("data"), dict) else {}
+    world, threads = head.get("world_size"), head.get("threads")
+    out = {"device": str(head.get("device_name") or head.get("device") or "unknown")[:60]}
+    out["processes"] = str(world) if isinstance(world, int) else "unknown"
+    out["threads"] = (f"{threads}{' each' if isinstance(world, int) and world > 1 else ''}"
+                      if isinstance(threads, int) else "not logged")
+    try:
+        out["batch"] = (f"{int(data['batch_size'])} x {int(data['seq_len'])} x "
+                        f"{int(head['grad_accum'])} accum, {human_count(int(data['total_batch_tokens']))}"
+                        f" tokens/step")
+    except (KeyError, TypeError, ValueError):
+        out["batch"] = "unknown"
+    return out
+
+
+def differences(runs: list[RunMetrics]) -> list[str]:
+    """For runs drawn together: one line a run naming what differs between them (of
+    device, processes, threads, batch), or nothing where nothing does."""
+    setups = [setup(run) for run in runs]
+    differ = [key for key in setups[0] if len({s[key] for s in setups}) > 1] if setups else []
+    if not differ:
+        return []
+    return [f"{run.label}: " + ", ".join(f"{key} {s[key]}" for key in differ)
+            for run, s in zip(runs, setups)]
+
+
 def resolve_path(path: str | Path) -> Path:
     p = Path(path)
     return p / "metrics.jsonl" if p.is_dir() else p
@@ -202,7 +244,7 @@ def read_records(path: str | Path) -> Iterator[dict[str, Any] | None]:
                 continue
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # cut short, or nested too deep
                 yield None
                 continue
             yield rec if isinstance(rec, dict) else None
@@ -212,11 +254,9 @@ def _step(rec: dict[str, Any]) -> int | None:
     s = rec.get("step")
     if isinstance(s, bool):
         return None
-    if isinstance(s, int):
-        return s
     if isinstance(s, float) and s.is_integer():
-        return int(s)
-    return None
+        s = int(s)
+    return s if isinstance(s, int) and 0 <= s < MAX_STEP else None
 
 
 def load_metrics(path: str | Path, label: str | None = None,
@@ -243,12 +283,18 @@ def load_metrics(path: str | Path, label: str | None = None,
         kind = rec.get("type")
         if kind == "run":
             out.runs.append(rec)
-            s = rec.get("start_step")
-            start = s if isinstance(s, int) and not isinstance(s, bool) else None
+            start = _step({"step": rec.get("start_step")})
             new_segment = True
+            if start:  # a resume: what an earlier attempt did past it is superseded
+                out.events = [e for e in out.events if e[0] <= start] + [(start, "resumed")]
+            continue
+        if kind == "summary" and rec.get("stopped_by") and _step(rec) is not None:
+            out.events.append((_step(rec), f"stopped ({str(rec['stopped_by'])[:40]})"))
             continue
         step = _step(rec) if kind in out.tables else None
         if step is None:
+            if kind in out.tables:
+                out.bad_lines += 1  # a step no run writes
             continue
         if new_segment:
             first = step if start is None else start

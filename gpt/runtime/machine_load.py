@@ -7,16 +7,17 @@ load average of 7 to 11 took 6.5x as long as on the idle machine, and one thread
 Two judgements, both pure (the load average, the cores and the threads are handed in, so
 they are tested without a busy machine):
 
-  busy_warning   at the start of a CPU run, and in its dry run (gpt/plan/preflight.py):
-                 the load average already takes the cores our threads would use
+  busy           the load average already takes the cores our threads would use: said
+                 at the start of a CPU run and in its dry run (busy_warning, from
+                 gpt/plan/preflight.py), and by the test suite at its start
   SlowdownWatch  during the run (gpt/train/loop.py): the steps have become much slower
                  than the fastest so far while the load is high; said once
 
 The load average counts the processes running or waiting to run, over the machine's
 cores (os.cpu_count()); it is the 1-minute figure, so a load that has just begun or ended
 shows late. Where it cannot be read (Windows), nothing is said. GPT2_TRAINER_IGNORE_LOAD=1
-turns both off (the test suite sets it: its runs' output must not depend on the machine's
-load)."""
+turns both off (the test suite sets it for the runs it starts: their output must not
+depend on the machine's load)."""
 
 from __future__ import annotations
 
@@ -88,11 +89,17 @@ def _advice(load: Load, running: bool) -> str:
     return "run it when the machine is quieter"
 
 
+def busy(load: Load | None) -> bool:
+    """Whether, before the work computes, other processes already take cores its threads
+    need: a load average of at least one core's worth, and more of our threads than the
+    cores it leaves free (half a core of slack: a load average is an average)."""
+    return (load is not None and load.average >= 1.0
+            and load.ours > load.free_cores(running=False) + 0.5)
+
+
 def busy_warning(load: Load | None) -> str | None:
-    """One line where, before the run computes, other processes already take cores its
-    threads need: a load average of at least one core's worth, and more of our threads
-    than the cores it leaves free (half a core of slack: a load average is an average)."""
-    if load is None or load.average < 1.0 or load.ours <= load.free_cores(running=False) + 0.5:
+    """The run's one line where the machine is busy (busy())."""
+    if load is None or not busy(load):
         return None
     return (f"the machine is busy: {load.describe()}; the run's threads will wait for the "
             f"cores other processes hold, so its steps can take several times as long as on "

@@ -98,4 +98,5 @@ def build_run(plan: Plan, runtime: Runtime) -> Run:
                evaluations=evaluations, state=state, trackers=trackers,
                # what --parallel/--activation-checkpointing/--batch-size auto settled on, for
                # the metrics header
-               layout_choice=plan.layout.to_json() if plan.layout is not None else None)
+               layout_choice=plan.layout.to_json() if plan.layout is not None else None,
+               expected_step_s=plan.step_s)  # the loop holds its first steps against it

@@ -16,6 +16,7 @@ from gpt.eval import evaluations
 from gpt.model import fp8
 from gpt.model.attention_mask import set_attention_step
 from gpt.optim.schedule import Schedule
+from gpt.plan.speed import compare_steps
 from gpt.report.metrics import Progress, StepTimer
 from gpt.report.profiling import Profiler
 from gpt.runtime.machine_load import SlowdownWatch, read_load
@@ -38,6 +39,7 @@ def run_loop(run: Run) -> dict[str, Any]:
     timer = StepTimer(rt)
     schedule = Schedule(cfg.optim, cfg.train.max_steps)
     slowdown = SlowdownWatch() if rt.device_type == "cpu" and rt.is_master else None
+    estimated = run.expected_step_s  # held against the first steps after the first, once
     with open_log(run) as log, StopSignal(rt) as stop, \
             Profiler(cfg.profile, rt, start) as profiler:
         rec = Records(log, Progress(cfg.data.total_batch_tokens, cfg.train.max_steps),
@@ -73,6 +75,10 @@ def run_loop(run: Run) -> dict[str, Any]:
                                      schedule.log_fields(step))
                 if slowdown is not None and (note := slowdown.observe(sec, read_load)):
                     run.say(f"note: {note}")  # once: the machine has become busy
+                if estimated is not None and step > start:  # the first step warms up
+                    if note := compare_steps(estimated, sec, end - s.step):
+                        run.say(f"note: {note}")
+                    estimated = None
             elif check:
                 check_finite(run, step)
             if stop.agreed():  # every rank stops at the same step

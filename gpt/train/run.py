@@ -44,6 +44,7 @@ class Run:
     layout_choice: dict[str, Any] | None  # what the auto layout chose (gpt/plan/layout.py)
     trackers: list[Any]  # TensorBoard / W&B, rank 0 only
     skips: SkippedSteps = field(default_factory=SkippedSteps)  # counted on the device
+    expected_step_s: float | None = None  # one step's seconds as the start's estimate timed it
 
     def say(self, *args: Any) -> None:
         """Print on rank 0 only."""

@@ -92,6 +92,7 @@ def banner(run: Run) -> dict[str, Any]:
         "loss_kernel": (run.model.loss_kernel if run.model.chunked_loss
                         or run.model.loss_kernel == "fused" else None),
         "params": run.model.num_params(), "grad_accum": run.accum,
+        "threads": torch.get_num_threads(),  # each process's: what its tokens/s had to work with
         "flops_per_token": flops_per_token(cfg.model, d.seq_len), "peak_tflops": peak,
         "peak_mem_source": peak_memory(rt.device)[1],
         "layout": run.layout_choice,  # --parallel/... auto: the choice, why, its planned peak

@@ -260,6 +260,7 @@ class Context:
     quiet: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # more top-level JSON fields
     defaulted: list[str] = field(default_factory=list)  # "--flag value": a device's default
+    progress: Any = None  # a sweep's plan (gpt.bench.step.sweep_plan): each cell's place, the ETA
 
     @classmethod
     def create(cls, command: str, args: argparse.Namespace, argv: list[str]) -> "Context":
@@ -372,7 +373,8 @@ class Context:
         (timing.run_guarded: an OOM or error is its status, and the sweep goes on)."""
         if skip is not None:
             return {**base, "status": "skipped", "reason": skip}
-        self.log(f"[{self.command}] {label} ...")
+        place = self.progress.before(label) if self.progress is not None else ""
+        self.log(f"[{self.command}] {label} ...{place}")
         return {**base, **run_guarded(measure, self.device, classify=classify, compiled=compiled)}
 
     def sweep(self, rows: Iterable[dict[str, Any] | list[dict[str, Any]]],

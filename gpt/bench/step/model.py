@@ -31,6 +31,7 @@ from gpt.bench.step.common import (
     make_step_fn,
     tf32_mode,
 )
+from gpt.bench.step.sweep_plan import plan_sweep
 from gpt.bench.tables import MFU, PEAK_MEM, STATUS, Column, col, fmt, fmt_int, fmt_ms, fmt_pct
 from gpt.bench.timing import compiled_warmup, run_guarded
 from gpt.core.config import ConfigError, OptimConfig
@@ -178,9 +179,12 @@ def _grid(args: Any) -> Iterator[tuple[Any, ...]]:
 def run_model(ctx: Context) -> tuple[list[dict[str, Any]], list[report.Section]]:
     args = ctx.args
     resolve_grid(args, ctx)
-    cells = (model_cell(ctx, size, T, B, mode, precision, comp == "on", attention,
-                        args.vocab_size)
-             for size, T, B, precision, comp, attention in _grid(args) for mode in args.modes)
+    grid = [(size, T, B, mode, precision, comp == "on", attention)
+            for size, T, B, precision, comp, attention in _grid(args) for mode in args.modes]
+    # the cells, what is skipped here, what the precisions mean here, the time: said first
+    ctx.progress = plan_sweep(ctx, grid, args.vocab_size, args.arch, cell_label)
+    cells = (model_cell(ctx, size, T, B, mode, precision, compiled, attention, args.vocab_size)
+             for size, T, B, mode, precision, compiled, attention in grid)
     return ctx.sweep(cells, lambda results: [
         report.Section("model", results, MODEL_COLUMNS, MODEL_NOTES)])
 

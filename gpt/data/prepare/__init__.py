@@ -20,8 +20,11 @@ One pass over the input, in bounded memory:
   (EOT) before every document, and the results are consumed in input order, so the output
   is byte-identical for any worker count. At most a few tasks are in flight, which bounds
   memory.
-* The token stream is cut into ``val_*`` shards (the first ``val_tokens`` tokens) and then
-  ``train_*`` shards of ``shard_tokens`` tokens; the last shard may be partial. Each shard
+* The token stream is cut into ``val_*`` shards (the first ``val_tokens`` tokens; left out,
+  the default, or a tenth of an input too small for it: the writer holds the stream's
+  start until its size shows) and then ``train_*`` shards of ``shard_tokens`` tokens; the
+  last shard may be partial. An input that leaves nothing to train on is refused with
+  nothing written. Each shard
   is written atomically, then ``metadata.json`` is rewritten atomically with the shard and
   the stream position (record, piece, token offset) where the next shard starts. A re-run
   with the same settings keeps the finished shards and skips that part of the input

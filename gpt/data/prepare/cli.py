@@ -20,7 +20,8 @@ import sys
 from gpt.core.cli import OneLineParser
 from gpt.core.errors import UserError
 from gpt.data.prepare.config import (DEFAULT_DATASET, DEFAULT_OUT, DEFAULT_SHARD_TOKENS,
-                                     DEFAULT_SUBSET, DEFAULT_VAL_TOKENS, PrepareConfig, parse_count)
+                                     DEFAULT_SUBSET, DEFAULT_VAL_TOKENS, VAL_SHARE, PrepareConfig,
+                                     parse_count)
 from gpt.data.prepare.run import prepare
 
 
@@ -54,9 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: one document per file)")
     out = p.add_argument_group("output")
     out.add_argument("--out", default=DEFAULT_OUT, help=f"folder for the shards (default: {DEFAULT_OUT})")
-    out.add_argument("--val-tokens", type=_count, default=DEFAULT_VAL_TOKENS,
+    out.add_argument("--val-tokens", type=_count, default=None,
                      help=f"the first N tokens go to val_* shards (default: {DEFAULT_VAL_TOKENS:,} = one "
-                          "20-step validation at B=64, T=1024 on 8 GPUs; 0: no validation split)")
+                          f"20-step validation at B=64, T=1024 on 8 GPUs, or a tenth of an input of "
+                          f"fewer than {VAL_SHARE * DEFAULT_VAL_TOKENS:,} tokens; 0: no validation split)")
     out.add_argument("--shard-tokens", type=_count, default=DEFAULT_SHARD_TOKENS,
                      help=f"tokens per shard (default: {DEFAULT_SHARD_TOKENS:,})")
     out.add_argument("--max-tokens", type=_count, default=None,
@@ -74,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.val_tokens < 0 or args.shard_tokens < 1 or args.workers < 0:
+    if (args.val_tokens or 0) < 0 or args.shard_tokens < 1 or args.workers < 0:
         parser.error("--val-tokens must be >= 0, --shard-tokens >= 1 and --workers >= 0")
     if args.max_tokens is not None and args.max_tokens < 1:
         parser.error("--max-tokens must be >= 1")
@@ -102,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted: finished shards are kept; run the same command again to resume",
               file=sys.stderr)
         return 130
+    if result.note:
+        print(f"note: {result.note}", file=sys.stderr)
     kept = f" ({result.kept_shards} kept from an earlier run)" if result.kept_shards else ""
     print(
         f"{result.out_dir}: {len(result.shards)} shards{kept}, {result.val_tokens:,} val + "

@@ -20,6 +20,10 @@ DEMO_SOURCE = "demo"  # --source demo: the tiny shakespeare corpus the package s
 # T=1024 = 10,485,760 tokens, plus 1 because each window also needs its last target token;
 # with exactly 10,485,760 the loader would serve only 19 steps per pass.
 DEFAULT_VAL_TOKENS = 20 * 8 * 64 * 1024 + 1
+# Without --val-tokens, an input of fewer than VAL_SHARE x DEFAULT_VAL_TOKENS tokens gives
+# 1/VAL_SHARE of itself to validation (its own text: 61k tokens would otherwise all go to
+# validation and none to training); the run holds up to that many tokens before it knows.
+VAL_SHARE = 10
 DEFAULT_SHARD_TOKENS = 100_000_000
 TOKENIZER_NAME = "gpt2"
 
@@ -42,7 +46,7 @@ class PrepareConfig:
 
     sources: tuple[str, ...] = (DEFAULT_DATASET,)
     out_dir: str = DEFAULT_OUT
-    val_tokens: int = DEFAULT_VAL_TOKENS
+    val_tokens: int | None = None  # None: DEFAULT_VAL_TOKENS, or a VAL_SHARE-th of a smaller input
     shard_tokens: int = DEFAULT_SHARD_TOKENS
     max_tokens: int | None = None  # stop after this many tokens (val + train)
     subset: str | None = None  # HF dataset config; DEFAULT_SUBSET for DEFAULT_DATASET
@@ -64,6 +68,7 @@ class PrepareResult:
     documents: int
     kept_shards: int  # shards that were already complete on disk (resume)
     seconds: float
+    note: str | None = None  # how the validation split was sized, where --val-tokens was left out
 
     @property
     def tokens(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -67,13 +68,13 @@ class Progress:
 
 
 def check_config(cfg: PrepareConfig) -> None:
-    if cfg.val_tokens < 0:
+    if cfg.val_tokens is not None and cfg.val_tokens < 0:
         raise PrepareError(f"--val-tokens must be >= 0, got {cfg.val_tokens}")
     if cfg.shard_tokens < 1:
         raise PrepareError(f"--shard-tokens must be >= 1, got {cfg.shard_tokens}")
     if cfg.workers < 0:
         raise PrepareError(f"--workers must be >= 0 (0: one per CPU core), got {cfg.workers}")
-    if cfg.max_tokens is not None and cfg.max_tokens <= cfg.val_tokens:
+    if cfg.max_tokens is not None and cfg.val_tokens is not None and cfg.max_tokens <= cfg.val_tokens:
         raise PrepareError(
             f"--max-tokens {cfg.max_tokens} leaves nothing for training after --val-tokens "
             f"{cfg.val_tokens}; raise --max-tokens or lower --val-tokens"
@@ -113,6 +114,10 @@ def prepare(
     finished = False
     try:
         existing = inspect_output(out, settings, cfg.overwrite)
+        if cfg.val_tokens is None and existing.val_tokens is not None and existing.shards:
+            # a resume of a split the run left to itself: the count it settled on
+            cfg = dataclasses.replace(cfg, val_tokens=existing.val_tokens)
+            settings["val_tokens"] = cfg.val_tokens
         progress = Progress(cfg.progress, log or sys.stderr, f"{out}", cfg.max_tokens)
         if existing.complete:
             progress.say(f"{out}: already complete ({len(existing.shards)} shards); --overwrite redoes it")
@@ -166,16 +171,21 @@ def prepare(
             raise input_changed_error(out, start)
         if writer.total == 0:  # checked first: with --overwrite, the old shards stay
             raise PrepareError(f"--source {source.describe()}: no text found (every record is empty)")
+        if writer.val_tokens is not None and writer.written["train"] + (
+                writer.filled if writer.split == "train" else 0) == 0:
+            # checked before the last shard is written; one written already is taken back
+            writer.discard(kept)
+            raise PrepareError(
+                f"--source {source.describe()}: the input has only {writer.total:,} tokens and "
+                f"--val-tokens {writer.val_tokens:,} would take them all, leaving none to train "
+                f"on; lower --val-tokens, or leave it out (a tenth of a small input validates)"
+            )
         writer.finish()
         progress.update(writer.documents - docs_before, new_tokens, writer.total, source.fraction(), final=True)
-        if writer.written["train"] == 0:
-            raise PrepareError(
-                f"--source {source.describe()}: the input has only {writer.total} tokens and "
-                f"--val-tokens {cfg.val_tokens} took them all; lower --val-tokens and re-run with --overwrite"
-            )
         writer.write_metadata(complete=True)
         finished = True
-        return result_from_shards(out, writer.shards, kept, t0)
+        result = result_from_shards(out, writer.shards, kept, t0)
+        return dataclasses.replace(result, note=writer.note)
     finally:  # a run that wrote nothing leaves no folder behind
         lock.release(remove_folder_if_unused=not finished)
 
