@@ -400,19 +400,21 @@ def _shared(tmp_path_factory: pytest.TempPathFactory, name: str, build) -> Path:
 
 
 @pytest.fixture(scope="session")
-def four_step_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Random shards for four_step_run (and for resuming copies of it)."""
-    return _shared(tmp_path_factory, "four_data", lambda folder: write_random_shards(
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tests' data folder: random shards (two train, one val), built once for the whole
+    test run and shared by its workers; four_step_run trained on it, so a copy of that run
+    resumes on it. Tests read it and never write into it (random_data_dir is a test's own)."""
+    return _shared(tmp_path_factory, "data", lambda folder: write_random_shards(
         folder, seed=5, train=(9_000, 9_000), val=(3_000,)))
 
 
 @pytest.fixture(scope="session")
-def four_step_run(four_step_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def four_step_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished tiny run with ckpt_000002.pt and ckpt_000004.pt, trained once per test run
     (shared by the xdist workers); tests that write into it take run_copy."""
     def train(folder: Path) -> None:
         proc = run_cli(*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "4",
-                       "--checkpoint-every", "2", "--data-dir", str(four_step_data),
+                       "--checkpoint-every", "2", "--data-dir", str(data_dir),
                        "--out-dir", str(folder / "run"))
         assert proc.returncode == 0, proc.stderr
 
@@ -431,10 +433,50 @@ def random_data_dir(tmp_path: Path) -> Path:
     return write_random_shards(tmp_path, seed=0, train=(30_000,), val=(5_000,))
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def no_launch_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """No torchrun worker variables in this process's environment (a test that runs the
-    trainer in-process as one process); the monkeypatch, to set some again."""
+    """No torchrun worker variables in this process's environment, for every test (a trainer
+    run in-process is one process, whatever launched pytest); the monkeypatch, for a test
+    that sets some again."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
+
+
+@pytest.fixture
+def hub_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Hugging Face libraries (datasets, the hub) in their offline mode, as on a machine
+    without network: the tests' tasks and models are local."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
+def graph_backend(monkeypatch: pytest.MonkeyPatch):
+    """torch.compile through aot_eager (the graphs and recompiles of inductor, without its
+    code generation), counting the frames compiled; graph breaks counted by dynamo
+    (helpers.graph_breaks)."""
+    import torch
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+
+    from gpt.engine import parallel
+
+    torch._dynamo.reset()
+    counters.clear()
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(parallel, "COMPILE_BACKEND", counter)
+    yield counter
+    torch._dynamo.reset()
+
+
+@pytest.fixture(scope="session")
+def trained(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint the trainer wrote, ckpt_000001.pt: one step of a tiny model, trained once
+    per test run (shared by the xdist workers), to read, never to write."""
+    def train(folder: Path) -> None:
+        proc = run_cli(*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir),
+                       "--out-dir", str(folder / "run"))
+        assert proc.returncode == 0, proc.stderr
+
+    return _shared(tmp_path_factory, "one_step", train) / "run" / "ckpt_000001.pt"

@@ -164,3 +164,31 @@ def write_odd_tasks(folder: Path) -> Path:
     _write(folder, "broken_template", MC, _MC.replace("{{ctx}}", "{{ctx"))
     _write(folder, "broken_field", MC, _MC.replace("{{ctx}}", "{{question}}"))
     return folder
+
+
+# the four tasks write_tasks writes, one of each request type
+TASKS = ["tiny_mc", "tiny_word", "tiny_rolling", "tiny_gen"]
+
+
+def responses(lm, folder: Path) -> dict[str, list]:
+    """Every task's per-document model responses (log-likelihoods, is-greedy flags and
+    generated texts), in document order."""
+    from lm_eval.evaluator import evaluate
+
+    from gpt.eval import harness_tasks
+
+    tasks, failed = harness_tasks.load_tasks(TASKS, str(folder))
+    assert not failed
+    out = evaluate(lm=lm, task_dict=tasks, bootstrap_iters=0, log_samples=True)
+    return {name: [s["resps"] for s in sorted(samples, key=lambda s: s["doc_id"])]
+            for name, samples in out["samples"].items()}
+
+
+def flatten(resps: list) -> list:
+    items = []
+    for r in resps:
+        if isinstance(r, (list, tuple)):
+            items.extend(flatten(list(r)))
+        else:
+            items.append(r)
+    return items

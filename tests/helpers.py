@@ -41,6 +41,28 @@ def write_random_shards(folder: Path, seed: int, train: tuple[int, ...],
     return folder
 
 
+def error_line(text: str) -> str:
+    """The one error line of a refusal (a command's output, or an error's text): no
+    traceback, and exactly one line that says `error:`."""
+    assert "Traceback" not in text, text
+    lines = [line for line in text.splitlines() if "error:" in line]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def one_line_error(proc: subprocess.CompletedProcess, code: int = 1) -> str:
+    """A command that refused: exit status `code`, and the one error line on its stderr."""
+    assert proc.returncode == code, (proc.returncode, proc.stderr[-2000:])
+    return error_line(proc.stderr)
+
+
+def only_line(text: str) -> str:
+    """Output that is a single line and nothing else (a refusal that says only that): the line."""
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    return lines[0]
+
+
 def run_cli(*args: str, timeout: int = 300, process: bool = False,
             **kwargs: Any) -> subprocess.CompletedProcess:
     """`python train_gpt2.py ARGS`, captured: its exit status, stdout and stderr. It runs in
@@ -132,6 +154,14 @@ def _to_stderr(message: Warning | str, category: type[Warning], filename: str, l
                file: Any = None, line: str | None = None) -> None:
     """A warning shown as Python shows one: on stderr (here, the run's captured stream)."""
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def start_trainer(*args: str, **kwargs: Any) -> subprocess.Popen:
+    """`python train_gpt2.py ARGS` started as a process of its own, in a session of its own
+    (kill_tree ends it and whatever it started), its output piped as text."""
+    return subprocess.Popen([sys.executable, str(TRAIN_SCRIPT), *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **kwargs)
 
 
 def torchrun_cmd(*args: str, nproc: int = 2, extra: tuple[str, ...] = (),
@@ -446,3 +476,46 @@ class silent_host:
 def val_loader(run: Any) -> Any:
     """A built run's validation loader (what its validation loaded)."""
     return next(held for ev, held in run.evaluations if ev.name == "val").loader
+
+
+def graph_breaks() -> int:
+    """Graph breaks dynamo counted since the graph_backend fixture reset its counters."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+def highest_rise(run) -> int:
+    """The most bytes that blocks the CPU allocator hands out during run() hold at once,
+    from the profiler's allocation events (frees have negative sizes)."""
+    import torch
+    from torch._C._profiler import _EventType
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        run()
+    events: list[tuple[int, int, int, int]] = []  # (time, order seen, pointer, size)
+
+    def walk(event) -> None:
+        if event.tag == _EventType.Allocation:
+            fields = event.extra_fields
+            events.append((event.start_time_ns, len(events), fields.ptr, fields.alloc_size))
+        for child in event.children:
+            walk(child)
+
+    for root in prof.profiler.kineto_results.experimental_event_tree():
+        walk(root)
+    assert events, "the profiler recorded no allocations"
+    # Only blocks allocated during run() count. The allocator's own running total also
+    # counts blocks that an earlier profiled run (an earlier test) left alive, and falls
+    # when one of those is freed mid-run: CI once measured a step's peak 5% low so.
+    held: dict[int, int] = {}
+    now = highest = 0
+    for _, _, ptr, size in sorted(events):
+        if size > 0:
+            held[ptr] = size
+            now += size
+        elif ptr in held:
+            now -= held.pop(ptr)
+        highest = max(highest, now)
+    return highest

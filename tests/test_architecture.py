@@ -15,9 +15,9 @@ from gpt.checkpoint.export import export_hf
 from gpt.checkpoint.files import load
 from gpt.core.config import ModelConfig, model_preset
 from gpt.model.transformer import GPT, Rotary
-from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one,
+from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one, graph_breaks,
                      meta_build_and_reference, run_cli, val_loader, write_random_shards)
-from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
+
 
 OPTIONS: dict[str, dict[str, object]] = {
     "rotary": {"rotary": True}, "rmsnorm": {"rmsnorm": True}, "qk_norm": {"qk_norm": True},
@@ -144,11 +144,6 @@ def test_flags_and_recipe_keys_validate() -> None:
         parse_args([*TINY, "--logit-softcap", "-1"])
     with pytest.raises(SystemExit):
         parse_args(["--n-embd", "63", "--n-head", "7", "--rotary"])  # head size 9: odd
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=1, train=(20_000, 7_000))
 
 
 ARGS = [*TINY, *QUIET, *ALL_FLAGS, "--total-batch-tokens", "512"]

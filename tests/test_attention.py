@@ -6,7 +6,6 @@ as a higher-order op: kept, not recomputed in the backward pass."""
 from __future__ import annotations
 
 import ast
-import functools
 from types import SimpleNamespace
 
 import pytest

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import QUIET, TINY, read_metrics, run_cli, write_random_shards
+from helpers import QUIET, TINY, read_metrics, run_cli
 from gpt.checkpoint.files import load, resume_point
 from gpt.core.cli import parse_args
 from gpt.core.config import Config, ConfigError
@@ -26,12 +26,6 @@ from gpt.plan.memory import MemoryPlan
 
 GiB = 2**30
 AUTO = ["--parallel", "auto", "--activation-checkpointing", "auto", "--batch-size", "auto"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=3, train=(9_000, 9_000),
-                               val=(3_000,))
 
 
 # ---- the flags

@@ -11,13 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpt.bench import cli as bench_cli
-from helpers import read_only_folder
-
-
-def one_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
+from helpers import only_line, read_only_folder
 
 
 def refuse_to_measure(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -49,7 +43,7 @@ def test_an_unusable_out_is_one_line_before_anything_runs(argv: list[str], says:
     (tmp_path / "folder").mkdir()
     argv = [a.format(file=tmp_path / "file", folder=tmp_path / "folder") for a in argv]
     assert bench_cli.main(argv) == 1
-    err = one_line(capsys.readouterr().err)
+    err = only_line(capsys.readouterr().err)
     assert err.startswith(f"error: --out {argv[argv.index('--out') + 1]}") and says in err, err
     assert (tmp_path / "file").read_text() == "kept" and not any((tmp_path / "folder").iterdir())
 
@@ -61,9 +55,9 @@ def test_a_folder_this_process_may_not_write_in_is_one_line(tmp_path: Path, caps
     parent = read_only_folder(tmp_path)
     plan = parent / "gpt2-trainer" / "plan.json"
     assert bench_cli.main(["memory", "--model", "tiny", "--out", str(plan)]) == 1
-    assert "its folder cannot be written" in one_line(capsys.readouterr().err)
+    assert "its folder cannot be written" in only_line(capsys.readouterr().err)
     assert bench_cli.main(["model", "--out", str(parent / "gpt2-trainer")]) == 1
-    assert "cannot be used as a folder" in one_line(capsys.readouterr().err)
+    assert "cannot be used as a folder" in only_line(capsys.readouterr().err)
 
 
 def test_plan_writes_nothing_and_needs_no_usable_out(tmp_path: Path, capsys) -> None:

@@ -23,11 +23,6 @@ from gpt.core.config_io import to_dict
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
 
-@pytest.fixture()
-def data_dir(four_step_data: Path) -> Path:
-    return four_step_data  # the data of four_step_run, which run_copy is a copy of
-
-
 def first_state(ckpt: dict[str, Any]) -> dict[str, Any]:
     return next(iter(ckpt["optimizer"]["state"].values()))
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import QUIET, TINY, read_metrics, run_cli, write_random_shards
-from test_memory import highest_rise
+from helpers import QUIET, TINY, highest_rise, read_metrics, run_cli, write_random_shards
+
 from gpt.core.cli import parse_args
 from gpt.core.config import TrainConfig, model_preset
 from gpt.engine import parallel

@@ -11,8 +11,6 @@ sampling, HellaSwag under compile, and MFU against the device's peak.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import (QUIET, REPO, kill_tree, read_metrics, run_cli, run_torchrun, wait_for,
+from helpers import (QUIET, kill_tree, read_metrics, run_cli, run_torchrun, start_trainer, wait_for,
                      write_random_shards)
 from gpt.core.cli import parse_args
 from gpt.core.config import OptimConfig, model_preset
@@ -166,9 +164,7 @@ def test_resume_after_sigterm_continues_the_curve(patterned_dir: Path, tmp_path:
     the signal lands); where it stopped decides how far both runs go."""
     args = [*GPU_TINY, *QUIET, "--max-steps", "100000", "--data-dir", str(patterned_dir)]
     out = tmp_path / "split"
-    proc = subprocess.Popen([sys.executable, str(REPO / "train_gpt2.py"), *args,
-                             "--out-dir", str(out)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_trainer(*args, "--out-dir", str(out))
     try:
         wait_for(lambda: (out / "metrics.jsonl").exists() and len(read_metrics(out, "train")) >= 4,
                  timeout=300, proc=proc)

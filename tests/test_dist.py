@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import (QUIET, TINY, assert_trains_alike, read_metrics, run_cli, run_torchrun,
-                     write_random_shards)
+from helpers import QUIET, TINY, assert_trains_alike, read_metrics, run_cli, run_torchrun
 from gpt.checkpoint.files import load
 from gpt.data.loader import ShardLoader
 from gpt.data.shards import write_shard
@@ -20,11 +19,6 @@ from gpt.data.shards import write_shard
 # Global batch 512 tokens = 4 micro-batches of 4 x 32: one process accumulates 4, two
 # ranks 2 each. 3 steps, fp32 on CPU.
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "3"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=1, train=(20_000, 7_000))
 
 
 @pytest.fixture(scope="module")

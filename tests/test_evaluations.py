@@ -17,7 +17,7 @@ from gpt.eval.evaluation import Evaluation, Result, Scoring
 from gpt.plan.preflight import preflight
 from gpt.report.metrics_reader import Panel
 from gpt.runtime.world import Runtime
-from helpers import QUIET, TINY, read_metrics, run_cli, write_random_shards
+from helpers import QUIET, TINY, read_metrics, run_cli
 
 
 class WeightNorm(Evaluation):
@@ -53,11 +53,6 @@ def weight_norm(monkeypatch: pytest.MonkeyPatch) -> WeightNorm:
     ev = WeightNorm()
     monkeypatch.setattr(evaluations, "EVALUATIONS", (*evaluations.EVALUATIONS, ev))
     return ev
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=5, train=(20_000,))
 
 
 def test_the_preflight_asks_every_evaluation(weight_norm: WeightNorm, data_dir: Path,

@@ -255,7 +255,7 @@ def test_a_trained_speedrun_model_scores_alike_in_lm_eval_hf(
     from gpt.eval.harness import GPT2TrainerLM
 
     from harness_fixtures import write_tasks
-    from test_harness import TASKS, flatten, responses
+    from harness_fixtures import TASKS, flatten, responses
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -30,6 +30,7 @@ from gpt.bench.gpu import stages as gpu_stages
 from gpt.bench.gpu.estimates import WARMUP, pytest_estimate
 from gpt.bench.gpu.inputs import Packages
 from gpt.bench.record import REPO
+from helpers import only_line
 
 CELL_KEYS = {"name", "kind", "params", "status", "estimate_s"}
 FIGURES = {"step_ms", "tokens_per_s_median", "mfu_median", "compile_s_estimate", "final_loss",
@@ -243,11 +244,10 @@ def test_the_cuda_tests_estimate_names_every_cuda_test() -> None:
 # what a stage needs, checked before anything runs
 
 
-def one_line_error(capsys, argv: list[str], code: int = 1) -> str:
+def bench_refusal(capsys, argv: list[str], code: int = 1) -> str:
+    """`python -m gpt.bench gpu ARGV`, refused: exit status `code` and one line, returned."""
     assert bench_main(["gpu", *argv]) == code
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err
+    return only_line(capsys.readouterr().err)
 
 
 STAND_IN = "B = 64 # micro batch size\n"  # a script without build-nanogpt's other lines
@@ -257,30 +257,30 @@ def test_a_stage_without_its_input_fails_in_one_line_running_nothing(tmp_path, c
                                                                      monkeypatch) -> None:
     refuse_to_run(monkeypatch)
     out = tmp_path / "out"
-    err = one_line_error(capsys, ["throughput", "--out", str(out)])
+    err = bench_refusal(capsys, ["throughput", "--out", str(out)])
     assert "stage throughput" in err and "--nanogpt PATH" in err and "nothing was run" in err
-    err = one_line_error(capsys, ["throughput", "--out", str(out), "--nanogpt", str(tmp_path / "no.py")])
+    err = bench_refusal(capsys, ["throughput", "--out", str(out), "--nanogpt", str(tmp_path / "no.py")])
     assert f"--nanogpt {tmp_path / 'no.py'}" in err and "not found" in err
     (tmp_path / "train_gpt2.py").write_text(STAND_IN)  # a folder holding a changed script
-    err = one_line_error(capsys, ["throughput", "--out", str(out), "--nanogpt", str(tmp_path)])
+    err = bench_refusal(capsys, ["throughput", "--out", str(out), "--nanogpt", str(tmp_path)])
     assert "its script changed" in err
     for stage in ("fp8-loss", "tokens"):
-        err = one_line_error(capsys, [stage, "--out", str(out)])
+        err = bench_refusal(capsys, [stage, "--out", str(out)])
         assert f"stage {stage} needs --corpus DIR" in err
     (tmp_path / "corpus").mkdir()
-    err = one_line_error(capsys, ["tokens", "--out", str(out), "--corpus", str(tmp_path / "corpus")])
+    err = bench_refusal(capsys, ["tokens", "--out", str(out), "--corpus", str(tmp_path / "corpus")])
     assert f"stage tokens: --corpus {tmp_path / 'corpus'}: no train_* shards" in err
     assert not out.exists()
     if not torch.cuda.is_available():  # no package stops a stage: past the checks
         monkeypatch.setattr(gpu_inputs, "importable", lambda module: False)
-        err = one_line_error(capsys, ["fp8", "--out", str(out), "--wheels", str(tmp_path)], 2)
+        err = bench_refusal(capsys, ["fp8", "--out", str(out), "--wheels", str(tmp_path)], 2)
         assert "no CUDA device" in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_a_stage_without_its_baseline_cell_needs_no_nanogpt(tmp_path, capsys, monkeypatch) -> None:
     refuse_to_run(monkeypatch)
-    err = one_line_error(capsys, ["throughput", "--out", str(tmp_path), "--only", "ours-b16-default"], 2)
+    err = bench_refusal(capsys, ["throughput", "--out", str(tmp_path), "--only", "ours-b16-default"], 2)
     assert "no CUDA device" in err and "--smoke" in err
 
 

@@ -16,47 +16,17 @@ from gpt.checkpoint.export import export_hf
 from gpt.core.config import model_preset
 from gpt.model.transformer import GPT
 
-from harness_fixtures import MC, write_tasks
+from harness_fixtures import MC, TASKS, flatten, responses, write_tasks
 from helpers import QUIET, TINY, read_metrics, run_cli
 
 lm_eval = pytest.importorskip("lm_eval", reason='lm-eval is not installed (pip install -e ".[eval]")')
 
-TASKS = ["tiny_mc", "tiny_word", "tiny_rolling", "tiny_gen"]
-
-
-@pytest.fixture(autouse=True)
-def offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.usefixtures("hub_offline")
 
 
 def tiny_model(**overrides: object) -> GPT:
     torch.manual_seed(0)
     return GPT(model_preset("tiny", block_size=64, **overrides))
-
-
-def responses(lm, folder: Path) -> dict[str, list]:
-    """Every task's per-document model responses (log-likelihoods, is-greedy flags and
-    generated texts), in document order."""
-    from lm_eval.evaluator import evaluate
-
-    from gpt.eval import harness_tasks
-
-    tasks, failed = harness_tasks.load_tasks(TASKS, str(folder))
-    assert not failed
-    out = evaluate(lm=lm, task_dict=tasks, bootstrap_iters=0, log_samples=True)
-    return {name: [s["resps"] for s in sorted(samples, key=lambda s: s["doc_id"])]
-            for name, samples in out["samples"].items()}
-
-
-def flatten(resps: list) -> list:
-    items = []
-    for r in resps:
-        if isinstance(r, (list, tuple)):
-            items.extend(flatten(list(r)))
-        else:
-            items.append(r)
-    return items
 
 
 @pytest.mark.numerics

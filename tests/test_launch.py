@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import QUIET, REPO, TINY, assert_trains_alike, run_cli, write_random_shards
+from helpers import QUIET, REPO, TINY, assert_trains_alike, run_cli
 from gpt.checkpoint.files import load
 
 LAUNCH = REPO / "launch"
@@ -30,11 +30,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=4, train=(20_000, 7_000))
 
 
 @pytest.mark.slow

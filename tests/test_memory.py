@@ -17,6 +17,7 @@ from gpt.engine.step import forward_backward, optimizer_step
 from gpt.model.transformer import GPT
 from gpt.plan import memory, memory_trace
 from gpt.runtime.world import Runtime
+from helpers import highest_rise
 
 SMALL = ["--model", "tiny", "--n-layer", "2", "--n-head", "2", "--n-embd", "64",
          "--vocab-size", "512", "--block-size", "64", "--batch-size", "4", "--seq-len", "64"]
@@ -49,41 +50,6 @@ def real_peak(cfg, dtype: torch.dtype, micro_steps: int) -> int:
     state = [v for s in par.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
     live = sum(t.numel() * t.element_size() for t in [*model.parameters(), *state])
     return live + highest_rise(lambda: step(micro_steps))
-
-
-def highest_rise(run) -> int:
-    """The most bytes that blocks the CPU allocator hands out during run() hold at once,
-    from the profiler's allocation events (frees have negative sizes)."""
-    from torch._C._profiler import _EventType
-
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                profile_memory=True) as prof:
-        run()
-    events: list[tuple[int, int, int, int]] = []  # (time, order seen, pointer, size)
-
-    def walk(event) -> None:
-        if event.tag == _EventType.Allocation:
-            fields = event.extra_fields
-            events.append((event.start_time_ns, len(events), fields.ptr, fields.alloc_size))
-        for child in event.children:
-            walk(child)
-
-    for root in prof.profiler.kineto_results.experimental_event_tree():
-        walk(root)
-    assert events, "the profiler recorded no allocations"
-    # Only blocks allocated during run() count. The allocator's own running total also
-    # counts blocks that an earlier profiled run (an earlier test) left alive, and falls
-    # when one of those is freed mid-run: CI once measured a step's peak 5% low so.
-    held: dict[int, int] = {}
-    now = highest = 0
-    for _, _, ptr, size in sorted(events):
-        if size > 0:
-            held[ptr] = size
-            now += size
-        elif ptr in held:
-            now -= held.pop(ptr)
-        highest = max(highest, now)
-    return highest
 
 
 def test_the_measurement_ignores_blocks_an_earlier_profile_left_alive() -> None:

@@ -17,8 +17,7 @@ from gpt.optim.muon import MUON, hidden_matrices, momentum_at
 from gpt.optim.muon_adamw import MuonAdamW
 from gpt.optim.optimizer import build_optimizer
 from gpt.optim.schedule import lr_at
-from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one, run_cli,
-                     write_random_shards)
+from helpers import QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one, run_cli
 
 MUON_CFG = OptimConfig(optimizer="muon", max_lr=3e-3, muon_lr=0.02, fused=False)
 
@@ -96,11 +95,6 @@ def test_a_non_finite_gradient_skips_the_whole_step() -> None:
                              torch.tensor(float("nan")))
     assert skipped.item() == 1.0
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=1, train=(20_000, 7_000))
 
 
 ARGS = [*TINY, *QUIET, "--optimizer", "muon", "--muon-momentum-warmup", "3",

@@ -18,7 +18,7 @@ from gpt.core.config import ConfigError, OptimConfig
 from gpt.optim import optimizer
 from gpt.optim.kind import OptimizerKind
 from gpt.plan.preflight import preflight
-from helpers import QUIET, TINY, assert_resume_is_exact, read_metrics, write_random_shards
+from helpers import QUIET, TINY, assert_resume_is_exact, read_metrics
 
 
 class SGD(OptimizerKind):
@@ -63,11 +63,6 @@ def sgd(monkeypatch: pytest.MonkeyPatch) -> SGD:
     monkeypatch.setitem(optimizer.OPTIMIZERS, "sgd", row)
     monkeypatch.setitem(config.OPTIMIZER_NAMES, "sgd", __file__)
     return row
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=3, train=(20_000,))
 
 
 def test_the_flags_choices_are_the_tables_rows() -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import QUIET, REPO, TINY, val_loader, write_random_shards
+from helpers import QUIET, REPO, TINY, graph_breaks, val_loader, write_random_shards
 from gpt.core.cli import parse_args
 from gpt.core.config import ConfigError, OptimConfig, TrainConfig, model_preset
 from gpt.engine import parallel
@@ -48,27 +48,6 @@ def fake_world():
         yield Runtime(device=torch.device("cpu"), rank=0, world_size=8, distributed=True)
     finally:
         dist.destroy_process_group()
-
-
-@pytest.fixture()
-def graph_backend(monkeypatch: pytest.MonkeyPatch):
-    """torch.compile through aot_eager (the graphs and recompiles of inductor, without its
-    code generation), counting the frames compiled; graph breaks counted by dynamo."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
-    counter = CompileCounterWithBackend("aot_eager")
-    monkeypatch.setattr(parallel, "COMPILE_BACKEND", counter)
-    yield counter
-    torch._dynamo.reset()
-
-
-def graph_breaks() -> int:
-    from torch._dynamo.utils import counters
-
-    return sum(counters["graph_break"].values())
 
 
 def meta_model(seed: int = 0) -> GPT:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import QUIET, REPO, TINY, read_metrics, run_cli, write_random_shards
+from helpers import QUIET, REPO, TINY, read_metrics, run_cli
 from gpt.checkpoint.files import save_atomic
 from gpt.core import extras
 from gpt.core.cli import parse_args
@@ -24,18 +24,11 @@ from gpt.model import sizing
 from gpt.plan.preflight import preflight
 
 
-
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=0, train=(20_000,),
-                               val=(5_000,))
-
-
-@pytest.fixture(scope="module")
-def trained(data: Path, tmp_path_factory) -> Path:
+def trained(data_dir: Path, tmp_path_factory) -> Path:
     """A one-step run's checkpoint of the tiny model."""
     out = tmp_path_factory.mktemp("run")
-    assert train_main([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data),
+    assert train_main([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir),
                        "--out-dir", str(out)]) == 0
     return out / "ckpt_000001.pt"
 
@@ -44,21 +37,21 @@ def trained(data: Path, tmp_path_factory) -> Path:
 # one plan
 
 
-def test_the_plan_holds_what_the_run_will_do(data: Path, tmp_path: Path, no_launch_env) -> None:
+def test_the_plan_holds_what_the_run_will_do(data_dir: Path, tmp_path: Path, no_launch_env) -> None:
     cfg = parse_args([*TINY, "--sample-every", "0", "--max-steps", "4", "--batch-size", "auto",
-                      "--data-dir", str(data), "--out-dir", str(tmp_path / "run")])
+                      "--data-dir", str(data_dir), "--out-dir", str(tmp_path / "run")])
     plan = preflight(cfg)
     assert plan.ok and plan.settled() is plan
     assert plan.runtime.device == torch.device("cpu") and plan.runtime.world_size == 1
     assert plan.dtype == torch.float32 and plan.layout is not None  # --batch-size auto settled
     d = plan.cfg.data
     assert plan.accum == d.total_batch_tokens // (d.batch_size * d.seq_len)
-    assert (plan.data.train_shards, plan.data.train_tokens, plan.data.val_tokens) == (1, 20_000, 5_000)
+    assert (plan.data.train_shards, plan.data.train_tokens, plan.data.val_tokens) == (2, 18_000, 3_000)
     assert plan.start.path is None and plan.memory is None  # the planner only when asked
     assert not (tmp_path / "run").exists()  # nothing written
 
 
-def test_every_problem_is_one_entry_and_the_run_raises_the_first(data: Path, tmp_path: Path,
+def test_every_problem_is_one_entry_and_the_run_raises_the_first(data_dir: Path, tmp_path: Path,
                                                                   no_launch_env) -> None:
     (tmp_path / "file").write_text("")
     cfg = parse_args([*TINY, *QUIET, "--total-batch-tokens", "300", "--data-dir",
@@ -73,9 +66,9 @@ def test_every_problem_is_one_entry_and_the_run_raises_the_first(data: Path, tmp
     assert e.value is plan.problems[0]
 
 
-def test_a_missing_hellaswag_file_stops_the_run_and_its_dry_run_alike(data: Path,
+def test_a_missing_hellaswag_file_stops_the_run_and_its_dry_run_alike(data_dir: Path,
                                                                       tmp_path: Path) -> None:
-    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
             str(tmp_path / "run"), "--hellaswag-every", "1", "--hellaswag-file",
             str(tmp_path / "missing.jsonl")]
     for proc in (run_cli(*args, "--dry-run"), run_cli(*args)):
@@ -85,14 +78,14 @@ def test_a_missing_hellaswag_file_stops_the_run_and_its_dry_run_alike(data: Path
 
 
 def test_a_hellaswag_file_bad_past_its_first_lines_is_refused_by_the_dry_run(
-        data: Path, tmp_path: Path) -> None:
+        data_dir: Path, tmp_path: Path) -> None:
     """The dry run reads every line the run will: a bad 21st line is its verdict too."""
     import json
 
     good = json.dumps({"ctx": "The man", "endings": ["a", "b", "c", "d"], "label": 0})
     path = tmp_path / "hs.jsonl"
     path.write_text(f"{good}\n" * 20 + "{not json\n" + f"{good}\n" * 5)
-    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
             str(tmp_path / "run"), "--hellaswag-every", "1", "--hellaswag-file", str(path)]
     for proc in (run_cli(*args, "--dry-run"), run_cli(*args)):
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -110,11 +103,11 @@ def test_a_hellaswag_file_bad_past_its_first_lines_is_refused_by_the_dry_run(
     (["--vocab-size", "1000"], "train_000000.bin: token id "),
 ], ids=["profile-in-proc", "profile-a-file", "snapshot-below-a-file", "vocab-below-the-data"])
 def test_what_the_run_would_stop_at_the_dry_run_says_first(flags: list[str], words: str,
-                                                           data: Path, tmp_path: Path) -> None:
+                                                           data_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     flags = [f.replace("FILE", str(tmp_path / "file")) for f in flags]
     words = words.replace("FILE", str(tmp_path / "file"))
-    args = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data), "--out-dir",
+    args = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data_dir), "--out-dir",
             str(tmp_path / "run"), *flags]
     for proc in (run_cli(*args, "--dry-run"), run_cli(*args)):
         assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
@@ -127,7 +120,7 @@ def test_what_the_run_would_stop_at_the_dry_run_says_first(flags: list[str], wor
 
 @pytest.mark.parametrize("case", ["name too long", "unreadable"])
 def test_an_out_dir_that_cannot_be_listed_is_one_line_in_the_dry_run_and_the_run(
-        case: str, data: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+        case: str, data_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     """The checkpoints are listed before the folder's own check: a folder that cannot be
     listed (a name longer than the file system takes; write but no read permission, as
     root cannot be made to lack it, stood in for) is said there, not a traceback."""
@@ -146,7 +139,7 @@ def test_an_out_dir_that_cannot_be_listed_is_one_line_in_the_dry_run_and_the_run
             return real(self)
 
         monkeypatch.setattr(pathlib.Path, "iterdir", unreadable)
-    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir", str(out)]
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir", str(out)]
     for dry in (["--dry-run"], []):
         assert train_main([*args, *dry]) == 2
         err = capsys.readouterr().err
@@ -154,11 +147,11 @@ def test_an_out_dir_that_cannot_be_listed_is_one_line_in_the_dry_run_and_the_run
             f"checkpoints ({'File name too long' if case == 'name too long' else 'Permission denied'})" in err
 
 
-def test_an_empty_sample_prompt_samples_from_end_of_text(data: Path, tmp_path: Path) -> None:
+def test_an_empty_sample_prompt_samples_from_end_of_text(data_dir: Path, tmp_path: Path) -> None:
     """As gpt.generate --prompt '' does: what the dry run passes, the run samples."""
     args = [*TINY, "--val-every", "0", "--max-steps", "1", "--sample-every", "1",
             "--sample-tokens", "4", "--num-samples", "1", "--sample-prompt", "",
-            "--data-dir", str(data), "--out-dir", str(tmp_path / "run")]
+            "--data-dir", str(data_dir), "--out-dir", str(tmp_path / "run")]
     assert run_cli(*args, "--dry-run").returncode == 0
     proc = run_cli(*args)
     assert proc.returncode == 0, proc.stderr
@@ -197,14 +190,14 @@ def direct_calls(fn, stop_at: str | None = None):
     return calls, run
 
 
-def test_the_trainer_and_the_dry_run_each_ask_the_preflight_once(data: Path, tmp_path: Path,
+def test_the_trainer_and_the_dry_run_each_ask_the_preflight_once(data_dir: Path, tmp_path: Path,
                                                                   no_launch_env, capsys) -> None:
     """Before the runtime starts, train() calls the preflight (and reads its verdict) and
     nothing else of the package: no check of its own. The dry run likewise."""
     from gpt.plan import dry_run
     from gpt.train import trainer as train
 
-    cfg = parse_args([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data),
+    cfg = parse_args([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir),
                       "--out-dir", str(tmp_path / "run")])
     calls, run = direct_calls(train.train, stop_at="init_runtime")
     run(cfg)
@@ -232,18 +225,18 @@ def absurd_copy(src: Path, dst: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_an_absurd_size_in_a_saved_config_is_refused_by_every_reader(trained: Path, data: Path,
+def test_an_absurd_size_in_a_saved_config_is_refused_by_every_reader(trained: Path, data_dir: Path,
                                                                      tmp_path: Path) -> None:
     """generate, evaluate, export, resume (and its dry run) and gpt2-lm-eval each say so
     in one line; built, the model of 10^9 blocks would take minutes and all the memory
     (the timeout stands for a hang, not a speed limit)."""
     path = absurd_copy(trained, tmp_path / "run" / "ckpt_000001.pt")
-    train = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data), "--out-dir",
+    train = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data_dir), "--out-dir",
              str(path.parent), "--resume", "auto"]
     commands = {
         "generate": ["-m", "gpt.generate", "--checkpoint", str(path), "--prompt", "hi",
                      "--max-new-tokens", "4", "--device", "cpu"],
-        "evaluate": ["-m", "gpt.evaluate", "--checkpoint", str(path), "--data-dir", str(data),
+        "evaluate": ["-m", "gpt.evaluate", "--checkpoint", str(path), "--data-dir", str(data_dir),
                      "--device", "cpu", "--val-steps", "1", "--batch-size", "2", "--seq-len", "32"],
         "export": ["-m", "gpt.pretrained", "export", "--checkpoint", str(path), "--out",
                    str(tmp_path / "hf")],
@@ -312,7 +305,7 @@ def test_a_package_that_fails_to_import_is_named_with_its_reason(tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_a_broken_torchao_is_refused_by_the_dry_run_as_by_the_run(data: Path,
+def test_a_broken_torchao_is_refused_by_the_dry_run_as_by_the_run(data_dir: Path,
                                                                    tmp_path: Path) -> None:
     """torchao on disk but failing to import: the dry run no longer promises a start that
     the run then refuses."""
@@ -322,7 +315,7 @@ def test_a_broken_torchao_is_refused_by_the_dry_run_as_by_the_run(data: Path,
         raise ImportError("undefined symbol: _ZN3c10 (built for another torch)")
     """))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shim), str(REPO)])}
-    args = [*TINY, *QUIET, "--max-steps", "1", "--fp8", "tensorwise", "--data-dir", str(data),
+    args = [*TINY, *QUIET, "--max-steps", "1", "--fp8", "tensorwise", "--data-dir", str(data_dir),
             "--out-dir", str(tmp_path / "run")]
     dry, real = run_cli(*args, "--dry-run", env=env), run_cli(*args, env=env)
     assert dry.returncode == real.returncode == 1

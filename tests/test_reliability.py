@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import (QUIET, REPO, TINY, kill_tree, read_metrics, run_cli, wait_for,
-                     write_random_shards)
+from helpers import (QUIET, REPO, TINY, kill_tree, one_line_error, read_metrics, run_cli,
+                     start_trainer, wait_for, write_random_shards)
 from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.files import CheckpointError, load
 from gpt.core.cli import parse_args
@@ -28,26 +28,6 @@ from gpt.engine.step import TrainingDiverged
 from gpt.train.trainer import train
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
-
-
-@pytest.fixture()
-def data_dir(four_step_data: Path) -> Path:
-    """The data of four_step_run (conftest.py), which run_copy's resumes need."""
-    return four_step_data
-
-
-def one_line_error(proc: subprocess.CompletedProcess, code: int = 1) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1, proc.stderr
-    return errors[0]
-
-
-def spawn(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPO / "train_gpt2.py"), *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **kwargs)
 
 
 def all_finite(path: Path) -> bool:
@@ -163,7 +143,7 @@ def test_a_second_trainer_on_the_folder_is_refused_and_kill_9_leaves_no_stale_lo
         data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     args = [*ARGS, "--max-steps", "100000", "--data-dir", str(data_dir), "--out-dir", str(out)]
-    first = spawn(*args)
+    first = start_trainer(*args)
     try:
         wait_for(lambda: (out / "metrics.jsonl").exists() and len(read_metrics(out, "train")) >= 1,
                  timeout=120, proc=first)
@@ -462,7 +442,7 @@ def test_a_shard_truncated_during_training_stops_with_a_checkpoint(tmp_path: Pat
     (tmp_path / "d").mkdir()
     data = write_random_shards(tmp_path / "d", seed=3, train=(200_000,))
     out = tmp_path / "run"
-    proc = spawn(*ARGS, "--max-steps", "100000", "--data-dir", str(data), "--out-dir", str(out))
+    proc = start_trainer(*ARGS, "--max-steps", "100000", "--data-dir", str(data), "--out-dir", str(out))
     try:
         wait_for(lambda: (out / "metrics.jsonl").exists() and len(read_metrics(out, "train")) >= 2,
                  timeout=120, proc=proc)
@@ -486,7 +466,7 @@ def test_a_shard_truncated_during_training_stops_with_a_checkpoint(tmp_path: Pat
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1])
 def test_sighup_and_sigusr1_save_a_checkpoint(sig: int, data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = spawn(*ARGS, "--max-steps", "100000", "--data-dir", str(data_dir), "--out-dir", str(out))
+    proc = start_trainer(*ARGS, "--max-steps", "100000", "--data-dir", str(data_dir), "--out-dir", str(out))
     try:
         wait_for(lambda: (out / "metrics.jsonl").exists() and len(read_metrics(out, "train")) >= 2,
                  timeout=120, proc=proc)

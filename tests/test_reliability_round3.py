@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import REPO, QUIET, TINY, run_cli, write_checkpoint, write_random_shards
+from helpers import (QUIET, REPO, TINY, one_line_error, run_cli, write_checkpoint,
+                     write_random_shards)
 from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.export import export_hf
 from gpt.checkpoint.files import CheckpointError
@@ -37,19 +38,6 @@ from gpt.runtime.world import Runtime, init_runtime
 from gpt.train.build import build_loader
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
-
-
-@pytest.fixture()
-def data_dir(four_step_data: Path) -> Path:
-    return four_step_data  # the data of four_step_run, which run_copy is a copy of
-
-
-def one_line_error(proc: subprocess.CompletedProcess, code: int = 1) -> str:
-    assert proc.returncode == code, (proc.returncode, proc.stderr[-2000:])
-    assert "Traceback" not in proc.stderr, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1, proc.stderr
-    return errors[0]
 
 
 def spoil(path: Path, how, to: Path | None = None) -> None:

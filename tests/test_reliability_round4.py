@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import QUIET, TINY, write_random_shards
+from helpers import QUIET, TINY, error_line, write_random_shards
 from gpt.bench import cli as bench_cli
 from gpt.bench.tokens import bench as tokens_bench
 from gpt.checkpoint import files as checkpoint
@@ -28,19 +28,6 @@ from gpt.model.transformer import GPT
 
 WORKER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}  # what torchrun adds
 ABSURD = ["--n-layer", "100000", "--n-embd", "65536", "--n-head", "64"]
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=0, train=(10_000,))
-
-
-def one_line(text: str) -> str:
-    """The single error line of a refusal (no traceback)."""
-    assert "Traceback" not in text, text
-    lines = [line for line in text.splitlines() if "error" in line]
-    assert lines, text
-    return lines[0]
 
 
 # ---- 1 (and 3, 4): the dry run and the run go through one validation path
@@ -76,9 +63,9 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_dry_run_that_says_it_would_start_is_followed_by_a_run_that_starts(
-        case: str, data: Path, tmp_path: Path, no_launch_env, capsys) -> None:
+        case: str, data_dir: Path, tmp_path: Path, no_launch_env, capsys) -> None:
     flags, env, make_data = CASES[case]
-    folder = make_data(tmp_path / "data") if make_data else data
+    folder = make_data(tmp_path / "data") if make_data else data_dir
     for name, value in env.items():
         no_launch_env.setenv(name, value)
     args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(folder),
@@ -91,19 +78,19 @@ def test_a_dry_run_that_says_it_would_start_is_followed_by_a_run_that_starts(
     assert promised == (real == 0), (case, dry_text, real_text)
     assert promised == (case == "a good command"), (case, dry_text)
     if not promised:  # both refuse in one line, and the run wrote nothing
-        one_line(dry_text.err)
-        one_line(real_text.err)
+        error_line(dry_text.err)
+        error_line(real_text.err)
         assert not (tmp_path / "run").exists()
 
 
-def test_rank_one_without_torchrun_is_refused_by_the_dry_run(data: Path, tmp_path: Path,
+def test_rank_one_without_torchrun_is_refused_by_the_dry_run(data_dir: Path, tmp_path: Path,
                                                              no_launch_env, capsys) -> None:
     for name, value in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
         no_launch_env.setenv(name, value)
-    code = train_main([*TINY, *QUIET, "--data-dir", str(data), "--out-dir",
+    code = train_main([*TINY, *QUIET, "--data-dir", str(data_dir), "--out-dir",
                        str(tmp_path / "run"), "--dry-run"])
     err = capsys.readouterr().err
-    assert code == 2 and "set without MASTER_ADDR, MASTER_PORT" in one_line(err)
+    assert code == 2 and "set without MASTER_ADDR, MASTER_PORT" in error_line(err)
 
 
 def test_the_dry_run_applies_the_loaders_rule_to_a_small_val_split(tmp_path: Path,
@@ -124,14 +111,14 @@ def test_the_dry_run_applies_the_loaders_rule_to_a_small_val_split(tmp_path: Pat
      "WORLD_SIZE='x' in the environment is not a number"),
     ({"WORLD_SIZE": "0", "RANK": "0", "LOCAL_RANK": "0", **WORKER}, "RANK=0 with WORLD_SIZE=0"),
 ])
-def test_a_bad_launch_variable_is_one_line_in_the_dry_run(env: dict, words: str, data: Path,
+def test_a_bad_launch_variable_is_one_line_in_the_dry_run(env: dict, words: str, data_dir: Path,
                                                           tmp_path: Path, no_launch_env,
                                                           capsys) -> None:
     for name, value in env.items():
         no_launch_env.setenv(name, value)
-    code = train_main([*TINY, *QUIET, "--data-dir", str(data), "--out-dir",
+    code = train_main([*TINY, *QUIET, "--data-dir", str(data_dir), "--out-dir",
                        str(tmp_path / "run"), "--dry-run"])
-    assert code == 2 and words in one_line(capsys.readouterr().err)
+    assert code == 2 and words in error_line(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("flags, words", [
@@ -143,12 +130,12 @@ def test_a_huge_number_is_refused_where_it_is_typed(flags: list[str], words: str
                                                     capsys) -> None:
     with pytest.raises(SystemExit) as e:  # the planner and the dry run both parse this way
         bench_cli.main(["memory", *flags])
-    assert e.value.code == 2 and words in one_line(capsys.readouterr().err)
+    assert e.value.code == 2 and words in error_line(capsys.readouterr().err)
 
 
 def test_the_planner_names_a_world_size_below_one(capsys) -> None:
     assert bench_cli.main(["memory", "--model", "tiny", "--world-size", "0"]) == 2
-    assert "--world-size 0" in one_line(capsys.readouterr().err)
+    assert "--world-size 0" in error_line(capsys.readouterr().err)
 
 
 # ---- 3: absurd model sizes are answered by arithmetic, before anything is built
@@ -165,19 +152,19 @@ def test_the_parameter_formula_is_the_models_count(rotary: bool, rmsnorm: bool, 
         assert sizing.param_count(m) == GPT(m).num_params()
 
 
-def test_an_absurd_model_is_refused_by_the_dry_run_and_the_planner(data: Path, tmp_path: Path,
+def test_an_absurd_model_is_refused_by_the_dry_run_and_the_planner(data_dir: Path, tmp_path: Path,
                                                                    no_launch_env,
                                                                    monkeypatch, capsys) -> None:
     def no_building(*args, **kwargs):
         raise AssertionError("an absurd model must not be built or traced")
 
     monkeypatch.setattr(GPT, "__init__", no_building)
-    code = train_main([*TINY, *QUIET, *ABSURD, "--data-dir", str(data), "--out-dir",
+    code = train_main([*TINY, *QUIET, *ABSURD, "--data-dir", str(data_dir), "--out-dir",
                        str(tmp_path / "run"), "--dry-run"])
     err = capsys.readouterr().err
     assert code == 2 and "needs at least" in err and "per device" in err
     assert bench_cli.main(["memory", *ABSURD]) == 2
-    assert "the largest GPU planned for" in one_line(capsys.readouterr().err)
+    assert "the largest GPU planned for" in error_line(capsys.readouterr().err)
 
 
 def test_fsdp_shares_the_least_memory_over_the_world() -> None:
@@ -197,18 +184,18 @@ def test_the_planner_refuses_a_world_the_batch_does_not_divide(capsys) -> None:
     tiny = ["--model", "tiny", "--block-size", "32", "--seq-len", "32", "--batch-size", "4",
             "--total-batch-tokens", "256"]
     assert bench_cli.main(["memory", *tiny, "--world-size", "3"]) == 2
-    assert "world size 3" in one_line(capsys.readouterr().err)
+    assert "world size 3" in error_line(capsys.readouterr().err)
 
 
 # ---- 5: a saved config that lost a field cannot quietly become another model
 
 
 @pytest.fixture(scope="module")
-def beyond_gpt2_run(data: Path, tmp_path_factory) -> Path:
+def beyond_gpt2_run(data_dir: Path, tmp_path_factory) -> Path:
     """A one-step run of a model with every part a saved config must not lose."""
     out = tmp_path_factory.mktemp("run")
     assert train_main([*TINY, *QUIET, "--relu2", "--qk-norm", "--logit-softcap", "15",
-                       "--rotary", "--max-steps", "1", "--data-dir", str(data),
+                       "--rotary", "--max-steps", "1", "--data-dir", str(data_dir),
                        "--out-dir", str(out)]) == 0
     return out / "ckpt_000001.pt"
 
@@ -317,7 +304,7 @@ def test_a_new_config_field_raises_the_schema_version() -> None:
 def test_generate_checks_the_temperature_as_it_is_typed(value: str, words: str, capsys) -> None:
     with pytest.raises(SystemExit) as e:  # before any checkpoint is read
         generate_main(["--checkpoint", "no-such-file.pt", "--temperature", value])
-    assert e.value.code == 2 and words in one_line(capsys.readouterr().err)
+    assert e.value.code == 2 and words in error_line(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("flags, words", [
@@ -328,7 +315,7 @@ def test_values_that_make_training_degenerate_are_refused(flags: list[str], word
                                                           capsys) -> None:
     with pytest.raises(SystemExit):
         parse_args([*TINY, *flags])
-    assert words in one_line(capsys.readouterr().err)
+    assert words in error_line(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("flags, words", [
@@ -339,7 +326,7 @@ def test_an_optimizers_own_values_are_refused_before_the_run(flags: list[str], w
                                                              tmp_path: Path, capsys) -> None:
     # the optimizer's checks (gpt/optim/muon.py's), asked by the preflight first
     assert train_main([*TINY, *QUIET, *flags, "--out-dir", str(tmp_path / "run")]) == 2
-    assert words in one_line(capsys.readouterr().err) and not (tmp_path / "run").exists()
+    assert words in error_line(capsys.readouterr().err) and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("argv", [
@@ -352,14 +339,14 @@ def test_an_optimizers_own_values_are_refused_before_the_run(flags: list[str], w
 def test_the_benchmarks_float_flags_are_finite(argv: list[str], capsys) -> None:
     with pytest.raises(SystemExit) as e:
         bench_cli.main(argv)
-    assert e.value.code == 2 and "must be" in one_line(capsys.readouterr().err)
+    assert e.value.code == 2 and "must be" in error_line(capsys.readouterr().err)
 
 
 def test_plot_smoothing_is_finite(capsys) -> None:
     from gpt.plot import main as plot_main
     with pytest.raises(SystemExit):
         plot_main(["metrics.jsonl", "--smooth", "nan"])
-    assert "--smooth" in one_line(capsys.readouterr().err)
+    assert "--smooth" in error_line(capsys.readouterr().err)
 
 
 # ---- 7: the tokens bench
@@ -371,7 +358,7 @@ def test_a_corpus_without_text_is_one_line(tmp_path: Path, capsys) -> None:
     (corpus / "empty.txt").write_text("")
     code = bench_cli.main(["tokens", "--data-dir", str(tmp_path / "shards"), "--corpus",
                            str(corpus), "--out", str(tmp_path / "out")])
-    assert code == 1 and "holds any text" in one_line(capsys.readouterr().err)
+    assert code == 1 and "holds any text" in error_line(capsys.readouterr().err)
 
 
 def test_a_corpus_fineweb_refuses_is_one_line(tmp_path: Path) -> None:

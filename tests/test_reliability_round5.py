@@ -17,40 +17,15 @@ from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.export import export_hf
 from gpt.checkpoint.files import CheckpointError
 from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model, read_checkpoint
-from gpt.core.config import SCHEMA_VERSION
 from gpt.entry import train_main
 from gpt.evaluate import main as evaluate_main
 
 from harness_fixtures import write_tasks
-from helpers import QUIET, TINY, read_only_folder, write_random_shards
-
-LAUNCH = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-
-
-@pytest.fixture(autouse=True)
-def quiet_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in LAUNCH:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=0, train=(10_000,))
-
+from helpers import QUIET, TINY, error_line, read_only_folder
 
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tasks(tmp_path_factory.mktemp("tasks"))
-
-
-def one_line(text: str) -> str:
-    """The single error line of a refusal (no traceback)."""
-    assert "Traceback" not in text, text
-    lines = [line for line in text.splitlines() if "error:" in line]
-    assert lines, text
-    return lines[0]
 
 
 # ---- 5: what the run refuses, the dry run refuses, in the same words
@@ -80,9 +55,10 @@ CASES = {
 }
 
 
+@pytest.mark.usefixtures("hub_offline")
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_dry_run_refuses_what_the_run_refuses_in_the_same_words(
-        case: str, data: Path, tasks: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+        case: str, data_dir: Path, tasks: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     pytest.importorskip("lm_eval", reason="the eval extra")
     flags, words, environment = CASES[case]
     (tmp_path / "file").write_text("not a folder")
@@ -91,22 +67,23 @@ def test_the_dry_run_refuses_what_the_run_refuses_in_the_same_words(
     words = words.replace("MISSING", names["MISSING"]).replace("FILE", names["FILE"])
     if environment is not None:
         environment(monkeypatch)
-    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
             str(tmp_path / "run"), "--eval-tasks-include", str(tasks), *flags]
     dry = train_main([*args, "--dry-run"])
     dry_text = capsys.readouterr()
     assert dry != 0 and "the run would start" not in dry_text.out, dry_text
-    dry_line = one_line(dry_text.err)
+    dry_line = error_line(dry_text.err)
     real = train_main(args)
-    real_line = one_line(capsys.readouterr().err)
+    real_line = error_line(capsys.readouterr().err)
     assert real == dry and words in dry_line and dry_line == real_line
     assert not (tmp_path / "run").exists()  # nothing written
 
 
-def test_the_dry_run_promises_a_run_with_known_tasks(data: Path, tasks: Path, tmp_path: Path,
+@pytest.mark.usefixtures("hub_offline")
+def test_the_dry_run_promises_a_run_with_known_tasks(data_dir: Path, tasks: Path, tmp_path: Path,
                                                      capsys) -> None:
     pytest.importorskip("lm_eval", reason="the eval extra")
-    code = train_main([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+    code = train_main([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
                        str(tmp_path / "run"), "--eval-tasks", "tiny_mc,tiny_gen",
                        "--eval-tasks-every", "1", "--eval-tasks-include", str(tasks),
                        "--check-tokens", "--dry-run"])
@@ -114,25 +91,16 @@ def test_the_dry_run_promises_a_run_with_known_tasks(data: Path, tasks: Path, tm
     assert not (tmp_path / "run").exists()
 
 
-def test_an_out_dir_below_a_file_is_refused_before_anything_is_built(data: Path, tmp_path: Path,
+def test_an_out_dir_below_a_file_is_refused_before_anything_is_built(data_dir: Path, tmp_path: Path,
                                                                       capsys) -> None:
     (tmp_path / "file").write_text("not a folder")
     out = tmp_path / "file" / "run"
-    assert train_main([*TINY, *QUIET, "--data-dir", str(data), "--out-dir", str(out)]) == 2
-    assert f"--out-dir {out}: cannot write there: {tmp_path / 'file'} is a file" in one_line(
+    assert train_main([*TINY, *QUIET, "--data-dir", str(data_dir), "--out-dir", str(out)]) == 2
+    assert f"--out-dir {out}: cannot write there: {tmp_path / 'file'} is a file" in error_line(
         capsys.readouterr().err)
 
 
 # ---- 6: a saved config's values are checked as the command line's are, in every reader
-
-
-@pytest.fixture(scope="module")
-def trained(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A checkpoint the trainer wrote (one step of a tiny model)."""
-    out = tmp_path_factory.mktemp("run")
-    assert train_main([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data),
-                       "--out-dir", str(out)]) == 0
-    return out / "ckpt_000001.pt"
 
 
 def edited(src: Path, dst: Path, schema: bool = True, drop: tuple[str, ...] = (),
@@ -187,15 +155,15 @@ def test_a_checkpoint_of_the_current_trainer_loads_as_before(trained: Path, caps
 # ---- 7: a file from before schemas that lacks a model field says so, once
 
 
-def one_step(data: Path, out: Path, *flags: str) -> Path:
-    assert train_main([*TINY, *QUIET, *flags, "--max-steps", "1", "--data-dir", str(data),
+def one_step(data_dir: Path, out: Path, *flags: str) -> Path:
+    assert train_main([*TINY, *QUIET, *flags, "--max-steps", "1", "--data-dir", str(data_dir),
                        "--out-dir", str(out)]) == 0
     return out / "ckpt_000001.pt"
 
 
 @pytest.fixture(scope="module")
-def relu2_run(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return one_step(data, tmp_path_factory.mktemp("relu2"), "--relu2")
+def relu2_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return one_step(data_dir, tmp_path_factory.mktemp("relu2"), "--relu2")
 
 
 def test_a_file_from_before_schemas_that_lacks_a_field_warns_in_every_reader(
@@ -209,21 +177,21 @@ def test_a_file_from_before_schemas_that_lacks_a_field_warns_in_every_reader(
         assert f"{path}: its config lacks relu2" in warnings[0] and "relu2=False" in warnings[0]
 
 
-def test_weights_that_disagree_with_the_assumed_model_are_refused(data: Path,
+def test_weights_that_disagree_with_the_assumed_model_are_refused(data_dir: Path,
                                                                   tmp_path: Path) -> None:
     # RMSNorm holds no bias: read as LayerNorm, the weights show the loss
-    src = one_step(data, tmp_path / "src", "--rmsnorm")
+    src = one_step(data_dir, tmp_path / "src", "--rmsnorm")
     path = edited(src, tmp_path / "run" / "ckpt_000001.pt", schema=False, drop=("rmsnorm",))
     for name, read in readers(path, tmp_path).items():
         with pytest.raises((PretrainedError, CheckpointError), match="missing .*ln_1.bias"):
             read()
 
 
-def test_a_resume_from_before_schemas_warns_once(trained: Path, data: Path, tmp_path: Path,
+def test_a_resume_from_before_schemas_warns_once(trained: Path, data_dir: Path, tmp_path: Path,
                                                  capsys) -> None:
     path = edited(trained, tmp_path / "run" / "ckpt_000001.pt", schema=False,
                   drop=("qk_norm", "relu2"))
-    assert train_main([*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data),
+    assert train_main([*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data_dir),
                        "--out-dir", str(tmp_path / "run"), "--resume", str(path)]) == 0
     warnings = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning:")]
     assert len(warnings) == 1 and "lacks qk_norm, relu2" in warnings[0]
@@ -233,14 +201,16 @@ def test_a_resume_from_before_schemas_warns_once(trained: Path, data: Path, tmp_
 # ---- 8: an empty task list is an error, and tasks never scored too
 
 
+@pytest.mark.usefixtures("hub_offline")
 @pytest.mark.parametrize("text", ["", ",,,", " , "])
 def test_evaluate_refuses_an_empty_task_list(text: str, trained: Path, capsys) -> None:
     with pytest.raises(SystemExit) as e:
         evaluate_main(["--checkpoint", str(trained), "--tasks", text])
-    assert e.value.code == 2 and f"--tasks {text!r} names no task" in one_line(
+    assert e.value.code == 2 and f"--tasks {text!r} names no task" in error_line(
         capsys.readouterr().err)
 
 
+@pytest.mark.usefixtures("hub_offline")
 @pytest.mark.parametrize("flags, words", [
     (["--eval-tasks", "hellaswag"], "--eval-tasks hellaswag is scored every --eval-tasks-every "
                                     "N steps (and at the end), and that is 0 (off)"),
@@ -249,24 +219,24 @@ def test_evaluate_refuses_an_empty_task_list(text: str, trained: Path, capsys) -
 def test_the_trainer_refuses_tasks_it_would_drop(flags: list[str], words: str, capsys) -> None:
     with pytest.raises(SystemExit) as e:
         train_main([*TINY, *flags, "--dry-run"])
-    assert e.value.code == 2 and words in one_line(capsys.readouterr().err)
+    assert e.value.code == 2 and words in error_line(capsys.readouterr().err)
 
 
 # ---- 9: the tokens bench's --out
 
 
 @pytest.mark.parametrize("where", ["a file", "below a file"])
-def test_the_tokens_bench_refuses_an_unusable_out_in_one_line(where: str, data: Path,
+def test_the_tokens_bench_refuses_an_unusable_out_in_one_line(where: str, data_dir: Path,
                                                                tmp_path: Path, capsys) -> None:
     (tmp_path / "file").write_text("not a folder")
     out = tmp_path / "file" if where == "a file" else tmp_path / "file" / "out"
-    code = bench_cli.main(["tokens", "--data-dir", str(data), "--out", str(out)])
-    assert code == 1 and f"--out {out}" in one_line(capsys.readouterr().err)
+    code = bench_cli.main(["tokens", "--data-dir", str(data_dir), "--out", str(out)])
+    assert code == 1 and f"--out {out}" in error_line(capsys.readouterr().err)
     assert (tmp_path / "file").read_text() == "not a folder"
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="folder modes and sysfs are POSIX")
-def test_the_tokens_bench_refuses_a_read_only_out(data: Path, tmp_path: Path, capsys) -> None:
+def test_the_tokens_bench_refuses_a_read_only_out(data_dir: Path, tmp_path: Path, capsys) -> None:
     parent = read_only_folder(tmp_path)
-    code = bench_cli.main(["tokens", "--data-dir", str(data), "--out", str(parent / "out")])
-    assert code == 1 and "cannot be used as a folder" in one_line(capsys.readouterr().err)
+    code = bench_cli.main(["tokens", "--data-dir", str(data_dir), "--out", str(parent / "out")])
+    assert code == 1 and "cannot be used as a folder" in error_line(capsys.readouterr().err)

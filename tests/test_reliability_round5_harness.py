@@ -21,16 +21,13 @@ from gpt.evaluate import main as evaluate_main
 from gpt.model.transformer import GPT
 
 from harness_fixtures import write_odd_tasks, write_tasks
-from helpers import (QUIET, TINY, lm_eval_command, read_metrics, run_torchrun, write_checkpoint,
-                     write_random_shards)
+from helpers import (QUIET, TINY, error_line, lm_eval_command, read_metrics, run_torchrun,
+                     write_checkpoint, write_random_shards)
 
 lm_eval = pytest.importorskip("lm_eval", reason='lm-eval is not installed (pip install -e ".[eval]")')
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+pytestmark = pytest.mark.usefixtures("hub_offline")
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +41,6 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "ckpt.pt")  # block size 64
-
-
-def one_line(text: str) -> str:
-    """The single error line of a refusal (no traceback)."""
-    assert "Traceback" not in text, text
-    lines = [line for line in text.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, text
-    return lines[0]
-
 
 
 # ---- 1: a checkpoint that cannot be read is one line, not a traceback
@@ -79,7 +67,7 @@ def test_lm_eval_command_answers_a_checkpoint_it_cannot_read_in_one_line(
     code = lm_eval_command(monkeypatch, "--model", "gpt2-trainer", "--model_args",
                            f"checkpoint={path}", "--device", "cpu", "--tasks", "tiny_mc",
                            "--include_path", str(tasks), "--limit", "2")
-    line = one_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     # named as the user gave it, in model_args, not as gpt.evaluate's --checkpoint flag
     assert code == 1 and f"model_args checkpoint={path}" in line and "--checkpoint" not in line
 
@@ -131,7 +119,7 @@ def test_a_request_the_model_cannot_score_is_refused_naming_task_and_document(
     # only is where the harness divided by zero)
     code = evaluate_main(["--checkpoint", str(ckpt), "--tasks", task, "--include-path",
                           str(tasks), "--device", "cpu", "--limit", "1"])
-    line = one_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert code == 1 and f"task {task}, document 0: {words}" in line
     assert "refused before scoring" in line
 
@@ -141,7 +129,7 @@ def test_lm_eval_command_refuses_a_request_in_one_line(tasks: Path, ckpt: Path, 
     code = lm_eval_command(monkeypatch, "--model", "gpt2-trainer", "--model_args",
                            f"checkpoint={ckpt}", "--device", "cpu", "--include_path", str(tasks),
                            "--tasks", "odd_long_continuation")
-    line = one_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert code == 1 and "task odd_long_continuation, document 0: its continuation" in line
 
 
@@ -302,6 +290,6 @@ def test_an_lm_eval_that_fails_to_import_is_not_called_missing(ckpt: Path, monke
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "datasets", None)  # its import now fails
     code = evaluate_main(["--checkpoint", str(ckpt), "--tasks", "tiny_mc", "--device", "cpu"])
-    line = one_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert code == 1 and "installed but fails to import" in line and "datasets" in line
     assert "not installed" not in line

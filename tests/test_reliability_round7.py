@@ -29,26 +29,7 @@ from gpt.entry import train_main
 from gpt.model import sizing
 from gpt.plan import preflight
 
-from helpers import QUIET, TINY, lm_eval_command, read_only_folder, write_random_shards
-from test_reliability_round5 import trained  # noqa: F401 -- a fixture: one step of a tiny model
-
-
-@pytest.fixture(autouse=True)
-def one_process(no_launch_env: pytest.MonkeyPatch) -> None:
-    """The trainer runs in this process, as one process."""
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=0, train=(10_000,))
-
-
-def error_line(text: str) -> str:
-    """The one error line of a refusal: no traceback, no second line."""
-    assert "Traceback" not in text, text
-    lines = [line for line in text.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, text
-    return lines[0]
+from helpers import QUIET, TINY, error_line, lm_eval_command, read_only_folder
 
 
 def listing(folder: Path) -> list[str]:
@@ -141,14 +122,14 @@ RUN_FOLDER_CASES: dict[str, tuple[Callable[[Path, contextlib.ExitStack], None], 
 
 @pytest.mark.parametrize("case", list(RUN_FOLDER_CASES))
 def test_the_dry_run_refuses_what_the_run_folder_would_refuse_in_the_runs_words(
-        case: str, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        case: str, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The dry run says the run would not start, naming the entry and what to do; the run
     refuses in the same line, and so does its own taking of the folder (the preflight's
     check left out: the same function, so the two cannot drift); nothing is written."""
     setup, words = RUN_FOLDER_CASES[case]
     out = tmp_path / "run"
     words = words.replace("OUT", str(out))
-    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir", str(out)]
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir", str(out)]
     with contextlib.ExitStack() as stack:
         setup(out, stack)
         before = listing(out)
@@ -182,13 +163,13 @@ def test_the_trackers_folders_are_judged_where_the_flags_ask_for_them(tmp_path: 
         check_run_folder(out, wandb=True)
 
 
-def test_a_lock_file_a_killed_run_left_means_nothing(data: Path, tmp_path: Path,
+def test_a_lock_file_a_killed_run_left_means_nothing(data_dir: Path, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture) -> None:
     """A lock file that no live process holds (a kill -9 leaves one) is no refusal."""
     out = tmp_path / "run"
     out.mkdir()
     (out / ".lock").write_text("pid 99999 on gone since then\n")
-    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir", str(out)]
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir", str(out)]
     assert train_main([*args, "--dry-run"]) == 0
     assert "dry run: the run would start" in capsys.readouterr().out
 
@@ -196,16 +177,15 @@ def test_a_lock_file_a_killed_run_left_means_nothing(data: Path, tmp_path: Path,
 # ---- 2: the size is judged by what building costs, not by parameters alone
 
 
-
 DEEP_THIN = {"n_layer": 80_000, "n_embd": 2, "n_head": 1}  # passes the parameter bounds
 
 
 def test_a_deep_thin_model_by_flags_is_refused_before_anything_is_built(
-        data: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Its parameters fit any device; building it (or planning its memory, which
     --batch-size auto does) would take minutes to hours. The dry run and the run answer
     at once, naming the flag."""
-    base = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+    base = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
             str(tmp_path / "run"), "--n-layer", "20000", "--n-embd", "16", "--n-head", "1"]
     for args in ([*base, "--dry-run"], base, [*base, "--batch-size", "auto", "--dry-run"]):
         assert train_main(args) == 2
@@ -216,7 +196,7 @@ def test_a_deep_thin_model_by_flags_is_refused_before_anything_is_built(
 
 
 def test_a_saved_config_edited_deep_and_thin_is_refused_by_every_reader(
-        trained: Path, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        trained: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A checkpoint whose config says 80,000 blocks 2 wide: within twice its weights'
     size, so the parameter bound passes; every reader refuses it before building it."""
     ckpt = torch.load(trained, weights_only=True)
@@ -227,7 +207,7 @@ def test_a_saved_config_edited_deep_and_thin_is_refused_by_every_reader(
     with pytest.raises(PretrainedError, match="its config's n_layer 80000: a model of more "
                                               "than 1,000 blocks"):
         load_checkpoint_model(path)  # generate, evaluate, export and gpt2-lm-eval read so
-    args = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data), "--out-dir",
+    args = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data_dir), "--out-dir",
             str(path.parent), "--resume", "auto"]
     for flags in ([*args, "--dry-run"], args):
         assert train_main(flags) != 0
@@ -235,7 +215,7 @@ def test_a_saved_config_edited_deep_and_thin_is_refused_by_every_reader(
 
 
 def test_an_exported_folder_edited_deep_and_thin_is_refused_by_its_readers(
-        trained: Path, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+        trained: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     folder = export_hf(trained, tmp_path / "hf")
     config = json.loads((folder / "config.json").read_text())
     config.update(DEEP_THIN)
@@ -243,7 +223,7 @@ def test_an_exported_folder_edited_deep_and_thin_is_refused_by_its_readers(
     with pytest.raises(PretrainedError, match=r"config\.json: n_layer 80000: a model of more "
                                               r"than 1,000 blocks"):
         load_pretrained(folder)  # generate and evaluate's --init-from
-    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
             str(tmp_path / "run"), "--init-from", str(folder)]
     for flags in ([*args, "--dry-run"], args):
         assert train_main(flags) != 0
@@ -265,11 +245,11 @@ GOOD = json.dumps({"ctx": "The man", "endings": ["a", "b", "c", "d"], "label": 0
     (b'[{"ctx": "x"}]\n', "FILE:1: expected a JSON object"),
 ])
 def test_a_hellaswag_file_that_is_not_hellaswags_is_refused_before_the_run(
-        content: bytes, words: str, data: Path, tmp_path: Path,
+        content: bytes, words: str, data_dir: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture) -> None:
     path = tmp_path / "hs.jsonl"
     path.write_bytes(content)
-    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
             str(tmp_path / "run"), "--hellaswag-every", "1", "--hellaswag-file", str(path)]
     for flags in ([*args, "--dry-run"], args):
         assert train_main(flags) == 2
@@ -295,10 +275,9 @@ def _broken_entries(folder: Path, kind: str) -> str:
     return f"{folder / 'sub' / 'up'} leads back to a folder it is in (a symlink loop)"
 
 
-
 @pytest.mark.parametrize("kind", ["dangling yaml", "fifo yaml", "folder loop"])
 def test_an_unreadable_entry_of_a_task_folder_is_one_line_everywhere(
-        kind: str, data: Path, trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        kind: str, data_dir: Path, trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture) -> None:
     pytest.importorskip("lm_eval", reason="the eval extra")
     from harness_fixtures import write_tasks
@@ -308,7 +287,7 @@ def test_an_unreadable_entry_of_a_task_folder_is_one_line_everywhere(
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     folder = write_tasks(tmp_path / "tasks")
     words = _broken_entries(folder, kind)
-    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
             str(tmp_path / "run"), "--eval-tasks", "tiny_mc", "--eval-tasks-every", "1",
             "--eval-tasks-include", str(folder)]
     for flags in ([*args, "--dry-run"], args):

@@ -9,7 +9,6 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 from helpers import (QUIET, REPO, TINY, kill_tree, read_metrics, run_cli, run_torchrun,
-                      torchrun_cmd, wait_for, write_random_shards)
+                     start_trainer, torchrun_cmd, wait_for)
 from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.files import CheckpointError, load
 from gpt.core.cli import parse_args
@@ -26,12 +25,6 @@ from gpt.data.shards import write_shard
 from gpt.engine.step import TrainingDiverged
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "6"]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_shards(tmp_path_factory.mktemp("data"), seed=2, train=(9_000, 9_000),
-                               val=(3_000,))
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -112,9 +105,7 @@ def test_signal_finishes_the_step_saves_and_exits(sig: int, data_dir: Path, tmp_
     out = tmp_path / "run"
     args = [*TINY, *QUIET, "--max-steps", "100000", "--data-dir", str(data_dir),
             "--out-dir", str(out)]
-    proc = subprocess.Popen([sys.executable, str(REPO / "train_gpt2.py"), *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = start_trainer(*args)
     try:
         wait_for(lambda: (out / "metrics.jsonl").exists() and len(read_metrics(out, "train")) >= 2,
                  timeout=120, proc=proc)

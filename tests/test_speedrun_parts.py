@@ -15,9 +15,9 @@ from gpt.checkpoint.export import export_hf
 from gpt.core.config import ModelConfig, model_preset
 from gpt.model.attention_mask import EOT, AttentionMask, window_at
 from gpt.model.transformer import GPT
-from helpers import (QUIET, TINY, assert_resume_is_exact, meta_build_and_reference, run_cli,
-                     write_random_shards)
-from test_parallel import graph_backend, graph_breaks  # noqa: F401 -- a fixture, and its counter
+from helpers import (QUIET, TINY, assert_resume_is_exact, graph_breaks, meta_build_and_reference,
+                     run_cli, write_random_shards)
+
 
 PARTS: dict[str, dict[str, object]] = {
     "value_embeds": {"value_embeds": True},
