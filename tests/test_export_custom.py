@@ -130,7 +130,9 @@ def test_padding_and_a_cache_compute_what_one_pass_does(tmp_path: Path, options:
     and rotary ones). These passes give SDPA other masks, so other kernels that sum in
     another order: ~1e-5 apart on logits of size ~10; 1e-4 bounds that, while a wrong
     position, window or document moves them by 1e-2 or more."""
-    from transformers import DynamicCache
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is not installed (optional; the hf extra)")
+    DynamicCache = transformers.DynamicCache
 
     _, out = exported(tmp_path, model_preset("tiny", block_size=32, vocab_size=50304, **options),
                       capsys)
@@ -195,7 +197,14 @@ def test_every_model_option_is_carried_or_only_chooses_the_start() -> None:
 
 
 def test_the_model_code_imports_only_torch_and_transformers() -> None:
-    """What a machine with transformers alone can load: no import of this package."""
+    """What a machine with transformers alone can load: no import of this package. The
+    folder's own __init__ imports nothing either (it is a package only so that the files ship
+    with this one)."""
+    import gpt.checkpoint.hf_model as code
+
+    assert Path(code.__file__).resolve().parent == export_custom.CODE
+    assert sorted(p.name for p in export_custom.CODE.glob("*.py")) == sorted(
+        ["__init__.py", *export_custom.CODE_FILES])
     for name in export_custom.CODE_FILES:
         tree = ast.parse((export_custom.CODE / name).read_text(encoding="utf-8"))
         for node in ast.walk(tree):

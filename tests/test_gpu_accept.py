@@ -574,8 +574,9 @@ def test_the_loss_bench_on_a_cpu_times_the_whole_logits_loss_and_skips_the_fused
             assert v["status"] == "ok" and v["total_ms"] > 0 and v["traffic_logits"] == 3
         else:
             assert v["status"] == "skipped" and "CUDA" in v["reason"]
-    per_cap = len(loss_bench.variants())  # the compiled loss, the backward mode, each launch ...
-    assert per_cap == 3 + len(loss_bench.launch_names())
+    per_cap = len(loss_bench.variants())  # the compiled loss, the backward mode, each launch
+    # (one, skipped, where Triton is missing), expecting wrong
+    assert per_cap == 3 + max(1, len(loss_bench.launch_names()))
     assert [v["softcap"] for v in report["variants"]] == [0.0] * per_cap + [15.0] * per_cap
     assert report["choice"]["launch"] is None  # nothing fused ran
     if not torch.cuda.is_available():
