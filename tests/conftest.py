@@ -343,7 +343,7 @@ def network_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     """No test touches the network: every host answers, as far as gpt/core/network.py's
     probe is told (the tests stand in for the downloads themselves), and no answer is
     kept from one test to the next. A test of a machine without network stands in for
-    the probe with one that fails (tests/test_network.py)."""
+    the probe with one that fails (tests/core/test_network.py)."""
     from gpt.core import network
 
     monkeypatch.setattr(network, "_probe", lambda host, port, timeout_s, *how: None)

@@ -69,34 +69,34 @@ FAKE = pytest.StashKey[bool]()
 TRAINER = "gpt/model/transformer.py (to_empty)"  # the model moved onto the GPU
 OWN = "own body"
 STOPS: dict[str, str] = {f"tests/{test}": where for test, where in {
-    "test_chunked_ce.py::test_compiled_on_cuda_it_holds_a_chunk_not_every_chunks_gradient": OWN,
-    "test_cuda.py::test_bf16_autocast_dtypes": "tests/test_cuda.py (tiny_gpu_model)",
-    "test_cuda.py::test_fp16_grad_scaler_takes_a_step": "tests/test_cuda.py (tiny_gpu_model)",
-    "test_cuda.py::test_trainer_cuda_defaults_use_tf32_compile_and_fused_adamw": TRAINER,
-    "test_cuda.py::test_a_fused_sdpa_kernel_runs_at_1024_and_matches_math":
-        "tests/test_cuda.py (<genexpr>)",
-    "test_cuda.py::test_pinned_double_buffered_loader_gives_the_cpu_batches":
+    "model/test_chunked_ce.py::test_compiled_on_cuda_it_holds_a_chunk_not_every_chunks_gradient": OWN,
+    "runs/test_cuda.py::test_bf16_autocast_dtypes": "tests/runs/test_cuda.py (tiny_gpu_model)",
+    "runs/test_cuda.py::test_fp16_grad_scaler_takes_a_step": "tests/runs/test_cuda.py (tiny_gpu_model)",
+    "runs/test_cuda.py::test_trainer_cuda_defaults_use_tf32_compile_and_fused_adamw": TRAINER,
+    "runs/test_cuda.py::test_a_fused_sdpa_kernel_runs_at_1024_and_matches_math":
+        "tests/runs/test_cuda.py (<genexpr>)",
+    "runs/test_cuda.py::test_pinned_double_buffered_loader_gives_the_cpu_batches":
         "gpt/data/loader.py (_to_cuda)",
-    "test_cuda.py::test_compiled_training_run_learns": TRAINER,
+    "runs/test_cuda.py::test_compiled_training_run_learns": TRAINER,
     # the trainer it starts and signals, a process of its own
-    "test_cuda.py::test_resume_after_sigterm_continues_the_curve": TRAINER,
-    "test_cuda.py::test_validation_under_cuda_graphs": TRAINER,
-    "test_cuda.py::test_a_training_step_never_waits_for_the_gpu": "tests/test_cuda.py (tiny_gpu_model)",
-    "test_cuda.py::test_a_meta_model_initialised_on_the_gpu_equals_the_cpu_build": TRAINER,
-    "test_cuda.py::test_metrics_report_mfu_against_the_device_peak": TRAINER,
+    "runs/test_cuda.py::test_resume_after_sigterm_continues_the_curve": TRAINER,
+    "runs/test_cuda.py::test_validation_under_cuda_graphs": TRAINER,
+    "runs/test_cuda.py::test_a_training_step_never_waits_for_the_gpu": "tests/runs/test_cuda.py (tiny_gpu_model)",
+    "runs/test_cuda.py::test_a_meta_model_initialised_on_the_gpu_equals_the_cpu_build": TRAINER,
+    "runs/test_cuda.py::test_metrics_report_mfu_against_the_device_peak": TRAINER,
     # torchrun's rank: its device set before NCCL's process group (one more call is NCCL)
-    "test_cuda.py::test_torchrun_nccl_modes_take_steps": "gpt/runtime/world.py (init_runtime)",
-    "test_cuda.py::test_activation_checkpointing_keeps_a_fraction_of_the_block_activations":
-        "tests/test_cuda.py (held)",
-    "test_cuda.py::test_kv_cache_generation_equals_full_recompute": "tests/test_cuda.py (tiny_gpu_model)",
-    "test_cuda.py::test_hellaswag_under_compile_equals_eager": OWN,
-    "test_fused_ce.py::test_on_cuda_in_bf16_it_equals_the_whole_logits": OWN,
-    "test_fused_ce.py::test_on_cuda_the_forward_mode_in_bf16_against_float64": OWN,
-    "test_fused_ce.py::test_a_compiled_trainer_run_with_fused_logs_the_whole_logits_losses": TRAINER,
-    "test_loss_kernels.py::test_a_library_kernel_on_cuda_equals_ours": OWN,
-    "test_loss_kernels.py::test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_losses":
+    "runs/test_cuda.py::test_torchrun_nccl_modes_take_steps": "gpt/runtime/world.py (init_runtime)",
+    "runs/test_cuda.py::test_activation_checkpointing_keeps_a_fraction_of_the_block_activations":
+        "tests/runs/test_cuda.py (held)",
+    "runs/test_cuda.py::test_kv_cache_generation_equals_full_recompute": "tests/runs/test_cuda.py (tiny_gpu_model)",
+    "runs/test_cuda.py::test_hellaswag_under_compile_equals_eager": OWN,
+    "model/test_fused_ce.py::test_on_cuda_in_bf16_it_equals_the_whole_logits": OWN,
+    "model/test_fused_ce.py::test_on_cuda_the_forward_mode_in_bf16_against_float64": OWN,
+    "model/test_fused_ce.py::test_a_compiled_trainer_run_with_fused_logs_the_whole_logits_losses": TRAINER,
+    "model/test_loss_kernels.py::test_a_library_kernel_on_cuda_equals_ours": OWN,
+    "model/test_loss_kernels.py::test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_losses":
         TRAINER,
-    "test_speedrun_parts.py::test_flex_attention_trains_as_sdpa_on_cuda": OWN,
+    "model/test_speedrun_parts.py::test_flex_attention_trains_as_sdpa_on_cuda": OWN,
 }.items()}
 
 

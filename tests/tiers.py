@@ -4,7 +4,7 @@
   tests that reach one of torch's moving parts (below), found in each test's own code, the
   fixtures it asks for and the functions of its file it calls, so a test added tomorrow is
   in it, or not, by the same rule (tests/conftest.py marks them at collection);
-- the modules of gpt/ the fast tier imports (tests/test_tiers.py checks it reaches all).
+- the modules of gpt/ the fast tier imports (tests/project/test_tiers.py checks it reaches all).
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def fast_tier_modules(known: set[str], scripts: dict[str, str]) -> set[str]:
     """The gpt modules (of `known`) the fast tier's tests name: a file's top-level imports
     where one of its tests is fast, and what each fast test names itself."""
     out: set[str] = set()
-    for path in sorted(TESTS.glob("test_*.py")):
+    for path in sorted(TESTS.rglob("test_*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         module_marks = " ".join(ast.unparse(n) for n in tree.body if isinstance(n, ast.Assign)
                                 and any(getattr(t, "id", "") == "pytestmark" for t in n.targets))

@@ -19,7 +19,7 @@ import torch
 from gpt.core.config import ConfigError
 
 
-# The same as pyproject.toml's torch>= and .ci/run's TORCH_MIN (tests/test_compat.py checks).
+# The same as pyproject.toml's torch>= and .ci/run's TORCH_MIN (tests/core/test_compat.py checks).
 TORCH_MIN = (2, 9)
 
 

@@ -13,7 +13,7 @@ the forward pass keeps for the backward pass, and which the backward pass recomp
   pass: about one more forward pass of compute, for most of the activation memory.
 
 Either way the recomputation gives the values the forward pass had: the loss and the
-gradients are those of none (tests/test_auto_layout.py holds them equal).
+gradients are those of none (tests/plan/test_layout.py holds them equal).
 """
 
 from __future__ import annotations

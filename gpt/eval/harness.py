@@ -11,7 +11,7 @@ The harness asks a model three things; each is answered here from the model's ow
 Context and continuation tokens are split by the harness's own TemplateLM (the same
 split its Hugging Face model gets), and contexts longer than the block size are cut from
 the left the way its `hf` model cuts them, so scores of a GPT-2-shaped checkpoint equal
-those of its Hugging Face export (tests/test_harness.py). Any checkpoint the trainer
+those of its Hugging Face export (tests/eval/test_harness.py). Any checkpoint the trainer
 writes loads, rotary or untied-head ones too, which Hugging Face's GPT-2 cannot hold.
 
 Under torchrun each rank answers the requests the harness gives it (its rank /

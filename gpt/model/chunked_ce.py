@@ -155,7 +155,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
 
     Under autocast the matmuls run in autocast's dtype and the loss in fp32, as the
     unfused path does. In fp32 loss and gradients equal the unfused path's to rounding
-    (tests/test_chunked_ce.py); in bf16 the head weight's gradient is summed over chunks
+    (tests/model/test_chunked_ce.py); in bf16 the head weight's gradient is summed over chunks
     in fp32 from per-chunk bf16 matmuls, so it can differ from the unfused path's single
     bf16 matmul by about bf16's rounding (2^-8 relative)."""
     h2 = h.reshape(-1, h.size(-1))

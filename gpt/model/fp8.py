@@ -108,7 +108,7 @@ def _release_for_this_torch() -> str | None:
     """The installed torchao's version where it is one that does not import under this
     torch: 0.18 and later under torch 2.9, the minimum (0.18.0 imports a name 2.9 lacks,
     torch.nn.functional.ScalingType; 0.17.0, built for 2.11, imports there and
-    tests/test_fp8.py passes with it: pip resolves .[fp8] to the newest, so a user on 2.9
+    tests/model/test_fp8.py passes with it: pip resolves .[fp8] to the newest, so a user on 2.9
     meets this)."""
     try:
         release = importlib.metadata.version("torchao")

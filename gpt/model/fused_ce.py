@@ -66,7 +66,7 @@ kernels run eagerly between it and the compiled backward.
 Triton is optional: this module imports it, and gpt/model/loss_kernels.py imports this module
 only when --loss-kernel fused runs (CUDA only; loss_kernels.check refuses it elsewhere).
 On a CPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, fp32 only), which
-is how tests/test_fused_ce.py checks them.
+is how tests/model/test_fused_ce.py checks them.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ BACKWARD_LAUNCH = Launch(4096, 8)
 # of 100.6 KB in bf16: 106 MB, twice L2, so a row read front to back twice is gone from L2
 # before its second read (a cache model gives no hits). At 32 warps (BLOCK 8,192: one
 # 16-byte load a thread a step) 2 programs: 264 rows, 26.6 MB, within L2; the l2 order
-# (llm.c's fused classifier's) helps at any size. tests/test_fused_ce.py compiles every
+# (llm.c's fused classifier's) helps at any size. tests/model/test_fused_ce.py compiles every
 # launch for sm_90a and checks these counts. PREDICTED, not measured: the GPU acceptance's
 # loss-bench cell sweeps LAUNCHES (gpt/bench/gpu/loss_bench.py) and names the fastest
 # launch that is right, which FORWARD_LAUNCH then follows.

@@ -48,41 +48,41 @@ AC_RECOMPUTE = 4 / 3  # activation checkpointing runs each block's forward twice
 # not among its slowest (each took less), and a guess, marked, for the tests added since.
 MEASURED_UNDER = 10.22  # that run's 15th slowest
 CUDA_TESTS: dict[str, float] = {
-    "test_chunked_ce.py::test_compiled_on_cuda_it_holds_a_chunk_not_every_chunks_gradient":
+    "model/test_chunked_ce.py::test_compiled_on_cuda_it_holds_a_chunk_not_every_chunks_gradient":
         30.0,  # guess: one compile of a small model in the test's process
-    **{f"test_cuda.py::{name}": MEASURED_UNDER for name in (
+    **{f"runs/test_cuda.py::{name}": MEASURED_UNDER for name in (
         "test_bf16_autocast_dtypes", "test_fp16_grad_scaler_takes_a_step",
         "test_trainer_cuda_defaults_use_tf32_compile_and_fused_adamw",
         "test_a_fused_sdpa_kernel_runs_at_1024_and_matches_math",
         "test_pinned_double_buffered_loader_gives_the_cpu_batches")},
-    "test_cuda.py::test_compiled_training_run_learns": 27.05,
-    "test_cuda.py::test_resume_after_sigterm_continues_the_curve": 72.21,
-    "test_cuda.py::test_validation_under_cuda_graphs": 40.80,
-    "test_cuda.py::test_a_training_step_never_waits_for_the_gpu": MEASURED_UNDER,
-    "test_cuda.py::test_a_meta_model_initialised_on_the_gpu_equals_the_cpu_build": MEASURED_UNDER,
-    "test_cuda.py::test_metrics_report_mfu_against_the_device_peak": 10.22,
-    **{f"test_cuda.py::test_torchrun_nccl_modes_take_steps[{mode}]": s for mode, s in (
+    "runs/test_cuda.py::test_compiled_training_run_learns": 27.05,
+    "runs/test_cuda.py::test_resume_after_sigterm_continues_the_curve": 72.21,
+    "runs/test_cuda.py::test_validation_under_cuda_graphs": 40.80,
+    "runs/test_cuda.py::test_a_training_step_never_waits_for_the_gpu": MEASURED_UNDER,
+    "runs/test_cuda.py::test_a_meta_model_initialised_on_the_gpu_equals_the_cpu_build": MEASURED_UNDER,
+    "runs/test_cuda.py::test_metrics_report_mfu_against_the_device_peak": 10.22,
+    **{f"runs/test_cuda.py::test_torchrun_nccl_modes_take_steps[{mode}]": s for mode, s in (
         ("ddp", 16.22), ("zero1", 15.77), ("fsdp-compile", 31.18), ("ddp-ac", 15.35),
         ("fsdp-ac", 14.81), ("fsdp-fp16", 16.21), ("fsdp-bf16-params", 29.50))},
-    **{f"test_cuda.py::{name}": MEASURED_UNDER for name in (
+    **{f"runs/test_cuda.py::{name}": MEASURED_UNDER for name in (
         "test_activation_checkpointing_keeps_a_fraction_of_the_block_activations",
         "test_kv_cache_generation_equals_full_recompute",
         "test_hellaswag_under_compile_equals_eager")},
     # guesses: Triton's compile of the kernels and 2,048-4,096 rows of GPT-2's logits
-    **{f"test_fused_ce.py::test_on_cuda_in_bf16_it_equals_the_whole_logits[{cap}]": 10.0
+    **{f"model/test_fused_ce.py::test_on_cuda_in_bf16_it_equals_the_whole_logits[{cap}]": 10.0
        for cap in ("0.0", "15.0")},
-    **{f"test_fused_ce.py::test_on_cuda_the_forward_mode_in_bf16_against_float64[{p}]": 10.0
+    **{f"model/test_fused_ce.py::test_on_cuda_the_forward_mode_in_bf16_against_float64[{p}]": 10.0
        for p in ("0.0-0.37", "0.0-1.0", "15.0-0.37", "15.0-1.0")},
     # guess: three compiled 4-step runs, each about test_compiled_training_run_learns's
-    "test_fused_ce.py::test_a_compiled_trainer_run_with_fused_logs_the_whole_logits_losses": 80.0,
-    "test_loss_kernels.py::test_a_library_kernel_on_cuda_equals_ours[liger]": MEASURED_UNDER,
-    "test_loss_kernels.py::test_a_library_kernel_on_cuda_equals_ours[cce]": 10.60,
+    "model/test_fused_ce.py::test_a_compiled_trainer_run_with_fused_logs_the_whole_logits_losses": 80.0,
+    "model/test_loss_kernels.py::test_a_library_kernel_on_cuda_equals_ours[liger]": MEASURED_UNDER,
+    "model/test_loss_kernels.py::test_a_library_kernel_on_cuda_equals_ours[cce]": 10.60,
     # measured under their former name, ..._logs_our_losses
-    "test_loss_kernels.py::test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_losses[liger]":
+    "model/test_loss_kernels.py::test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_losses[liger]":
         56.33,
-    "test_loss_kernels.py::test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_losses[cce]":
+    "model/test_loss_kernels.py::test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_losses[cce]":
         42.42,
-    "test_speedrun_parts.py::test_flex_attention_trains_as_sdpa_on_cuda": 17.86,
+    "model/test_speedrun_parts.py::test_flex_attention_trains_as_sdpa_on_cuda": 17.86,
 }
 # What the stage takes beyond its tests' calls: pytest's start, its workers' start and
 # collection, fixtures. Calibrated on the H200 run: these durations (its 26 tests) put on 4

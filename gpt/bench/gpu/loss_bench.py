@@ -42,7 +42,7 @@ FORWARD, WRONG = "fused-forward", "fused-forward, expected wrong"
 # How far a fused variant may be from the compiled loss, by the logits' dtype: (the loss,
 # relative; each gradient entry, relative to itself; what a rescaling adds to that, where
 # the forward mode expects wrong). Both sides compute in fp32 from the same logits, each
-# within its fp32 error of exact (tests/test_fused_ce.py's error_bounds, at these sizes:
+# within its fp32 error of exact (tests/model/test_fused_ce.py's error_bounds, at these sizes:
 # each row's log-sum-exp within about 1.4e-5 absolute, 2.9e-5 more with the cap, so each
 # gradient entry within 5e-5 relative and each row's loss within 5e-5 absolute, against a
 # loss near 11). The loss, a mean of fp32 rows on both sides, within 1e-5 relative of the

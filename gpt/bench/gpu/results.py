@@ -85,9 +85,10 @@ def pytest_result(cell: Cell, proc: subprocess.CompletedProcess, sizes: Sizes, t
                              "message": (bad.get("message") or "")[:500],
                              "detail": (bad.text or "")[-3000:]})
     skipped = sum(1 for c in cases if c.find("skipped") is not None)
-    # each test's seconds, named as gpt/bench/gpu/estimates.py's CUDA_TESTS names them
-    durations = {f"{(c.get('classname') or '').rpartition('.')[2]}.py::{c.get('name')}":
-                 float(c.get("time") or 0) for c in cases}
+    # each test's seconds, named as gpt/bench/gpu/estimates.py's CUDA_TESTS names them: the
+    # file below tests/ (JUnit's classname "tests.runs.test_cuda": tests/runs/test_cuda.py)
+    durations = {f"{(c.get('classname') or '').removeprefix('tests.').replace('.', '/')}.py"
+                 f"::{c.get('name')}": float(c.get("time") or 0) for c in cases}
     return {"tests": len(cases), "failed": len(failures), "skipped": skipped,
             "passed": len(cases) - len(failures) - skipped, "failures": failures,
             "durations_s": durations,

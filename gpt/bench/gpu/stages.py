@@ -185,7 +185,7 @@ def pytest_cell(tmp: Path, workers: int) -> Cell:
            "--continue-on-collection-errors", f"--junitxml={tmp / 'junit.xml'}"]
     if workers > 1:  # the tests' trainer runs are mostly compiling: CPU work
         # one test at a time to whichever worker is free, not the settings' whole file a
-        # worker (--dist loadfile: tests/test_cuda.py's tests alone are 400 s on one)
+        # worker (--dist loadfile: tests/runs/test_cuda.py's tests alone are 400 s on one)
         cmd += ["-n", str(workers), "--dist", "load"]
     return Cell("pytest-cuda", "pytest", pytest_estimate(workers), [*cmd, str(REPO / "tests")],
                 {"workers": workers}, uses=tuple(LOSS_PACKAGES.values()))

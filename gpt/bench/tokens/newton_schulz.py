@@ -43,7 +43,7 @@ def shapes(n_embd: int) -> dict[str, tuple[int, int]]:
 def newton_schulz(g, dtype, coefficients: tuple[float, float, float] = (3.4445, -4.775, 2.0315),
                   steps: int = 5, eps: float = 1e-7):
     """torch.optim.Muon's quintic Newton-Schulz iteration (its coefficients, steps and eps;
-    bit for bit in bf16, tests/test_muon.py checks) in any `dtype`: torch's is fixed to bf16."""
+    bit for bit in bf16, tests/optim/test_muon.py checks) in any `dtype`: torch's is fixed to bf16."""
     import torch
 
     a, b, c = coefficients

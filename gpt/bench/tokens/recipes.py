@@ -1,6 +1,6 @@
 """The tokens bench's recipes as parts: the GPT-2 recipe is the trainer's defaults, and each
 part of the speedrun-era recipe is a set of config fields on top of them. The bench, its
-ablation and the recipe files (configs/cpu-speedrun.toml, tests/test_configs.py) read the
+ablation and the recipe files (configs/cpu-speedrun.toml, tests/project/test_configs.py) read the
 recipe here, its one home.
 
 A part is named by what it adds; the full recipe is NEW_PARTS together. A run's flags

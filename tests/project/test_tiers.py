@@ -14,24 +14,24 @@ TESTS = REPO / "tests"
 # What broke or moved between torch versions (pyproject.toml's notes), and the test that
 # shows it: each must stay in the selection.
 CAUGHT = [
-    ("test_dist.py", "test_two_ranks_match_one_process"),  # gloo reduce-scatter sums (2.7-2.8)
-    ("test_teardown.py",
+    ("runs/test_two_ranks.py", "test_two_ranks_match_one_process"),  # gloo reduce-scatter sums (2.7-2.8)
+    ("runtime/test_teardown.py",
      "test_the_trainers_model_and_optimizer_are_gone_before_the_group_is"),  # 2.7's cache
-    ("test_parallel.py", "test_fsdp_step_under_compile_has_no_graph_break"),  # fake pg, dynamo
-    ("test_parallel.py", "test_fsdp_fp16_overflow_on_one_rank_skips_the_step_on_all"),  # DTensor
-    ("test_muon.py", "test_one_step_is_torchs_muon_and_adamw_each_on_their_own"),  # torch.optim.Muon
-    ("test_compat.py", "test_fsdp_on_cpu_names_the_torch_it_needs"),
-    ("test_fp8.py", "test_fp8_on_two_ranks_trains_as_one_process"),  # torchao
-    ("test_launch.py", "test_two_nodes_on_one_machine_train_like_one_process"),  # torchrun
-    ("test_resume.py", "test_stop_and_resume_is_bitwise_identical"),  # optimizer state dicts
-    ("test_speedrun_parts.py", "test_the_flex_attention_block_mask_is_the_sdpa_mask"),
-    ("test_chunked_ce.py", "test_compiles_as_one_graph_with_the_eager_loss_and_gradients"),
+    ("engine/test_parallel.py", "test_fsdp_step_under_compile_has_no_graph_break"),  # fake pg, dynamo
+    ("engine/test_parallel.py", "test_fsdp_fp16_overflow_on_one_rank_skips_the_step_on_all"),  # DTensor
+    ("optim/test_muon.py", "test_one_step_is_torchs_muon_and_adamw_each_on_their_own"),  # torch.optim.Muon
+    ("core/test_compat.py", "test_fsdp_on_cpu_names_the_torch_it_needs"),
+    ("model/test_fp8.py", "test_fp8_on_two_ranks_trains_as_one_process"),  # torchao
+    ("runs/test_launch.py", "test_two_nodes_on_one_machine_train_like_one_process"),  # torchrun
+    ("runs/test_resume.py", "test_stop_and_resume_is_bitwise_identical"),  # optimizer state dicts
+    ("model/test_speedrun_parts.py", "test_the_flex_attention_block_mask_is_the_sdpa_mask"),
+    ("model/test_chunked_ce.py", "test_compiles_as_one_graph_with_the_eager_loss_and_gradients"),
 ]
 # The package's own logic: the same on any torch.
 OWN = [
-    ("test_config.py", "test_defaults_reproduce_gpt2_124m_recipe"),
-    ("test_data.py", "test_header_splits_64bit_count"),
-    ("test_tokens_search.py", "test_seeds_schedules_bracketing_and_the_tied_head"),
+    ("core/test_config.py", "test_defaults_reproduce_gpt2_124m_recipe"),
+    ("data/test_loader.py", "test_header_splits_64bit_count"),
+    ("bench/test_tokens_search.py", "test_seeds_schedules_bracketing_and_the_tied_head"),
 ]
 
 

@@ -211,7 +211,7 @@ def test_fp8_speedrun_and_loss_check_cells_are_these_command_lines() -> None:
 
 def test_the_cuda_tests_spread_over_the_workers_one_test_at_a_time() -> None:
     """The CUDA tests' cell hands tests, not files, to its workers (the settings' loadfile
-    would put tests/test_cuda.py's 22 on one worker), and its estimate is the busiest
+    would put tests/runs/test_cuda.py's 22 on one worker), and its estimate is the busiest
     worker's share of the tests' measured seconds: under the serial sum, over the longest
     test, and over the sum of any one file's tests over the workers."""
     from gpt.bench.gpu.estimates import CUDA_TESTS, PYTEST_START_S
@@ -219,7 +219,7 @@ def test_the_cuda_tests_spread_over_the_workers_one_test_at_a_time() -> None:
     serial, parallel = pytest_estimate(1), pytest_estimate(4)
     assert serial == pytest.approx(PYTEST_START_S + sum(CUDA_TESTS.values()))
     assert PYTEST_START_S + max(CUDA_TESTS.values()) <= parallel < serial / 2
-    cuda_file = sum(s for t, s in CUDA_TESTS.items() if t.startswith("test_cuda.py::"))
+    cuda_file = sum(s for t, s in CUDA_TESTS.items() if t.startswith("runs/test_cuda.py::"))
     assert parallel < PYTEST_START_S + cuda_file  # what one worker took under loadfile
     cell = gpu_stages.pytest_cell(Path("/t"), 4)
     assert cell.cmd[-5:] == ["-n", "4", "--dist", "load", str(REPO / "tests")]
@@ -561,7 +561,7 @@ def test_the_loss_bench_on_a_cpu_times_the_whole_logits_loss_and_skips_the_fused
         tmp_path, capsys) -> None:
     """gpt/bench/gpu/loss_bench.py as --smoke runs it: the whole logits' loss, without and
     with the cap, timed; the fused modes skipped with the reason (CUDA, or the
-    interpreter: tests/test_fused_ce.py runs them there)."""
+    interpreter: tests/model/test_fused_ce.py runs them there)."""
     from gpt.bench.gpu import loss_bench
 
     out = tmp_path / "loss_bench.json"

@@ -112,7 +112,7 @@ def test_without_the_tests_sitecustomize_a_child_is_not_faked(tmp_path: Path) ->
 
 
 CHILD_REPORT = textwrap.dedent("""
-    tests/test_cuda.py:270: in test_resume_after_sigterm_continues_the_curve
+    tests/runs/test_cuda.py:270: in test_resume_after_sigterm_continues_the_curve
         wait_for(lambda: ..., timeout=300, proc=proc)
     tests/helpers.py:209: in wait_for
         raise AssertionError(f"process ended ...")
@@ -138,21 +138,21 @@ def test_where_a_test_stopped_and_whether_it_should_have() -> None:
     from cuda_checks import STOPS, stop_problem, stopped_at
 
     text = CHILD_REPORT.format(repo=REPO)
-    where = stopped_at(text, "tests/test_cuda.py (test_resume_after_sigterm_continues_the_curve)")
+    where = stopped_at(text, "tests/runs/test_cuda.py (test_resume_after_sigterm_continues_the_curve)")
     assert where == "gpt/model/transformer.py (to_empty)"
     assert stopped_at("E   RuntimeError: Torch not compiled with CUDA enabled", "t.py (test_x)") == "t.py (test_x)"
 
     def item(test: str) -> SimpleNamespace:
         return SimpleNamespace(path=REPO / "tests" / "test_cuda.py", originalname=test,
-                               location=("tests/test_cuda.py", 0, test))
+                               location=("tests/runs/test_cuda.py", 0, test))
 
     resume = item("test_resume_after_sigterm_continues_the_curve")
-    assert STOPS["tests/test_cuda.py::" + resume.originalname] == where
+    assert STOPS["tests/runs/test_cuda.py::" + resume.originalname] == where
     assert stop_problem(resume, where) is None
     early = stop_problem(resume, "gpt/runtime/device.py (resolve_device)")
     assert early.startswith("it stopped at gpt/runtime/device.py (resolve_device), not at its "
                             "first CUDA call, gpt/model/transformer.py (to_empty)")
-    assert "says nothing of tests/test_cuda.py::test_new" in stop_problem(item("test_new"), where)
+    assert "says nothing of tests/runs/test_cuda.py::test_new" in stop_problem(item("test_new"), where)
     outside = SimpleNamespace(path=Path("/elsewhere/test_x.py"), originalname="test_x",
                               location=("test_x.py", 0, "test_x"))
     assert stop_problem(outside, where) is None  # only this repository's tests are held to STOPS

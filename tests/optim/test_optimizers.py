@@ -18,7 +18,7 @@ from gpt.core.config import ConfigError, OptimConfig
 from gpt.optim import optimizer
 from gpt.optim.kind import OptimizerKind
 from gpt.plan.preflight import preflight
-from helpers import QUIET, TINY, assert_resume_is_exact, read_metrics
+from helpers import QUIET, REPO, TINY, assert_resume_is_exact, read_metrics
 
 
 class SGD(OptimizerKind):
@@ -69,7 +69,7 @@ def test_the_flags_choices_are_the_tables_rows() -> None:
     assert list(config.OPTIMIZER_NAMES) == list(optimizer.OPTIMIZERS)
     for name, module in config.OPTIMIZER_NAMES.items():
         assert optimizer.OPTIMIZERS[name].name == name
-        assert (Path(__file__).parent.parent / module).is_file()
+        assert (REPO / module).is_file()
 
 
 def test_an_unregistered_optimizer_is_not_a_choice() -> None:

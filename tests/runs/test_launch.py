@@ -69,7 +69,7 @@ def test_two_nodes_on_one_machine_train_like_one_process(data_dir: Path, tmp_pat
     assert "x 2 | parallel ddp" in stdout and stdout.count("saved checkpoint") == 1
 
     two = tmp_path / "two"  # relative to where the launchers ran
-    assert_trains_alike(single, two, 3)  # fp32 rounding in another order, as tests/test_dist.py
+    assert_trains_alike(single, two, 3)  # fp32 rounding in another order, as tests/runs/test_two_ranks.py
     ckpt = load(two / "ckpt_000003.pt")
     assert [s["rank"] for s in ckpt["loader"]] == [0, 1]
 

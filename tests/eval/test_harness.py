@@ -17,7 +17,7 @@ from gpt.core.config import model_preset
 from gpt.model.transformer import GPT
 
 from harness_fixtures import MC, TASKS, flatten, responses, write_tasks
-from helpers import QUIET, TINY, read_metrics, run_cli
+from helpers import QUIET, REPO, TINY, read_metrics, run_cli
 
 lm_eval = pytest.importorskip("lm_eval", reason='lm-eval is not installed (pip install -e ".[eval]")')
 
@@ -164,7 +164,7 @@ def test_lm_eval_command_finds_the_model(tmp_path: Path) -> None:
         [sys.executable, "-m", "gpt.harness_cli", "--model", "gpt2-trainer", "--model_args",
          f"checkpoint={ckpt}", "--device", "cpu", "--tasks", "tiny_mc", "--include_path",
          str(folder), "--limit", "3"],
-        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "gpt2-trainer" in proc.stdout and "tiny_mc" in proc.stdout and "acc_norm" in proc.stdout
 

@@ -148,7 +148,7 @@ def test_the_compiled_model_has_no_graph_break(graph_backend) -> None:
 
 
 def test_export_carries_the_parts_and_init_from_refuses_them(tmp_path: Path) -> None:
-    """(What such an export computes: tests/test_export_custom.py.)"""
+    """(What such an export computes: tests/checkpoint/test_export_custom.py.)"""
     for name, options in PARTS.items():
         config = json.loads((export_hf(GPT(cfg(**options)), tmp_path / name) / "config.json").read_text())
         assert config["model_type"] == "gpt_trainer", name

@@ -63,7 +63,7 @@ def test_the_speedrun_files_are_the_tokens_benchs_new_recipe(name: str) -> None:
 
 def test_the_xl_recipe_leaves_its_layout_to_the_trainer() -> None:
     """configs/gpt2-xl.toml names no layout: the planner fits one to the GPUs (its choice
-    on one 80 GB GPU: tests/test_auto_layout.py); gpt2-xl-fsdp.toml is the same run with
+    on one 80 GB GPU: tests/plan/test_layout.py); gpt2-xl-fsdp.toml is the same run with
     the layout named, and the two agree on everything else."""
     from dataclasses import replace
 

@@ -6,7 +6,8 @@ nothing else, and a reader who follows it finds nothing.
 
 Not checked: the records of past runs (benchmarks/gpu/<date>-<device>/, the JSON, logs and
 patches measurements left behind), which name the files as they were when they ran; this
-file and the examples' placeholders (`gpt.x`, the layout test's made-up gpt.a and gpt.b).
+file and the examples' placeholders (`gpt.x`, the layout test's made-up gpt.a and gpt.b, the
+test files the tier and fake-CUDA tests write: test_example.py, test_x.py).
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from pathlib import Path
 
 from helpers import REPO
 
-PATH = re.compile(r"(?<![\w./-])gpt/[\w/]+\.py\b")
+PATH = re.compile(r"(?<![\w./-])(?:gpt|tests)/[\w/]+\.py\b")
+# a test file by its name alone ("test_memory.py's cases"): one of tests/'s files
+TEST_FILE = re.compile(r"(?<![\w./-])test_\w+\.py\b")
 DOTTED = re.compile(r"(?<![\w.])gpt(?:\.\w+)+")
 # "gpt/core/fileio.py's FolderLock": a file's name, then one of its names (a word with an
 # underscore, or in CamelCase: not "gpt/model/fused_ce.py's Triton kernels")
 OWNED = re.compile(r"(?<![\w./-])(gpt/[\w/]+\.py)'s (\w*_\w*|[A-Z][a-z]+[A-Z]\w*)")
 RECORDS = re.compile(r"^(benchmarks/gpu/\d{4}-|tests/fixtures/)|\.(json|jsonl|log|patch)$")
-PLACEHOLDERS = {"gpt.x", "gpt.a", "gpt.b"}
+PLACEHOLDERS = {"gpt.x", "gpt.a", "gpt.b", "test_example.py", "test_x.py"}
 TEXT = re.compile(r"\.(md|py|toml|txt|sh|sbatch|cfg|ini|yaml)$|^\.ci/run$")
 
 
@@ -34,7 +37,7 @@ def texts() -> list[str]:
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
                            check=True).stdout.split()
     return [f for f in files if TEXT.search(f) and not RECORDS.search(f)
-            and f != "tests/test_names_in_text.py" and (REPO / f).is_file()]
+            and f != "tests/project/test_names_in_text.py" and (REPO / f).is_file()]
 
 
 def prose(path: str, text: str) -> str:
@@ -76,6 +79,8 @@ def resolves(dotted: str, root: Path = REPO) -> bool:
 def unknown_names(path: str, text: str, root: Path = REPO) -> list[str]:
     body = prose(path, text)
     bad = [p for p in PATH.findall(body) if not (root / p).is_file()]
+    tests = {p.name for p in (root / "tests").rglob("test_*.py")}
+    bad += [t for t in TEST_FILE.findall(body) if t not in tests and t not in PLACEHOLDERS]
     bad += [d for d in DOTTED.findall(body)
             if d not in PLACEHOLDERS and not resolves(d.rstrip("."), root)]
     bad += [f"{path_}'s {name}" for path_, name in OWNED.findall(body)
@@ -110,3 +115,7 @@ def test_a_name_left_from_before_a_move_is_seen(tmp_path: Path) -> None:
             "# and gpt.report.metrics.\n"
             "block = gpt.config.block_size\n")
     assert unknown_names("gpt/x.py", code, tmp_path) == ["gpt.report.metrics", "gpt/metrics.py"]
+    (tmp_path / "tests" / "plan").mkdir(parents=True)
+    (tmp_path / "tests" / "plan" / "test_memory.py").write_text("")
+    tests = "tests/plan/test_memory.py, test_memory.py; tests/test_memory.py, test_memry.py"
+    assert unknown_names("docs/x.md", tests, tmp_path) == ["test_memry.py", "tests/test_memory.py"]

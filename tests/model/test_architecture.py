@@ -1,7 +1,7 @@
 """The model's options beyond GPT-2 (rotary, RMSNorm, QK-norm, ReLU^2, untied head,
 zero-initialised projections, logit soft-capping): each alone and all together, in the
 model, the trainer, the distributed modes, generation and export. With all of them off the
-model is GPT-2's; tests/test_model.py's parity tests hold that."""
+model is GPT-2's; tests/model/test_transformer.py's parity tests hold that."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_generation_with_the_cache_equals_generation_without(tmp_path: Path) -> 
 
 
 def test_a_model_gpt2_cannot_hold_exports_with_its_own_code(tmp_path: Path) -> None:
-    """(tests/test_export_custom.py checks what such an export computes.)"""
+    """(tests/checkpoint/test_export_custom.py checks what such an export computes.)"""
     out = export_hf(GPT(tiny(rotary=True, relu2=True)), tmp_path / "hf")
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "gpt_trainer" and config["rotary"] and config["relu2"]

@@ -75,7 +75,7 @@ def test_the_trainers_model_and_optimizer_are_gone_before_the_group_is(
         mode: str, fail: bool, one_rank_world: None, monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
     """FSDP's sharded model and ZeRO's optimizer hold the group (DDP's reducer does too,
-    with two ranks or more: the subprocess tests in test_dist.py run those)."""
+    with two ranks or more: the subprocess tests in test_two_ranks.py run those)."""
     import gpt.train.trainer as train_mod
 
     data = write_random_shards(tmp_path, seed=4, train=(6_000,))

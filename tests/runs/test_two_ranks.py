@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import QUIET, TINY, assert_trains_alike, read_metrics, run_cli, run_torchrun
+from helpers import QUIET, REPO, TINY, assert_trains_alike, read_metrics, run_cli, run_torchrun
 from gpt.checkpoint.files import load
 from gpt.data.loader import ShardLoader
 from gpt.data.shards import write_shard
@@ -109,7 +109,7 @@ def test_fsdp_checkpoint_resumes_in_a_single_process(data_dir: Path, tmp_path: P
     assert load(out / "ckpt_000006.pt")["step"] == 6
 
 
-LAUNCH_DIR = Path(__file__).resolve().parent.parent / "launch"
+LAUNCH_DIR = REPO / "launch"
 LAUNCH = sorted(p for p in LAUNCH_DIR.iterdir() if p.suffix in (".sh", ".sbatch"))
 
 
