@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import QUIET, TINY, run_cli
+from helpers import QUIET, TINY, one_line_error, run_cli
 from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.files import CheckpointError
 from gpt.checkpoint.model_load import PretrainedError, read_checkpoint
@@ -86,6 +86,39 @@ def test_resume_auto_falls_back_from_wrong_shaped_optimizer_state(run_copy: Path
                    "--resume", "auto")
     assert proc.returncode == 0, proc.stderr
     assert "warning: skipping damaged checkpoint" in proc.stderr and "at step 2" in proc.stdout
+
+
+def test_resume_auto_skips_a_checkpoint_with_non_finite_state(data_dir: Path, run_copy: Path) -> None:
+    ckpt = torch.load(run_copy / "ckpt_000004.pt", weights_only=True)
+    ckpt["model"]["lm_head.weight"][0, 0] = float("inf")  # written by an older version, say
+    torch.save(ckpt, run_copy / "ckpt_000004.pt")
+    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+                   "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert "ckpt_000004.pt: holds non-finite" in proc.stderr
+    assert "at step 2" in proc.stdout
+
+
+@pytest.mark.slow
+def test_checkpoint_with_wrong_shapes(run_copy: Path, data_dir: Path) -> None:
+    ckpt = torch.load(run_copy / "ckpt_000004.pt", weights_only=True)
+    ckpt["model"]["transformer.wpe.weight"] = torch.zeros(3, 3)
+    torch.save(ckpt, run_copy / "ckpt_000004.pt")
+    proc = run_cli(*ARGS, "--max-steps", "6", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+                   "--resume", str(run_copy / "ckpt_000004.pt"))
+    assert "do not fit the model" in one_line_error(proc)
+    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+                   "--resume", "auto")
+    assert proc.returncode == 0 and "at step 2" in proc.stdout, proc.stderr  # the older good one
+
+
+def test_checkpoint_with_wrong_types(run_copy: Path, data_dir: Path) -> None:
+    ckpt = torch.load(run_copy / "ckpt_000004.pt", weights_only=True)
+    ckpt["step"], ckpt["loader"] = "four", {"not": "a list"}
+    torch.save(ckpt, run_copy / "ckpt_000004.pt")
+    proc = run_cli(*ARGS, "--max-steps", "6", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+                   "--resume", str(run_copy / "ckpt_000004.pt"))
+    assert "ckpt_000004.pt" in one_line_error(proc)
 
 
 def test_evaluating_a_checkpoint_whose_model_is_not_weights_is_one_line(run_copy: Path) -> None:

@@ -12,6 +12,8 @@ from gpt.core.config import (PRESETS, SECTIONS, CheckpointConfig, EvalConfig, Pr
 from gpt.core.config_check import grad_accum_steps, resolve
 from gpt.core.config_io import describe, flag, from_dict, to_dict
 
+from helpers import one_line_error, run_cli
+
 # --------------------------------------------------------------------------
 # helpers
 
@@ -259,6 +261,13 @@ def test_toml_top_level_model_key_message(tmp_path: Path, capsys: pytest.Capture
     err = parse_error(capsys, ["--config", str(path)])
     assert "did you mean 'model'" not in err
     assert "preset" in err
+
+
+def test_non_utf8_toml(tmp_path: Path) -> None:
+    cfg = tmp_path / "run.toml"
+    cfg.write_bytes(b"[train]\nout_dir = \"caf\xe9\"\n")
+    proc = run_cli("--config", str(cfg))
+    assert "run.toml: not valid TOML" in one_line_error(proc, 2)
 
 
 # --------------------------------------------------------------------------

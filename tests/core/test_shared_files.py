@@ -1,11 +1,13 @@
 """Files a user shares and folders a run holds: every file written atomically gets the mode
 open() would give it under the user's umask (not a temporary file's, nor one a library
-chose), and the one-run-per-folder lock file lasts as long as its run."""
+chose); a dead writer's temporary files are cleared; and the one-run-per-folder lock file
+lasts as long as its run: a second trainer or fineweb.py on the folder is refused."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +17,14 @@ import torch
 
 from gpt.checkpoint.files import save_atomic
 from gpt.checkpoint.weights import write_safetensors
-from gpt.core.fileio import LOCK_NAME, FolderInUse, FolderLock, atomic_files, atomic_write
+from gpt.core.fileio import (LOCK_NAME, FolderInUse, FolderLock, atomic_files, atomic_write,
+                             remove_dead_temp_files)
 from gpt.data.shards import write_shard
+
+from helpers import (QUIET, REPO, TINY, kill_tree, one_line_error, read_metrics, run_cli,
+                     start_trainer, wait_for)
+
+ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="file modes and flock are POSIX's")
 
@@ -76,6 +84,44 @@ def test_the_export_command_writes_files_a_user_can_share(tmp_path: Path) -> Non
     # the line names every file written, the tokenizer's too
     line = proc.stdout.strip().splitlines()[-1]
     assert line.startswith(f"wrote {out}:") and all(n in line for n in files), line
+
+
+# ---------------------------------------------------------------------------------------
+# temporary files: a dead writer's go, a live one's stay, a planted link is not followed
+
+
+def test_dead_temp_files_go_and_live_ones_stay(run_copy: Path, data_dir: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True)
+    dead_pid = int(done.stdout)
+    dead = run_copy / f".ckpt_000009.pt.tmp-{dead_pid}"
+    dead_meta = run_copy / f".metadata.json.tmp-{dead_pid}"
+    live = run_copy / f".ckpt_000010.pt.tmp-{os.getpid()}"
+    for p in (dead, dead_meta, live):
+        p.write_bytes(b"x" * 1000)
+    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+                   "--resume", "auto", process=True)  # this process is the live writer
+    assert proc.returncode == 0, proc.stderr
+    assert not dead.exists() and not dead_meta.exists() and live.exists()
+    assert f"removed {dead.name}" in proc.stderr
+
+
+def test_a_temp_file_tagged_with_our_own_pid_counts_as_dead(tmp_path: Path) -> None:
+    """At start-up this process has written nothing yet: a file with its pid was left by a
+    dead process that had the same pid (a restarted container often gets the same one)."""
+    ours = tmp_path / f".ckpt_000007.pt.tmp-{os.getpid()}"
+    ours.write_bytes(b"x")
+    assert remove_dead_temp_files(tmp_path) == [ours] and not ours.exists()
+
+
+def test_a_planted_symlink_at_the_temp_name_is_not_followed(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    target = tmp_path / "out.bin"
+    (tmp_path / f".out.bin.tmp-{os.getpid()}").symlink_to(victim)
+    atomic_write(target, lambda fh: fh.write(b"new"))
+    assert victim.read_text() == "keep me" and target.read_bytes() == b"new"
+    assert not target.is_symlink()
 
 
 # ---------------------------------------------------------------------------------------
@@ -158,3 +204,40 @@ def test_a_run_that_fails_at_start_leaves_no_folder(tmp_path: Path) -> None:
     (kept / "ckpt_000001.pt").write_bytes(b"x")
     lock.release(remove_folder_if_unused=True)
     assert sorted(p.name for p in kept.iterdir()) == ["ckpt_000001.pt"]
+
+
+@pytest.mark.slow
+def test_a_second_trainer_on_the_folder_is_refused_and_kill_9_leaves_no_stale_lock(
+        data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = [*ARGS, "--max-steps", "100000", "--data-dir", str(data_dir), "--out-dir", str(out)]
+    first = start_trainer(*args)
+    try:
+        wait_for(lambda: (out / "metrics.jsonl").exists() and len(read_metrics(out, "train")) >= 1,
+                 timeout=120, proc=first)
+        second = run_cli(*args, "--resume", "auto")
+        line = one_line_error(second)
+        assert f"{out} is in use by pid {first.pid}" in line and "one training run per folder" in line
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        kill_tree(first)
+    third = run_cli(*args[:-6], "--max-steps", "2", "--data-dir", str(data_dir), "--out-dir",
+                    str(out), "--resume", "auto")
+    assert third.returncode == 0, third.stderr  # the OS released the dead run's lock
+
+
+def test_fineweb_refuses_a_folder_another_process_holds(tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    src = tmp_path / "in.txt"
+    src.write_text("hello world " * 200)
+    lock = FolderLock(out, "test").acquire()  # this test process is the other holder
+    try:
+        proc = subprocess.run([sys.executable, str(REPO / "fineweb.py"), "--source", str(src),
+                               "--out", str(out), "--val-tokens", "10"], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]  # nothing written
+    finally:
+        lock.release()
+    line = one_line_error(proc)
+    assert f"{out} is in use by pid {os.getpid()}" in line and "one fineweb.py run per folder" in line

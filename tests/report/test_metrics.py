@@ -13,7 +13,10 @@ from gpt.core.config import model_preset
 from gpt.report.flops import flops_per_token, mfu, peak_tflops
 from gpt.report.metrics import MetricsLog
 
-from helpers import meta_gpt
+from helpers import QUIET, TINY, meta_gpt, one_line_error, read_metrics, run_cli
+
+ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+
 
 # --------------------------------------------------------------------------
 # flops_per_token
@@ -245,6 +248,26 @@ def test_a_run_refuses_a_log_or_tracker_folder_that_leads_outside_it(
                        r"run writes only inside its folder"):
         check_run_folder(out, tensorboard=True)
     check_run_folder(out)  # without --tensorboard, nothing is written there
+
+
+@pytest.mark.slow
+def test_file_size_limit_on_the_metrics_log(data_dir: Path, tmp_path: Path) -> None:
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))
+
+    proc = run_cli(*ARGS, "--max-steps", "200", "--checkpoint-every", "0", "--data-dir", str(data_dir),
+                   "--out-dir", str(tmp_path / "r"), preexec_fn=limit)
+    assert "metrics.jsonl: cannot write the metrics log" in one_line_error(proc)
+    assert read_metrics(tmp_path / "r")  # every line parses: the cut record was taken back
+
+
+def test_metrics_log_that_cannot_be_opened(data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    (out / "metrics.jsonl").mkdir(parents=True)
+    proc = run_cli(*ARGS, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir", str(out))
+    assert "metrics.jsonl: cannot open the metrics log" in one_line_error(proc)
 
 
 def test_peak_memory_on_cpu_is_the_process_peak_rss() -> None:

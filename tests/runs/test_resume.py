@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from helpers import (QUIET, REPO, TINY, kill_tree, read_metrics, run_cli, run_torchrun,
-                     start_trainer, torchrun_cmd, wait_for)
+                     start_trainer, torchrun_cmd, wait_for, write_random_shards)
 from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.files import CheckpointError, load
 from gpt.core.cli import parse_args
@@ -128,6 +128,23 @@ def test_signal_finishes_the_step_saves_and_exits(sig: int, data_dir: Path, tmp_
     assert proc2.returncode == 0, proc2.stderr
     steps = [r["step"] for r in read_metrics(out, "train")]
     assert steps == list(range(step + 2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1])
+def test_sighup_and_sigusr1_save_a_checkpoint(sig: int, data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = start_trainer(*ARGS, "--max-steps", "100000", "--data-dir", str(data_dir), "--out-dir", str(out))
+    try:
+        wait_for(lambda: (out / "metrics.jsonl").exists() and len(read_metrics(out, "train")) >= 2,
+                 timeout=120, proc=proc)
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 128 + sig, stderr
+    assert f"{signal.Signals(sig).name} received: saved checkpoint" in stdout
+    assert len(checkpoint.list_checkpoints(out)) == 1
 
 
 @pytest.mark.slow
@@ -282,6 +299,27 @@ def test_a_val_shard_failing_mid_run_stops_with_a_checkpoint(monkeypatch, data_d
                                          r"restore the data"):
         train_in_process(monkeypatch, data_dir, out, "--val-every", "2", "--val-steps", "1")
     assert [s for s, _ in checkpoint.list_checkpoints(out)] == [2]
+
+
+@pytest.mark.slow
+def test_a_shard_truncated_during_training_stops_with_a_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    data = write_random_shards(tmp_path / "d", seed=3, train=(200_000,))
+    out = tmp_path / "run"
+    proc = start_trainer(*ARGS, "--max-steps", "100000", "--data-dir", str(data), "--out-dir", str(out))
+    try:
+        wait_for(lambda: (out / "metrics.jsonl").exists() and len(read_metrics(out, "train")) >= 2,
+                 timeout=120, proc=proc)
+        with open(data / "train_000000.bin", "r+b") as fh:
+            fh.truncate(4096)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 1 and proc.returncode != -signal.SIGBUS, stderr
+    assert "Traceback" not in stderr and "holds fewer tokens than its header said" in stderr
+    saved = checkpoint.list_checkpoints(out)
+    assert len(saved) == 1 and f"saved {saved[0][1]}" in stderr
+    assert load(saved[0][1])["step"] == saved[0][0]
 
 
 def test_too_many_bad_steps_in_a_row_stop_the_run(monkeypatch, data_dir: Path,

@@ -21,6 +21,8 @@ from gpt.runtime.device import pick_device, resolve_dtype
 
 from helpers import QUIET, TINY, read_metrics, run_cli
 
+ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+
 
 def grads_after_step(data: Path, batch_size: int, accum: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
@@ -164,6 +166,22 @@ def test_cli_unwritable_out_dir(random_data_dir: Path, tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "--out-dir" in proc.stderr and "Traceback" not in proc.stderr
     assert blocker.read_text() == "not a folder"
+
+
+def test_out_of_memory_names_the_flag(monkeypatch, data_dir: Path, tmp_path: Path, capsys) -> None:
+    from gpt.entry import train_main
+    import gpt.train.loop as train_mod
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(train_mod, "forward_backward", oom)
+    code = train_main([*ARGS, "--max-steps", "2", "--data-dir", str(data_dir),
+                           "--out-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 1 and "out of memory" in err and "lower --batch-size" in err
+    assert "python -m gpt.bench memory" in err  # the planner says what fits
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_cli_rejects_unknown_flag_and_bad_value() -> None:
