@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -184,6 +185,13 @@ def run_torchrun(*args: str, nproc: int = 2, extra: tuple[str, ...] = (),
     env["OMP_NUM_THREADS"] = "1"  # 2 ranks on 2 cores: no oversubscription
     return subprocess.run(torchrun_cmd(*args, nproc=nproc, extra=extra, target=target), cwd=REPO,
                           capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on at the moment of asking."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def meta_gpt(name: str, **overrides: object):

@@ -1,11 +1,14 @@
 """A checkpoint is vetted before a resume uses it: any entry a resume reads with the wrong
 type or shape makes the file unusable, so `--resume PATH` stops in one line naming the
 file and the entry, and `--resume auto` skips it, with a warning, for the newest one that
-is usable. Evaluating, sampling and exporting check the entries they read the same way."""
+is usable; contents that contradict themselves (a step beyond what its data position or
+its name allows) never win --resume auto. Evaluating, sampling and exporting check the
+entries they read the same way."""
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,10 +57,10 @@ SPOILED: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
 }
 
 
-def spoil(path: Path, how: Callable[[dict[str, Any]], None]) -> None:
+def spoil(path: Path, how: Callable[[dict[str, Any]], None], to: Path | None = None) -> None:
     ckpt = torch.load(path, weights_only=True)
     how(ckpt)
-    torch.save(ckpt, path)
+    torch.save(ckpt, to or path)
 
 
 @pytest.mark.parametrize("entry", list(SPOILED))
@@ -119,6 +122,59 @@ def test_checkpoint_with_wrong_types(run_copy: Path, data_dir: Path) -> None:
     proc = run_cli(*ARGS, "--max-steps", "6", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
                    "--resume", str(run_copy / "ckpt_000004.pt"))
     assert "ckpt_000004.pt" in one_line_error(proc)
+
+
+def test_an_entry_check_contents_does_not_foresee_is_still_one_line(run_copy: Path) -> None:
+    """Optimizer state keyed by a number beside the names: sorting the keys raised a
+    TypeError out of the check."""
+    spoil(run_copy / "ckpt_000004.pt", lambda c: c["optimizer"]["state"].update({0: {}}))
+    with pytest.raises(CheckpointError, match="ckpt_000004.pt: not a checkpoint of this trainer"):
+        checkpoint.usable(run_copy / "ckpt_000004.pt")
+    path, _, notes = checkpoint.find_latest(run_copy)
+    assert path == run_copy / "ckpt_000002.pt" and "TypeError" in notes[0]
+
+
+def test_a_step_beyond_its_data_position_is_refused(run_copy: Path) -> None:
+    spoil(run_copy / "ckpt_000002.pt", lambda c: c.update(step=1_000_000),
+          to=run_copy / "ckpt_1000000.pt")  # name and step agree; the loader does not
+    with pytest.raises(CheckpointError, match=r"ckpt_1000000.pt: holds step 1000000, but its "
+                                              r"data position .* allows at most 8"):
+        checkpoint.usable(run_copy / "ckpt_1000000.pt")
+    path, _, notes = checkpoint.find_latest(run_copy)
+    assert path == run_copy / "ckpt_000004.pt" and "contradict themselves" in notes[0]
+
+
+def test_a_step_beyond_its_names_is_not_chosen_automatically(run_copy: Path) -> None:
+    spoil(run_copy / "ckpt_000004.pt", lambda c: c.update(step=3),
+          to=run_copy / "ckpt_000002.pt")  # within the loader's bound, beyond its name's step
+    shutil.copy(run_copy / "ckpt_000004.pt", run_copy / "ckpt_000001.pt")
+    shutil.copy(run_copy / "ckpt_000004.pt", run_copy / "ckpt_000009.pt")  # renamed later:
+    path, _, notes = checkpoint.find_latest(run_copy)                    # ranks as step 4
+    assert path in (run_copy / "ckpt_000004.pt", run_copy / "ckpt_000009.pt")
+    assert sorted(n.split(": ")[1] for n in notes) == [str(run_copy / "ckpt_000001.pt"),
+                                                       str(run_copy / "ckpt_000002.pt")]
+    assert "holds step 4, beyond the 1 of its name" in " ".join(notes)
+    for name in ("ckpt_000004.pt", "ckpt_000009.pt"):
+        (run_copy / name).unlink()
+    assert checkpoint.find_latest(run_copy)[0] is None  # --resume auto: no usable one
+    assert checkpoint.usable(run_copy / "ckpt_000002.pt")["step"] == 3  # --resume PATH takes it
+
+
+@pytest.mark.slow
+def test_resume_auto_and_rotation_step_over_foreign_and_contradicting_files(
+        run_copy: Path, data_dir: Path) -> None:
+    """Once a KeyError traceback at start (or at a running job's next rotation), and a
+    restart that always said "nothing to do"."""
+    torch.save({"weights": torch.zeros(2)}, run_copy / "ckpt_000009.pt")
+    spoil(run_copy / "ckpt_000002.pt", lambda c: c.update(step=1_000_000),
+          to=run_copy / "ckpt_000003.pt")
+    proc = run_cli(*ARGS, "--max-steps", "6", "--checkpoint-every", "1", "--keep-checkpoints", "1",
+                   "--data-dir", str(data_dir), "--out-dir", str(run_copy), "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    assert "nothing to do" not in proc.stdout and "ckpt_000004.pt at step 4" in proc.stdout
+    assert "ckpt_000009.pt" in proc.stderr and "ckpt_000003.pt: holds step 1000000" in proc.stderr
+    names = sorted(p.name for _, p in checkpoint.list_checkpoints(run_copy))
+    assert names == ["ckpt_000003.pt", "ckpt_000006.pt", "ckpt_000009.pt"]  # rotated, the rest kept
 
 
 def test_evaluating_a_checkpoint_whose_model_is_not_weights_is_one_line(run_copy: Path) -> None:

@@ -1,6 +1,7 @@
 """Checkpoint files (gpt/checkpoint/files.py): each verified on load (a flipped byte fails
 its CRC check, and --resume auto steps back to the newest good one), the newest chosen by
-the step stored inside, not by its name, and rotation that keeps the one just verified."""
+the step stored inside, not by its name, rotation that keeps the one just verified, and a
+file named like a checkpoint that is none, skipped or refused by every reader."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.files import CheckpointError, load
+from gpt.checkpoint.model_load import PretrainedError, read_checkpoint
 
 from helpers import QUIET, TINY, one_line_error, run_cli
 
@@ -65,3 +68,26 @@ def test_newest_is_chosen_by_the_step_stored_inside(run_copy: Path) -> None:
     assert "ckpt_000098.pt" not in names and "ckpt_000097.pt" not in names
     checkpoint.rotate(run_copy, 1, set())
     assert (run_copy / "ckpt_000098.pt").is_dir() and (run_copy / "ckpt_000097.pt").is_symlink()
+
+
+FOREIGN = {
+    "dict without the keys": {"weights": torch.zeros(2)},
+    "list": [1, 2, 3],
+    "tensor": torch.zeros(3),
+}
+
+
+@pytest.mark.parametrize("kind", list(FOREIGN))
+def test_a_foreign_file_named_like_a_checkpoint_is_skipped_or_refused(kind: str,
+                                                                      run_copy: Path) -> None:
+    foreign = run_copy / "ckpt_000009.pt"
+    torch.save(FOREIGN[kind], foreign)
+    path, ckpt, notes = checkpoint.find_latest(run_copy)  # --resume auto and last_good
+    assert path == run_copy / "ckpt_000004.pt" and ckpt["step"] == 4
+    assert any("ckpt_000009.pt" in note for note in notes)
+    with pytest.raises(CheckpointError, match="ckpt_000009.pt: "):  # --resume PATH
+        checkpoint.usable(foreign)
+    with pytest.raises(PretrainedError, match="ckpt_000009.pt: incomplete checkpoint"):
+        read_checkpoint(foreign)  # generate, evaluate and export
+    checkpoint.rotate(run_copy, 1, set())  # a running job's rotation
+    assert foreign.exists() and not (run_copy / "ckpt_000002.pt").exists()

@@ -12,12 +12,13 @@ import torch
 from gpt.checkpoint.model_load import load_checkpoint_model
 from gpt.core.config import model_preset
 from gpt.data.loader import ShardLoader
+from gpt.data.shards import read_shard, write_shard
 from gpt.eval import hellaswag
 from gpt.eval.validation import val_loss
 from gpt.evaluate import main
 from gpt.model.transformer import GPT
 
-from helpers import run_torchrun, write_checkpoint
+from helpers import run_torchrun, write_checkpoint, write_random_shards
 
 MINI = [
     ("A man is sitting on a roof. He", ["is using wrap to wrap a pair of skis.",
@@ -144,6 +145,22 @@ def test_cli_errors(tmp_path: Path, capsys) -> None:
     assert main(["--checkpoint", str(ckpt), "--data-dir", str(tmp_path), "--seq-len", "65",
                  "--device", "cpu"]) == 2
     assert "--seq-len 65" in capsys.readouterr().err
+
+
+def test_evaluate_names_an_id_beyond_the_vocabulary(tmp_path: Path, capsys) -> None:
+    from gpt.evaluate import main as evaluate
+
+    (tmp_path / "d").mkdir()
+    data = write_random_shards(tmp_path / "d", seed=0, train=(1000,), val=(3000,))
+    tokens = read_shard(data / "val_000000.bin").copy()
+    tokens[40] = 60_000  # beyond the padded 50304
+    write_shard(data / "val_000000.bin", tokens)
+    ckpt = write_checkpoint(tmp_path / "ckpt.pt", block_size=32)
+    code = evaluate(["--checkpoint", str(ckpt), "--data-dir", str(data), "--val-steps", "2",
+                     "--batch-size", "2", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert "val_000000.bin: token id 60000 at index 40 is >= --vocab-size 50304" in err
 
 
 def test_tasks_without_lm_eval_is_named_before_torch_and_the_model(

@@ -1,10 +1,13 @@
-"""GPT-2 weights in and out: safetensors, Hugging Face folders, export, the hub path."""
+"""GPT-2 weights in and out: safetensors, Hugging Face folders, export (onto a full disk too),
+the hub path; non-finite weights named by every reader of a single file."""
 
 from __future__ import annotations
 
 import json
 import math
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +17,16 @@ import torch.nn.functional as F
 from gpt import pretrained
 from gpt.checkpoint import weights
 from gpt.checkpoint.export import export_hf
-from gpt.checkpoint.weights import PretrainedError, load_pretrained, read_safetensors
+from gpt.checkpoint.model_load import load_checkpoint_model
+from gpt.checkpoint.weights import (PretrainedError, load_pretrained, read_safetensors,
+                                    write_safetensors)
 from gpt.core.config import model_preset
 from gpt.model.transformer import GPT
 
-from helpers import write_checkpoint
+from helpers import (QUIET, REPO, TINY, one_line_error, run_cli, write_checkpoint,
+                     write_random_shards)
+
+ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, n_positions=24, vocab_size=100)
 
@@ -342,3 +350,74 @@ def test_the_export_works_in_a_text_generation_pipeline(tmp_path: Path) -> None:
     text = generate(prompt, max_new_tokens=8, do_sample=False)[0]["generated_text"]
     ours = sample(model, enc.encode_ordinary(prompt), 8, temperature=0, valid_vocab=50257)
     assert text != prompt and text == enc.decode(ours[0].tolist())
+
+
+def tiny_model(vocab_size: int = 50304, block_size: int = 32) -> GPT:
+    torch.manual_seed(0)
+    return GPT(model_preset("tiny", block_size=block_size, vocab_size=vocab_size))
+
+
+def test_an_export_onto_a_full_disk_is_one_line_and_keeps_the_model_there(tmp_path: Path) -> None:
+    ckpt = write_checkpoint(tmp_path / "ckpt_000001.pt", tiny_model())
+    out = export_hf(ckpt, tmp_path / "hf")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    script = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))\n"
+              "from gpt.pretrained import main\n"
+              f"for out in {[str(out), str(tmp_path / 'new')]!r}:\n"
+              f"    print('status', main(['export', '--checkpoint', {str(ckpt)!r}, '--out', out]))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)  # over a model, and into a new folder
+    assert proc.stdout.split() == ["status", "1", "status", "1"] and "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    for line, folder in zip(lines, (out, tmp_path / "new"), strict=True):
+        assert line.startswith(f"error: --out {folder}: could not write model.safetensors")
+        assert "GiB free" in line
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no temporary files either
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_export_that_no_gpt2_tokenizer_fits_is_refused_or_said(tmp_path: Path, capsys) -> None:
+    with pytest.raises(PretrainedError, match="--vocab-size 10 would cut GPT-2's token ids 10..50256"):
+        export_hf(tiny_model(), tmp_path / "hf", vocab_size=10)
+    assert not (tmp_path / "hf").exists()
+    out = export_hf(tiny_model(), tmp_path / "hf")  # GPT-2's vocabulary: with its tokenizer
+    assert (out / "vocab.json").exists() and capsys.readouterr().err == ""
+    export_hf(tiny_model(vocab_size=100), out)  # over it, a model no GPT-2 tokenizer fits
+    err = capsys.readouterr().err
+    assert f"note: --out {out}: replaced the model that was there (config.json, model.safetensors, " \
+           f"vocab.json, merges.txt, tokenizer_config.json)" in err
+    assert "vocabulary 100 is not GPT-2's 50257: no tokenizer files were written" in err
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]  # no stale tokenizer
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 100
+
+
+# ---------------------------------------------------------------- non-finite weights
+
+
+def test_non_finite_weights_given_by_init_from_are_named_when_loaded(tmp_path: Path) -> None:
+    out = export_hf(tiny_model(), tmp_path / "hf")
+    weights = read_safetensors(out / "model.safetensors")
+    weights["transformer.h.1.mlp.c_fc.weight"][3, 5] = float("nan")
+    write_safetensors(weights, out / "model.safetensors")
+    (tmp_path / "d").mkdir()
+    data = write_random_shards(tmp_path / "d", seed=6, train=(5_000,))
+    proc = run_cli(*ARGS, "--max-steps", "2", "--init-from", str(out), "--data-dir", str(data),
+                   "--out-dir", str(tmp_path / "run"))
+    line = one_line_error(proc)
+    assert f"{out / 'model.safetensors'}: transformer.h.1.mlp.c_fc.weight holds NaN" in line
+    assert "--max-lr" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_every_reader_of_a_single_file_names_non_finite_weights(tmp_path: Path) -> None:
+    model = tiny_model()
+    with torch.no_grad():
+        model.transformer.wpe.weight[0, 0] = float("inf")
+    ckpt = write_checkpoint(tmp_path / "ckpt_000001.pt", model)
+    with pytest.raises(PretrainedError, match="ckpt_000001.pt: transformer.wpe.weight holds NaN, inf"):
+        load_checkpoint_model(ckpt)  # generate and evaluate
+    with pytest.raises(PretrainedError, match="ckpt_000001.pt: transformer.wpe.weight holds NaN, inf"):
+        export_hf(ckpt, tmp_path / "hf")
+    with pytest.raises(PretrainedError, match="a file, not a Hugging Face GPT-2 folder; a trainer "
+                                              "checkpoint continues with --resume"):
+        load_pretrained(ckpt)  # --init-from

@@ -4,6 +4,7 @@ JSONL log)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from gpt.core.config import model_preset
 from gpt.report.flops import flops_per_token, mfu, peak_tflops
 from gpt.report.metrics import MetricsLog
 
-from helpers import QUIET, TINY, meta_gpt, one_line_error, read_metrics, run_cli
+from helpers import QUIET, REPO, TINY, meta_gpt, one_line_error, read_metrics, run_cli
 
 ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
@@ -268,6 +269,48 @@ def test_metrics_log_that_cannot_be_opened(data_dir: Path, tmp_path: Path) -> No
     (out / "metrics.jsonl").mkdir(parents=True)
     proc = run_cli(*ARGS, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir", str(out))
     assert "metrics.jsonl: cannot open the metrics log" in one_line_error(proc)
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]  # each line parses
+
+
+@pytest.mark.parametrize("tail,words", [
+    (b'{"type": "train", "step": 2, "lo', "dropped the torn end of its last record (32 bytes"),
+    (b"\0" * 100, "dropped the torn end of its last record (100 bytes"),
+    (b'{"type": "train", "step": 2}', "its last record had no line end"),
+], ids=["torn record", "zeros", "no line end"])
+def test_a_torn_end_of_the_metrics_log_is_repaired_on_open(tail: bytes, words: str,
+                                                           tmp_path: Path, capsys) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"type": "run"}\n{"type": "train", "step": 1}\n' + tail)
+    with MetricsLog(path) as log:
+        log.write({"type": "run", "resumed": True})
+    assert f"note: {path}: {words}" in capsys.readouterr().err
+    got = records(path)
+    assert got[0] == {"type": "run"} and got[-1] == {"type": "run", "resumed": True}
+    assert len(got) == (4 if tail.startswith(b"{") and tail.endswith(b"}") else 3)
+    with MetricsLog(path):  # a whole file: nothing to say
+        pass
+    assert capsys.readouterr().err == ""
+
+
+def test_a_write_that_fails_part_way_leaves_no_torn_record(tmp_path: Path) -> None:
+    """A file-size limit, as a full disk: the record cut short is taken back at once."""
+    path = tmp_path / "metrics.jsonl"
+    script = (f"import resource; resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))\n"
+              f"from gpt.report.metrics import MetricsLog, MetricsError\n"
+              f"log = MetricsLog({str(path)!r})\n"
+              f"try:\n"
+              f"    for step in range(100):\n"
+              f"        log.write({{'type': 'train', 'step': step, 'note': 'x' * 200}})\n"
+              f"except MetricsError as e:\n"
+              f"    print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert "cannot write the metrics log" in proc.stdout, proc.stderr
+    assert [r["step"] for r in records(path)] == list(range(len(records(path))))
+    assert path.stat().st_size < 3000 and path.read_bytes().endswith(b"\n")
 
 
 def test_peak_memory_on_cpu_is_the_process_peak_rss() -> None:

@@ -5,14 +5,13 @@ process at the same global batch."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import QUIET, REPO, TINY, assert_trains_alike, run_cli
+from helpers import QUIET, REPO, TINY, assert_trains_alike, free_port, run_cli
 from gpt.checkpoint.files import load
 
 LAUNCH = REPO / "launch"
@@ -24,12 +23,6 @@ def launcher_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     return {**env, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **extra}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

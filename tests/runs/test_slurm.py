@@ -18,7 +18,7 @@ from typing import Iterator
 
 import pytest
 
-from helpers import QUIET, REPO, TINY, read_metrics, write_random_shards
+from helpers import QUIET, REPO, TINY, free_port, read_metrics, write_random_shards
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol")
 MISSING = [d for d in DAEMONS if shutil.which(d) is None and not Path("/usr/sbin", d).exists()]
@@ -29,12 +29,6 @@ pytestmark = [
     pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() != 0,
                        reason="the test cluster's daemons run as root (SlurmUser=root): run as root"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def which(name: str) -> str:
