@@ -1,10 +1,18 @@
-"""python -m gpt.bench tokens: tokens to the GPT-2 recipe's final validation loss."""
+"""python -m gpt.bench tokens: tokens to the GPT-2 recipe's final validation loss; a --corpus
+without text, or one fineweb.py refuses, is one line."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from gpt.bench import cli as bench_cli
+from gpt.bench.tokens import bench as tokens_bench
 from gpt.bench.tokens.bench import crossing, part_effect, tokens_to_target
+from gpt.core.errors import UserError
+
+from helpers import error_line
 
 
 def test_a_curve_crossing_is_interpolated() -> None:
@@ -40,3 +48,22 @@ def test_a_part_helps_only_where_it_does_on_every_seed(with_part, without, verdi
 def test_part_effect_pairs_the_same_seeds() -> None:
     with pytest.raises(ValueError):
         part_effect([1.0, 2.0], [1.0], "final val loss")
+
+
+def test_a_corpus_without_text_is_one_line(tmp_path: Path, capsys) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "empty.txt").write_text("")
+    code = bench_cli.main(["tokens", "--data-dir", str(tmp_path / "shards"), "--corpus",
+                           str(corpus), "--out", str(tmp_path / "out")])
+    assert code == 1 and "holds any text" in error_line(capsys.readouterr().err)
+
+
+def test_a_corpus_fineweb_refuses_is_one_line(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "short.txt").write_text("too short for 250,000 validation tokens")
+    # the bench's one way to run fineweb.py: its own one-line error, after what was run
+    with pytest.raises(UserError, match=r"preparing --corpus .* failed: error: --source .*"
+                                        r"--val-tokens"):
+        tokens_bench.prepare_corpus(corpus, tmp_path / "shards")

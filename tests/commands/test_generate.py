@@ -13,7 +13,7 @@ from gpt.eval.sampling import sample, until_eot
 from gpt.generate import main
 from gpt.model.transformer import GPT
 
-from helpers import write_checkpoint
+from helpers import error_line, write_checkpoint
 
 
 def tiny_model(block_size: int = 64, vocab_size: int = 256, seed: int = 0) -> GPT:
@@ -156,6 +156,15 @@ def test_the_size_flags_are_bounded_before_torch(flag: str, value: str, words: s
     with pytest.raises(SystemExit) as exc:
         main(["--checkpoint", "x.pt", "--prompt", "hi", flag, value])
     assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, words", [
+    ("nan", "must be a finite number"), ("inf", "must be a finite number"),
+    ("-1", "must be >= 0"), ("1e-40", "at least 1e-30"), ("1000", "must be at most 100")])
+def test_generate_checks_the_temperature_as_it_is_typed(value: str, words: str, capsys) -> None:
+    with pytest.raises(SystemExit) as e:  # before any checkpoint is read
+        main(["--checkpoint", "no-such-file.pt", "--temperature", value])
+    assert e.value.code == 2 and words in error_line(capsys.readouterr().err)
 
 
 def test_a_batch_of_samples_larger_than_the_free_memory_is_one_line_before_sampling(

@@ -16,6 +16,8 @@ from gpt.report.curves import MATPLOTLIB_HINT
 from gpt.eval.evaluations import panels  # the evaluations' records the figure keeps
 from gpt.report.metrics_reader import load_metrics
 
+from helpers import error_line
+
 
 def write_jsonl(path: Path, records: list[dict], tail: str = "") -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail, encoding="utf-8")
@@ -100,6 +102,13 @@ def test_main_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_main_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path / "nope.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_plot_smoothing_is_finite(capsys) -> None:
+    from gpt.plot import main as plot_main
+    with pytest.raises(SystemExit):
+        plot_main(["metrics.jsonl", "--smooth", "nan"])
+    assert "--smooth" in error_line(capsys.readouterr().err)
 
 
 def test_plot_writes_png(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from gpt.core.cli import parse_args
 
-from helpers import one_line_error, run_cli
+from helpers import TINY, error_line, one_line_error, run_cli
 
 
 @pytest.mark.parametrize("flags,words", [
@@ -33,3 +33,14 @@ def test_values_that_cannot_be_meant_are_refused(flags: list[str], words: str, c
 def test_refusal_is_one_line_naming_the_flag() -> None:
     proc = run_cli("--max-lr", "inf")
     assert "--max-lr must be <= 1.0, got inf" in one_line_error(proc, 2)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--logit-softcap", "1e-40"], "--logit-softcap 1e-40: must be 0 (off) or a cap of at least 1"),
+    (["--eps", "1e300"], "--eps must be a finite number in [1e-30, 1]"),
+])
+def test_values_that_make_training_degenerate_are_refused(flags: list[str], words: str,
+                                                          capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse_args([*TINY, *flags])
+    assert words in error_line(capsys.readouterr().err)

@@ -11,13 +11,15 @@ import pytest
 import torch
 
 from gpt.core.config import OptimConfig, model_preset
+from gpt.entry import train_main
 from gpt.engine.step import optimizer_step
 from gpt.model.transformer import GPT
 from gpt.optim.muon import MUON, hidden_matrices, momentum_at
 from gpt.optim.muon_adamw import MuonAdamW
 from gpt.optim.optimizer import build_optimizer
 from gpt.optim.schedule import lr_at
-from helpers import QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one, run_cli
+from helpers import (QUIET, TINY, assert_resume_is_exact, assert_two_ranks_match_one, error_line,
+                     run_cli)
 
 MUON_CFG = OptimConfig(optimizer="muon", max_lr=3e-3, muon_lr=0.02, fused=False)
 
@@ -124,6 +126,17 @@ def test_fsdp_with_muon_is_refused_in_one_line(data_dir: Path, tmp_path: Path) -
     assert proc.returncode == 2
     assert "--optimizer muon orthogonalises whole weight matrices" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--muon-lr", "1e30"], "--muon-lr must be <= 1.0"),
+    (["--muon-weight-decay", "100"], "--muon-weight-decay 100.0 x --muon-lr 0.02 must be < 1"),
+])
+def test_an_optimizers_own_values_are_refused_before_the_run(flags: list[str], words: str,
+                                                             tmp_path: Path, capsys) -> None:
+    # the optimizer's checks (gpt/optim/muon.py's), asked by the preflight first
+    assert train_main([*TINY, *QUIET, *flags, "--out-dir", str(tmp_path / "run")]) == 2
+    assert words in error_line(capsys.readouterr().err) and not (tmp_path / "run").exists()
 
 
 @pytest.mark.numerics

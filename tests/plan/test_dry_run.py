@@ -1,4 +1,6 @@
-"""`train_gpt2.py --dry-run`: checks a command and says what it would do, writes nothing."""
+"""`train_gpt2.py --dry-run`: checks a command and says what it would do, writes nothing. The
+dry run and the run go through one validation path: a dry run that says the run would
+start is followed by a run that starts, and what one refuses the other refuses."""
 
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ import pytest
 
 import torch
 
+from gpt.bench import cli as bench_cli
 from gpt.entry import train_main
 from gpt.model import sizing
+from gpt.model.transformer import GPT
 from gpt.plan import speed
 from gpt.runtime.device import device_name
 
-from helpers import QUIET, TINY, run_cli, write_random_shards
+from helpers import QUIET, TINY, error_line, run_cli, write_random_shards
 
 
 def mkdir(path: Path) -> Path:
@@ -233,3 +237,109 @@ def test_an_empty_data_dir_is_named_not_read_as_the_current_folder(capsys) -> No
         train_main([*TINY, "--data-dir", "", "--dry-run"])
     assert e.value.code == 2
     assert "--data-dir must not be empty (it would be the current folder)" in capsys.readouterr().err
+
+
+WORKER = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}  # what torchrun adds
+
+
+ABSURD = ["--n-layer", "100000", "--n-embd", "65536", "--n-head", "64"]
+
+
+def empty_shards(folder: Path) -> Path:
+    """Shards with a valid header and no tokens."""
+    folder.mkdir()
+    return write_random_shards(folder, seed=0, train=(0, 0))
+
+
+def small_shards(folder: Path) -> Path:
+    """Enough tokens for one step of one rank (4 x 32 + 1), not of two."""
+    folder.mkdir()
+    return write_random_shards(folder, seed=0, train=(200,))
+
+
+# name -> (extra flags, launch environment, data folder maker or None for the shared one)
+CASES = {
+    "a good command": ([], {}, None),
+    "shards of 0 tokens": ([], {}, empty_shards),
+    "rank 1 without torchrun": ([], {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}, None),
+    "a batch the world does not divide": (
+        ["--total-batch-tokens", "384", "--dist-timeout", "20"],
+        {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", **WORKER}, None),
+    "too few tokens for one step of two ranks": (
+        ["--total-batch-tokens", "256", "--dist-timeout", "20"],
+        {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", **WORKER}, small_shards),
+    "--parallel zero1 in one process": (["--parallel", "zero1"], {}, None),
+    "an absurd model": (ABSURD, {}, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_dry_run_that_says_it_would_start_is_followed_by_a_run_that_starts(
+        case: str, data_dir: Path, tmp_path: Path, no_launch_env, capsys) -> None:
+    flags, env, make_data = CASES[case]
+    folder = make_data(tmp_path / "data") if make_data else data_dir
+    for name, value in env.items():
+        no_launch_env.setenv(name, value)
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(folder),
+            "--out-dir", str(tmp_path / "run"), *flags]
+    dry = train_main([*args, "--dry-run"])
+    dry_text = capsys.readouterr()
+    promised = dry == 0 and "dry run: the run would start" in dry_text.out
+    real = train_main(args)
+    real_text = capsys.readouterr()
+    assert promised == (real == 0), (case, dry_text, real_text)
+    assert promised == (case == "a good command"), (case, dry_text)
+    if not promised:  # both refuse in one line, and the run wrote nothing
+        error_line(dry_text.err)
+        error_line(real_text.err)
+        assert not (tmp_path / "run").exists()
+
+
+def test_rank_one_without_torchrun_is_refused_by_the_dry_run(data_dir: Path, tmp_path: Path,
+                                                             no_launch_env, capsys) -> None:
+    for name, value in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
+        no_launch_env.setenv(name, value)
+    code = train_main([*TINY, *QUIET, "--data-dir", str(data_dir), "--out-dir",
+                       str(tmp_path / "run"), "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "set without MASTER_ADDR, MASTER_PORT" in error_line(err)
+
+
+def test_the_dry_run_applies_the_loaders_rule_to_a_small_val_split(tmp_path: Path,
+                                                                  no_launch_env, capsys) -> None:
+    (tmp_path / "data").mkdir()
+    folder = write_random_shards(tmp_path / "data", seed=0, train=(10_000,), val=(100,))
+    code = train_main([*TINY, "--sample-every", "0", "--data-dir", str(folder),
+                       "--out-dir", str(tmp_path / "run"), "--dry-run"])
+    assert code != 0 and "split 'val' has 100 tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"WORLD_SIZE": "x"}, "WORLD_SIZE=x set without RANK"),
+    ({"WORLD_SIZE": "x", "RANK": "0", "LOCAL_RANK": "0", **WORKER},
+     "WORLD_SIZE='x' in the environment is not a number"),
+    ({"WORLD_SIZE": "0", "RANK": "0", "LOCAL_RANK": "0", **WORKER}, "RANK=0 with WORLD_SIZE=0"),
+])
+def test_a_bad_launch_variable_is_one_line_in_the_dry_run(env: dict, words: str, data_dir: Path,
+                                                          tmp_path: Path, no_launch_env,
+                                                          capsys) -> None:
+    for name, value in env.items():
+        no_launch_env.setenv(name, value)
+    code = train_main([*TINY, *QUIET, "--data-dir", str(data_dir), "--out-dir",
+                       str(tmp_path / "run"), "--dry-run"])
+    assert code == 2 and words in error_line(capsys.readouterr().err)
+
+
+def test_an_absurd_model_is_refused_by_the_dry_run_and_the_planner(data_dir: Path, tmp_path: Path,
+                                                                   no_launch_env,
+                                                                   monkeypatch, capsys) -> None:
+    def no_building(*args, **kwargs):
+        raise AssertionError("an absurd model must not be built or traced")
+
+    monkeypatch.setattr(GPT, "__init__", no_building)
+    code = train_main([*TINY, *QUIET, *ABSURD, "--data-dir", str(data_dir), "--out-dir",
+                       str(tmp_path / "run"), "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "needs at least" in err and "per device" in err
+    assert bench_cli.main(["memory", *ABSURD]) == 2
+    assert "the largest GPU planned for" in error_line(capsys.readouterr().err)

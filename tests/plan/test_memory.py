@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from gpt.bench import cli as bench_cli
 from gpt.bench.cli import main as bench_main
 from gpt.core.cli import parse_args
 from gpt.engine import parallel
@@ -17,7 +18,7 @@ from gpt.engine.step import forward_backward, optimizer_step
 from gpt.model.transformer import GPT
 from gpt.plan import memory, memory_trace
 from gpt.runtime.world import Runtime
-from helpers import highest_rise
+from helpers import error_line, highest_rise
 
 SMALL = ["--model", "tiny", "--n-layer", "2", "--n-head", "2", "--n-embd", "64",
          "--vocab-size", "512", "--block-size", "64", "--batch-size", "4", "--seq-len", "64"]
@@ -148,6 +149,30 @@ def test_a_bad_trainer_flag_is_named(capsys) -> None:
     assert exc.value.code == 2 and "--batch-sise" in err
     assert err.startswith("python -m gpt.bench memory: error:")  # the command typed
     assert "python train_gpt2.py --help lists every trainer flag" in err
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--batch-size", "99999999999999999999"], "--batch-size 99999999999999999999 x --seq-len"),
+    (["--batch-size", str(2**30)], "tokens per micro-batch: must be at most 2**31"),
+    (["--total-batch-tokens", str(2**60)], "--total-batch-tokens must be at most 2**40"),
+])
+def test_a_huge_number_is_refused_where_it_is_typed(flags: list[str], words: str,
+                                                    capsys) -> None:
+    with pytest.raises(SystemExit) as e:  # the planner and the dry run both parse this way
+        bench_cli.main(["memory", *flags])
+    assert e.value.code == 2 and words in error_line(capsys.readouterr().err)
+
+
+def test_the_planner_names_a_world_size_below_one(capsys) -> None:
+    assert bench_cli.main(["memory", "--model", "tiny", "--world-size", "0"]) == 2
+    assert "--world-size 0" in error_line(capsys.readouterr().err)
+
+
+def test_the_planner_refuses_a_world_the_batch_does_not_divide(capsys) -> None:
+    tiny = ["--model", "tiny", "--block-size", "32", "--seq-len", "32", "--batch-size", "4",
+            "--total-batch-tokens", "256"]
+    assert bench_cli.main(["memory", *tiny, "--world-size", "3"]) == 2
+    assert "world size 3" in error_line(capsys.readouterr().err)
 
 
 @pytest.mark.slow
