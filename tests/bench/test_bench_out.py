@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpt.bench import cli as bench_cli
-from helpers import only_line, read_only_folder
+from helpers import error_line, only_line, read_only_folder
 
 
 def refuse_to_measure(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,3 +74,20 @@ def test_the_check_leaves_no_folder_behind(tmp_path: Path, capsys, monkeypatch) 
         bench_cli.main(["memory", "--model", "tiny", "--n-layer", "0", "--out", str(out)])
     assert "--n-layer must be >= 1" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("where", ["a file", "below a file"])
+def test_the_tokens_bench_refuses_an_unusable_out_in_one_line(where: str, data_dir: Path,
+                                                               tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    out = tmp_path / "file" if where == "a file" else tmp_path / "file" / "out"
+    code = bench_cli.main(["tokens", "--data-dir", str(data_dir), "--out", str(out)])
+    assert code == 1 and f"--out {out}" in error_line(capsys.readouterr().err)
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="folder modes and sysfs are POSIX")
+def test_the_tokens_bench_refuses_a_read_only_out(data_dir: Path, tmp_path: Path, capsys) -> None:
+    parent = read_only_folder(tmp_path)
+    code = bench_cli.main(["tokens", "--data-dir", str(data_dir), "--out", str(parent / "out")])
+    assert code == 1 and "cannot be used as a folder" in error_line(capsys.readouterr().err)

@@ -18,7 +18,7 @@ from gpt.eval.validation import val_loss
 from gpt.evaluate import main
 from gpt.model.transformer import GPT
 
-from helpers import run_torchrun, write_checkpoint, write_random_shards
+from helpers import error_line, run_torchrun, write_checkpoint, write_random_shards
 
 MINI = [
     ("A man is sitting on a roof. He", ["is using wrap to wrap a pair of skis.",
@@ -161,6 +161,15 @@ def test_evaluate_names_an_id_beyond_the_vocabulary(tmp_path: Path, capsys) -> N
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
     assert "val_000000.bin: token id 60000 at index 40 is >= --vocab-size 50304" in err
+
+
+@pytest.mark.usefixtures("hub_offline")
+@pytest.mark.parametrize("text", ["", ",,,", " , "])
+def test_evaluate_refuses_an_empty_task_list(text: str, trained: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--checkpoint", str(trained), "--tasks", text])
+    assert e.value.code == 2 and f"--tasks {text!r} names no task" in error_line(
+        capsys.readouterr().err)
 
 
 def test_tasks_without_lm_eval_is_named_before_torch_and_the_model(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpt.core.cli import parse_args
+from gpt.entry import train_main
 
 from helpers import TINY, error_line, one_line_error, run_cli
 
@@ -44,3 +45,15 @@ def test_values_that_make_training_degenerate_are_refused(flags: list[str], word
     with pytest.raises(SystemExit):
         parse_args([*TINY, *flags])
     assert words in error_line(capsys.readouterr().err)
+
+
+@pytest.mark.usefixtures("hub_offline")
+@pytest.mark.parametrize("flags, words", [
+    (["--eval-tasks", "hellaswag"], "--eval-tasks hellaswag is scored every --eval-tasks-every "
+                                    "N steps (and at the end), and that is 0 (off)"),
+    (["--eval-tasks", ",,,", "--eval-tasks-every", "5"], "--eval-tasks ',,,' names no task"),
+])
+def test_the_trainer_refuses_tasks_it_would_drop(flags: list[str], words: str, capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        train_main([*TINY, *flags, "--dry-run"])
+    assert e.value.code == 2 and words in error_line(capsys.readouterr().err)

@@ -1,6 +1,7 @@
 """The one preflight (gpt/plan/preflight.py): the trainer and the dry run ask it once and hold
-no checks of their own; a saved config's size is judged by every checkpoint reader before
-it builds a model; an optional package is judged by importing it, as the run does."""
+no checks of their own, so what the run refuses the dry run refuses in the same words; a
+saved config's size is judged by every checkpoint reader before it builds a model; an
+optional package is judged by importing it, as the run does."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import QUIET, REPO, TINY, read_metrics, run_cli
+from harness_fixtures import write_tasks
+from helpers import QUIET, REPO, TINY, error_line, read_metrics, run_cli
 from gpt.checkpoint.files import save_atomic
 from gpt.core import extras
 from gpt.core.cli import parse_args
@@ -209,6 +211,84 @@ def test_the_trainer_and_the_dry_run_each_ask_the_preflight_once(data_dir: Path,
     assert [c for c in calls if not c.startswith(("dry_run:", "launch:launch"))] == [
         "preflight:preflight"]
     assert "the run would start" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------
+# what the run refuses, the dry run refuses, in the same words
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tasks(tmp_path_factory.mktemp("tasks"))
+
+
+def lm_eval_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # import lm_eval raises ImportError
+
+
+# name -> (flags, words of the refusal, what to do to the environment first)
+CASES = {
+    "an unknown task in --eval-tasks": (
+        ["--eval-tasks", "no_such_task", "--eval-tasks-every", "1"],
+        "--eval-tasks no_such_task: no such lm-eval task", None),
+    "--eval-tasks-include naming a missing folder": (
+        ["--eval-tasks", "tiny_mc", "--eval-tasks-every", "1", "--eval-tasks-include", "MISSING"],
+        "--eval-tasks-include MISSING: no such folder", None),
+    "lm-eval not importable": (
+        ["--eval-tasks", "tiny_mc", "--eval-tasks-every", "1"],
+        "--eval-tasks needs EleutherAI's lm-evaluation-harness (lm-eval), which is not installed",
+        lm_eval_missing),
+    "--out-dir naming a file": (["--out-dir", "FILE"],
+                                "--out-dir FILE: cannot write there: it is a file, not a folder",
+                                None),
+    "--vocab-size below the data's ids with --check-tokens": (
+        ["--vocab-size", "1000", "--check-tokens"], "is >= --vocab-size 1000", None),
+}
+
+
+@pytest.mark.usefixtures("hub_offline")
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_dry_run_refuses_what_the_run_refuses_in_the_same_words(
+        case: str, data_dir: Path, tasks: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    pytest.importorskip("lm_eval", reason="the eval extra")
+    flags, words, environment = CASES[case]
+    (tmp_path / "file").write_text("not a folder")
+    names = {"MISSING": str(tmp_path / "missing"), "FILE": str(tmp_path / "file")}
+    flags = [names.get(f, f) for f in flags]
+    words = words.replace("MISSING", names["MISSING"]).replace("FILE", names["FILE"])
+    if environment is not None:
+        environment(monkeypatch)
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
+            str(tmp_path / "run"), "--eval-tasks-include", str(tasks), *flags]
+    dry = train_main([*args, "--dry-run"])
+    dry_text = capsys.readouterr()
+    assert dry != 0 and "the run would start" not in dry_text.out, dry_text
+    dry_line = error_line(dry_text.err)
+    real = train_main(args)
+    real_line = error_line(capsys.readouterr().err)
+    assert real == dry and words in dry_line and dry_line == real_line
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+@pytest.mark.usefixtures("hub_offline")
+def test_the_dry_run_promises_a_run_with_known_tasks(data_dir: Path, tasks: Path, tmp_path: Path,
+                                                     capsys) -> None:
+    pytest.importorskip("lm_eval", reason="the eval extra")
+    code = train_main([*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
+                       str(tmp_path / "run"), "--eval-tasks", "tiny_mc,tiny_gen",
+                       "--eval-tasks-every", "1", "--eval-tasks-include", str(tasks),
+                       "--check-tokens", "--dry-run"])
+    assert code == 0 and "dry run: the run would start" in capsys.readouterr().out
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_out_dir_below_a_file_is_refused_before_anything_is_built(data_dir: Path, tmp_path: Path,
+                                                                      capsys) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    out = tmp_path / "file" / "run"
+    assert train_main([*TINY, *QUIET, "--data-dir", str(data_dir), "--out-dir", str(out)]) == 2
+    assert f"--out-dir {out}: cannot write there: {tmp_path / 'file'} is a file" in error_line(
+        capsys.readouterr().err)
 
 
 # ---------------------------------------------------------------------------------------
