@@ -407,6 +407,13 @@ def read_only_folder(tmp_path: Path) -> Path:
     pytest.skip("no folder here is read-only to root")
 
 
+def listing(folder: Path) -> list[str]:
+    """What a folder holds (to show a refusal wrote nothing); [] for none."""
+    if not os.path.lexists(folder) or not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir())
+
+
 def cuda_run_losses(tmp_path: Path, variants: dict[str, list[str]],
                     total_batch_tokens: int) -> dict[str, tuple[list[float], str]]:
     """A compiled 4-step CUDA run of a tiny soft-capped model for each variant's flags, on

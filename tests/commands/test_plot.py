@@ -16,7 +16,7 @@ from gpt.report.curves import MATPLOTLIB_HINT
 from gpt.eval.evaluations import panels  # the evaluations' records the figure keeps
 from gpt.report.metrics_reader import load_metrics
 
-from helpers import error_line
+from helpers import error_line, listing, read_only_folder
 
 
 def write_jsonl(path: Path, records: list[dict], tail: str = "") -> Path:
@@ -126,6 +126,37 @@ def test_plot_writes_png(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main([str(b)]) == 0  # default output: next to the metrics file
     assert (tmp_path / "curves.png").exists()
+
+
+@pytest.fixture
+def metrics(tmp_path: Path) -> Path:
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"type": "run", "config": {}, "device": "cpu"},
+        {"type": "train", "step": 0, "loss": 10.0, "lr": 1e-3, "tokens_per_s": 100.0},
+        {"type": "train", "step": 1, "loss": 9.0, "lr": 1e-3, "tokens_per_s": 100.0})))
+    return path
+
+
+@pytest.mark.parametrize("case", ["below a read-only folder", "below a file", "a folder",
+                                  "an unknown image type"])
+def test_an_output_that_cannot_be_written_is_one_line(case: str, metrics: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("matplotlib", reason="the plot extra")
+    from gpt.plot import main
+
+    (tmp_path / "file").write_text("not a folder")
+    (tmp_path / "folder").mkdir()
+    output = {"below a read-only folder": lambda: read_only_folder(tmp_path) / "c.png",
+              "below a file": lambda: tmp_path / "file" / "c.png",
+              "a folder": lambda: tmp_path / "folder",
+              "an unknown image type": lambda: tmp_path / "c.xyz"}[case]()
+    before = listing(tmp_path)
+    assert main([str(metrics), "-o", str(output)]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: -o {output}: ") and "(-o PATH)" in line, line
+    assert listing(tmp_path) == before
 
 
 def test_a_run_without_hellaswag_has_no_empty_panel_and_the_title_names_the_run(

@@ -20,6 +20,7 @@ from gpt.checkpoint.weights import write_safetensors
 from gpt.core.fileio import (LOCK_NAME, FolderInUse, FolderLock, atomic_files, atomic_write,
                              remove_dead_temp_files)
 from gpt.data.shards import write_shard
+from gpt.entry import train_main
 
 from helpers import (QUIET, REPO, TINY, kill_tree, one_line_error, read_metrics, run_cli,
                      start_trainer, wait_for)
@@ -163,6 +164,17 @@ def test_a_lock_file_left_by_a_killed_run_is_taken_over_and_removed(tmp_path: Pa
     assert f"pid {os.getpid()} " in (folder / LOCK_NAME).read_text()
     lock.release()
     assert not (folder / LOCK_NAME).exists()
+
+
+def test_a_lock_file_a_killed_run_left_means_nothing(data_dir: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    """A lock file that no live process holds (a kill -9 leaves one) is no refusal."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / ".lock").write_text("pid 99999 on gone since then\n")
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir", str(out)]
+    assert train_main([*args, "--dry-run"]) == 0
+    assert "dry run: the run would start" in capsys.readouterr().out
 
 
 def test_a_waiter_on_a_released_lock_file_locks_the_new_one(tmp_path: Path) -> None:

@@ -128,6 +128,19 @@ def test_training_on_a_folder_fineweb_is_writing_is_refused(tmp_path: Path) -> N
     assert check_not_being_written(data, allow=False) is None
 
 
+def test_a_lock_holders_text_reaches_a_data_folder_warning_escaped(tmp_path: Path) -> None:
+    from gpt.data.shards import check_not_being_written
+
+    folder = tmp_path / "shards"
+    lock = FolderLock(folder, "fineweb.py run").acquire()
+    try:
+        os.pwrite(lock._fd, b"pid 1\n\x1b]0;title\x07", 0)
+        note = check_not_being_written(folder, allow=True)
+    finally:
+        lock.release()
+    assert note is not None and "by pid 1\\n\\x1b]0;title\\x07" in note and "\n" not in note
+
+
 def test_allow_incomplete_data_trains_with_a_warning(tmp_path: Path) -> None:
     data = half_written(tmp_path)
     cfg = parse_args([*ARGS, "--allow-incomplete-data", "--data-dir", str(data)])

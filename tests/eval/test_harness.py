@@ -207,7 +207,7 @@ def test_without_lm_eval_one_line_says_how_to_install(tmp_path: Path,
 def test_a_local_task_without_its_data_file_is_named_with_the_file(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Its data is a file of its own: the line names the file, not the Hub's cache (a
-    task of the Hub's is test_a_task_of_the_hubs_without_its_data_says_run_once_with_network's)."""
+    task of the Hub's is tests/eval/test_harness_tasks.py's)."""
     from gpt.evaluate import main
 
     from helpers import write_checkpoint
@@ -523,22 +523,6 @@ def test_a_local_task_that_cannot_load_says_what_is_wrong(task: str, words: str,
     loaded, failed = harness_tasks.load_tasks([task], str(tasks))
     assert not loaded and len(failed) == 1
     assert words in failed[0] and "network" not in failed[0]
-
-
-def test_a_task_of_the_hubs_without_its_data_says_run_once_with_network(tmp_path: Path) -> None:
-    (tmp_path / "hub_task.yaml").write_text(
-        "task: hub_task\ndataset_path: no-such-org/no-such-dataset\ntest_split: test\n"
-        "output_type: multiple_choice\ndoc_to_text: \"{{ctx}}\"\n"
-        "doc_to_choice: \"{{endings}}\"\ndoc_to_target: \"{{label}}\"\n")
-    _, failed = harness_tasks.load_tasks(["hub_task"], str(tmp_path))
-    assert "task hub_task: its data could not be loaded" in failed[0]
-    assert "HF_DATASETS_CACHE" in failed[0] and "run once with network" in failed[0]
-
-
-def test_a_missing_include_folder_is_named_as_missing(tmp_path: Path) -> None:
-    with pytest.raises(harness_tasks.HarnessError,
-                       match=f"--include-path {tmp_path / 'nope'}: no such folder"):
-        harness_tasks.load_tasks(["tiny_mc"], str(tmp_path / "nope"))
 
 
 def test_an_lm_eval_that_fails_to_import_is_not_called_missing(ckpt: Path, monkeypatch,

@@ -5,6 +5,7 @@ optional package is judged by importing it, as the run does."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,10 +17,13 @@ import torch
 
 from harness_fixtures import write_tasks
 from helpers import QUIET, REPO, TINY, error_line, read_metrics, run_cli
+from gpt.checkpoint.export import export_hf
 from gpt.checkpoint.files import save_atomic
+from gpt.checkpoint.model_load import PretrainedError, load_checkpoint_model
+from gpt.checkpoint.weights import load_pretrained
 from gpt.core import extras
 from gpt.core.cli import parse_args
-from gpt.core.config import model_preset
+from gpt.core.config import ModelConfig, model_preset
 from gpt.core.errors import UserError
 from gpt.entry import train_main
 from gpt.model import sizing
@@ -92,6 +96,29 @@ def test_a_hellaswag_file_bad_past_its_first_lines_is_refused_by_the_dry_run(
     for proc in (run_cli(*args, "--dry-run"), run_cli(*args)):
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         assert f"--hellaswag-file {path}:21: not valid JSON" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+GOOD = json.dumps({"ctx": "The man", "endings": ["a", "b", "c", "d"], "label": 0})
+
+
+@pytest.mark.parametrize("content,words", [
+    (b"ctx,endings,label\nThe man,a|b|c|d,0\n", "FILE:1: not valid JSON"),
+    (f"{GOOD}\n{GOOD}\n".encode() + b'{"ctx": "x", "label": 1}\n', "FILE:3: 'endings' must be"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe", "FILE:1: not UTF-8 text"),
+    (b'[{"ctx": "x"}]\n', "FILE:1: expected a JSON object"),
+])
+def test_a_hellaswag_file_that_is_not_hellaswags_is_refused_before_the_run(
+        content: bytes, words: str, data_dir: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "hs.jsonl"
+    path.write_bytes(content)
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
+            str(tmp_path / "run"), "--hellaswag-every", "1", "--hellaswag-file", str(path)]
+    for flags in ([*args, "--dry-run"], args):
+        assert train_main(flags) == 2
+        line = error_line(capsys.readouterr().err)
+        assert f"--hellaswag-file {words.replace('FILE', str(path))}" in line, line
     assert not (tmp_path / "run").exists()
 
 
@@ -363,6 +390,61 @@ def test_a_reader_refuses_a_model_larger_than_its_device(trained: Path, monkeypa
     with pytest.raises(PretrainedError, match=r"needs 0\.0 GiB for its weights alone, and cpu "
                                               r"has 0\.0 GiB"):
         load_checkpoint_model(trained)
+
+
+DEEP_THIN = {"n_layer": 80_000, "n_embd": 2, "n_head": 1}  # passes the parameter bounds
+
+
+def test_a_deep_thin_model_by_flags_is_refused_before_anything_is_built(
+        data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Its parameters fit any device; building it (or planning its memory, which
+    --batch-size auto does) would take minutes to hours. The dry run and the run answer
+    at once, naming the flag."""
+    base = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
+            str(tmp_path / "run"), "--n-layer", "20000", "--n-embd", "16", "--n-head", "1"]
+    for args in ([*base, "--dry-run"], base, [*base, "--batch-size", "auto", "--dry-run"]):
+        assert train_main(args) == 2
+        line = error_line(capsys.readouterr().err)
+        assert line.startswith("error: --n-layer 20000: a model of more than 1,000 blocks")
+        assert "choose --n-layer 1000 or fewer" in line
+    assert sizing.param_count(ModelConfig(**DEEP_THIN)) < 10**7  # the parameters pass
+
+
+def test_a_saved_config_edited_deep_and_thin_is_refused_by_every_reader(
+        trained: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A checkpoint whose config says 80,000 blocks 2 wide: within twice its weights'
+    size, so the parameter bound passes; every reader refuses it before building it."""
+    ckpt = torch.load(trained, weights_only=True)
+    ckpt["config"]["model"].update(DEEP_THIN)
+    path = tmp_path / "run" / "ckpt_000001.pt"
+    path.parent.mkdir()
+    save_atomic(ckpt, path)
+    with pytest.raises(PretrainedError, match="its config's n_layer 80000: a model of more "
+                                              "than 1,000 blocks"):
+        load_checkpoint_model(path)  # generate, evaluate, export and gpt2-lm-eval read so
+    args = [*TINY, *QUIET, "--max-steps", "2", "--data-dir", str(data_dir), "--out-dir",
+            str(path.parent), "--resume", "auto"]
+    for flags in ([*args, "--dry-run"], args):
+        assert train_main(flags) != 0
+        assert "its config's n_layer 80000" in error_line(capsys.readouterr().err)
+
+
+def test_an_exported_folder_edited_deep_and_thin_is_refused_by_its_readers(
+        trained: Path, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = export_hf(trained, tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    config.update(DEEP_THIN)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PretrainedError, match=r"config\.json: n_layer 80000: a model of more "
+                                              r"than 1,000 blocks"):
+        load_pretrained(folder)  # generate and evaluate's --init-from
+    args = [*TINY, *QUIET, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir",
+            str(tmp_path / "run"), "--init-from", str(folder)]
+    for flags in ([*args, "--dry-run"], args):
+        assert train_main(flags) != 0
+        assert f"{folder}: n_layer 80000: a model of more than 1,000 blocks" in error_line(
+            capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
 
 
 # ---------------------------------------------------------------------------------------
