@@ -186,7 +186,7 @@ def test_evaluating_a_checkpoint_whose_model_is_not_weights_is_one_line(run_copy
         read_checkpoint(run_copy / "ckpt_000002.pt")
 
 
-# Fields this round added: a checkpoint written before them has none of them
+# Fields added to the config later: a checkpoint written before them has none of them
 NEWER_FIELDS = {"model": ("rotary", "rmsnorm", "qk_norm", "relu2", "untied_head",
                           "zero_init_proj", "logit_softcap"),
                 "optim": ("lr_schedule", "cooldown_frac", "optimizer", "muon_lr",
