@@ -1,6 +1,8 @@
 """A value typed that cannot be meant is refused where it is typed, in one line naming the
 flag (gpt/core/config_check.py, and the flags' own types in gpt/core/cli.py): an infinite
-learning rate would poison the weights, and every checkpoint after them."""
+learning rate would poison the weights and every checkpoint after them, a soft-cap or eps
+at a float's edge makes training degenerate, and --eval-tasks the run would never score
+would be dropped without a word."""
 
 from __future__ import annotations
 
