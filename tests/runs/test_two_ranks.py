@@ -72,20 +72,24 @@ def test_ranks_get_disjoint_batches(data_dir: Path) -> None:
 
 @pytest.mark.slow
 def test_a_failing_rank_ends_the_whole_job_quickly(tmp_path: Path) -> None:
-    """Rank 1's first batch holds a token id beyond the vocabulary: rank 1 stops with a clear
-    error, and the job (rank 0 waiting in a collective) ends non-zero within seconds; rank
-    0 says one line (or nothing, if torchrun's SIGTERM comes first), not torch's traceback."""
+    """Rank 1's batch in the second step holds a token id beyond the vocabulary: rank 1 stops
+    with a clear error, and the job (rank 0 waiting in a collective) ends non-zero within
+    seconds; rank 0 says one line (or nothing, if torchrun's SIGTERM comes first), not
+    torch's traceback. The id is in the second shard: every rank's preflight reads the
+    first one's start (check_first_tokens) and would refuse it on both ranks alike."""
     data = tmp_path / "data"
     data.mkdir()
-    tokens = np.random.default_rng(0).integers(0, 50257, 10_000)
-    tokens[128 + 20] = 60_000  # window 1 (tokens 128..256) is rank 1's first
-    write_shard(data / "train_000000.bin", tokens)
+    rng = np.random.default_rng(0)
+    write_shard(data / "train_000000.bin", rng.integers(0, 50257, 600))  # step 1's 512, +1
+    tokens = rng.integers(0, 50257, 10_000)
+    tokens[128 + 20] = 60_000  # window 1 (tokens 128..256) is rank 1's first in a shard
+    write_shard(data / "train_000001.bin", tokens)
     start = time.monotonic()
     proc = run_torchrun(*ARGS, "--data-dir", str(data), "--out-dir", str(tmp_path / "run"),
                         timeout=120)
     elapsed = time.monotonic() - start
     assert proc.returncode != 0
-    assert "[rank 1] error:" in proc.stderr and "train_000000.bin" in proc.stderr
+    assert "[rank 1] error:" in proc.stderr and "train_000001.bin" in proc.stderr
     assert "token id 60000" in proc.stderr
     assert elapsed < 60, f"the job took {elapsed:.0f}s to end"
     lines = proc.stderr.splitlines()
