@@ -202,6 +202,7 @@ def test_model_sweep_records_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 # subcommands at tiny sizes on the CPU
 
 
+@pytest.mark.slow
 def test_model_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = run_bench(tmp_path, "model", "model", "--sizes", "tiny", "--seq-len", "16",
                      "--batch-size", "2", "--precision", "fp32", "tf32", "bf16",
@@ -231,6 +232,7 @@ def test_model_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert md.count("| tiny |") == 9
 
 
+@pytest.mark.slow
 def test_a_model_sweep_says_its_cells_and_time_as_it_starts_and_its_place_and_eta_per_cell(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The README's sweep on a CPU ran blind for minutes: it now says how many cells, which
@@ -307,6 +309,7 @@ def test_components_subcommand(tmp_path: Path) -> None:
     assert by["sum of parts"]["fwdbwd_median_ms"] == pytest.approx(parts)
 
 
+@pytest.mark.slow
 def test_attention_subcommand(tmp_path: Path) -> None:
     data = run_bench(tmp_path, "attn", "attention", "--impls", "naive", "sdpa", "sdpa-math",
                      "sdpa-efficient", "--head-dims", "8", "16", "--seq-lens", "16", "32",

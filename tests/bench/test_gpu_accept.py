@@ -364,6 +364,7 @@ def test_only_the_packages_the_chosen_cells_use_are_looked_at(tmp_path, monkeypa
     assert by_name["ours-b64-default-fp8-tensorwise"].needs == ("torchao",)
 
 
+@pytest.mark.slow
 def test_a_wheel_that_does_not_install_or_import_skips_only_its_cells(tmp_path, capsys,
                                                                       monkeypatch) -> None:
     """A wheel that installs but does not import, or that pip cannot install: its package is
@@ -789,6 +790,7 @@ LEADER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc to see the grandchild")
 @pytest.mark.parametrize("leader_s,status", [(120, "timeout"), (0, "failed")])
 def test_a_cell_leaves_no_process_behind(leader_s: float, status: str, tmp_path: Path,

@@ -63,6 +63,7 @@ def spoil(path: Path, how: Callable[[dict[str, Any]], None], to: Path | None = N
     torch.save(ckpt, to or path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", list(SPOILED))
 def test_a_spoiled_entry_makes_the_checkpoint_unusable(entry: str, run_copy: Path) -> None:
     how, words = SPOILED[entry]
@@ -91,6 +92,7 @@ def test_resume_auto_falls_back_from_wrong_shaped_optimizer_state(run_copy: Path
     assert "warning: skipping damaged checkpoint" in proc.stderr and "at step 2" in proc.stdout
 
 
+@pytest.mark.slow
 def test_resume_auto_skips_a_checkpoint_with_non_finite_state(data_dir: Path, run_copy: Path) -> None:
     ckpt = torch.load(run_copy / "ckpt_000004.pt", weights_only=True)
     ckpt["model"]["lm_head.weight"][0, 0] = float("inf")  # written by an older version, say

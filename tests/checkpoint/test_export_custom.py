@@ -94,6 +94,7 @@ def greedy(model, prompt: list[int], n: int, use_cache: bool) -> list[int]:
                           use_cache=use_cache, pad_token_id=EOT)[0].tolist()
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 @pytest.mark.parametrize("option", OPTIONS)
 def test_each_option_computes_our_logits_and_greedy_tokens(tmp_path: Path, option: str,

@@ -46,6 +46,7 @@ def readers(path: Path, tmp_path: Path) -> dict:
             "resume": lambda: checkpoint.choose(path.parent, str(path)), "harness": harness}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value, words", [
     ({"n_layer": "2"}, "n_layer = '2' must be int (flag --n-layer)"),
     ({"n_embd": 64.0}, "n_embd = 64.0 must be int (flag --n-embd)"),

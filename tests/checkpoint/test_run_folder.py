@@ -100,6 +100,7 @@ RUN_FOLDER_CASES: dict[str, tuple[Callable[[Path, contextlib.ExitStack], None], 
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(RUN_FOLDER_CASES))
 def test_the_dry_run_refuses_what_the_run_folder_would_refuse_in_the_runs_words(
         case: str, data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

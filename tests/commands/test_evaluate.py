@@ -69,6 +69,7 @@ def test_val_loss_is_a_0dim_tensor_near_uniform(random_data_dir: Path) -> None:
     assert model.training  # restored
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_cli_reports_hellaswag_and_val_loss(tmp_path: Path, random_data_dir: Path,
                                             capsys) -> None:

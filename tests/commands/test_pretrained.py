@@ -357,6 +357,7 @@ def tiny_model(vocab_size: int = 50304, block_size: int = 32) -> GPT:
     return GPT(model_preset("tiny", block_size=block_size, vocab_size=vocab_size))
 
 
+@pytest.mark.slow
 def test_an_export_onto_a_full_disk_is_one_line_and_keeps_the_model_there(tmp_path: Path) -> None:
     ckpt = write_checkpoint(tmp_path / "ckpt_000001.pt", tiny_model())
     out = export_hf(ckpt, tmp_path / "hf")

@@ -93,6 +93,7 @@ def test_the_trainer_prints_the_note_at_start_up(tmp_path: Path, monkeypatch: py
     assert out.count("note: torch 2.8.0+cu128 is older than this package's minimum, 2.9") == 1
 
 
+@pytest.mark.slow
 def test_tf32_is_read_and_set_without_torch_29s_notice() -> None:
     """torch 2.9 warns once a process when TF32 goes through allow_tf32 (CI's part 2 runs
     it): in a process of its own, every warning an error, the switches read, set and put

@@ -85,6 +85,7 @@ def real_probe(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.mark.slow
 def test_a_host_that_takes_connections_and_never_answers_is_told_at_once(
         real_probe, monkeypatch, tmp_path, capsys) -> None:
     """A hub mirror, a HellaSwag address or a proxy that accepts and stays silent: one
@@ -150,6 +151,7 @@ def test_a_download_that_stops_making_progress_is_given_up_on_in_one_line() -> N
 BAD_ADDRESS = "is not a usable address"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env,command,words", [
     ({"HTTPS_PROXY": "http://proxy:notaport"}, ["train", "--init-from", "gpt2", "--dry-run"],
      "HTTPS_PROXY: 'http://proxy:notaport' is not a usable address (Port could not be cast"),

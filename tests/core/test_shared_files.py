@@ -91,6 +91,7 @@ def test_the_export_command_writes_files_a_user_can_share(tmp_path: Path) -> Non
 # temporary files: a dead writer's go, a live one's stay, a planted link is not followed
 
 
+@pytest.mark.slow
 def test_dead_temp_files_go_and_live_ones_stay(run_copy: Path, data_dir: Path) -> None:
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True)

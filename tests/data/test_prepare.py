@@ -293,6 +293,7 @@ def _stop_after(n: int, exc: type[BaseException] = Interrupt):
     return hook
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("stop_after", "workers"), [(1, 1), (3, 2), (6, 1)])
 def test_interrupted_run_resumes_byte_identical(tmp_path: Path, small_layout, stop_after: int, workers: int) -> None:
     docs = make_docs(200, seed=4) + ["long " * 2000] + make_docs(50, seed=8)
@@ -323,6 +324,7 @@ def test_interrupted_run_resumes_byte_identical(tmp_path: Path, small_layout, st
     assert sum(encoded_chars) < total_chars * (1 - stop_after / (2 * len(ref.shards)))
 
 
+@pytest.mark.slow
 def test_resume_from_every_shard_boundary(tmp_path: Path, small_layout) -> None:
     # Mixed sources; long documents split into pieces, so shards end inside pieces > 0, in
     # worker-parsed JSON lines, main-process txt and JSON arrays alike.

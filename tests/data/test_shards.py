@@ -108,6 +108,7 @@ def half_written(folder: Path) -> Path:
     return data
 
 
+@pytest.mark.slow
 def test_training_on_a_folder_fineweb_is_writing_is_refused(tmp_path: Path) -> None:
     data = half_written(tmp_path)
     lock = FolderLock(data, "fineweb.py run").acquire()  # this test process is the writer

@@ -83,6 +83,7 @@ def test_fsdp_shards_hold_their_part_of_the_cpu_init(fake_world: Runtime) -> Non
     check_shards(fake_world)
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_fsdp_shards_of_another_rank_too() -> None:
     """Rank 5 of 8, in a process of its own (DTensor caches sharding by mesh shape, so a
@@ -98,6 +99,7 @@ def test_fsdp_shards_of_another_rank_too() -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_fsdp_step_under_compile_has_no_graph_break(fake_world: Runtime, graph_backend) -> None:
     """Each block is compiled before it is sharded and the head + loss on their own: one
     graph for the (identical) blocks, one for the loss, and none broken; a non-finite
@@ -133,6 +135,7 @@ def test_fsdp_step_under_compile_has_no_graph_break(fake_world: Runtime, graph_b
                                            if k != "lm_head.weight"})
 
 
+@pytest.mark.slow
 def test_fsdp_bf16_gathering_computes_in_bf16_and_keeps_fp32(fake_world: Runtime) -> None:
     model = meta_model()
     seen: list[torch.dtype] = []
@@ -176,6 +179,7 @@ def test_activation_checkpointing_saves_rng_state_only_when_dropout_draws(
         assert (calls["n"] > 0) == saves, (dropout, calls["n"])
 
 
+@pytest.mark.slow
 def test_trainer_graphs_training_never_breaks_and_eval_compiles_apart(
         graph_backend, tmp_path: Path) -> None:
     """The trainer's own compiled step: one graph, no break. Validation and HellaSwag

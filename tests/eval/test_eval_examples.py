@@ -31,6 +31,7 @@ def test_the_example_folder_holds_every_request_type():
     assert TASKS.split(",") == sorted(kinds)
 
 
+@pytest.mark.slow
 def test_the_readme_command_scores_every_example_task(four_step_run: Path,
                                                       monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

@@ -95,6 +95,7 @@ def test_rotary_untied_checkpoint_evaluates(tmp_path: Path, capsys: pytest.Captu
     assert math.isfinite(scores["tiny_rolling"]["bits_per_byte"])
 
 
+@pytest.mark.slow
 def test_training_writes_task_metrics(tmp_path: Path, random_data_dir: Path) -> None:
     """--eval-tasks scores during training and at the end; each metric is in the metrics
     log; a task whose data cannot be loaded is one line and training goes on."""
@@ -124,6 +125,7 @@ def test_training_writes_task_metrics(tmp_path: Path, random_data_dir: Path) -> 
     assert val and all(math.isfinite(r["val_bpb"]) for r in val)
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_two_ranks_give_the_numbers_of_one_process(tmp_path: Path, capsys: pytest.CaptureFixture
                                                   ) -> None:
@@ -150,6 +152,7 @@ def test_two_ranks_give_the_numbers_of_one_process(tmp_path: Path, capsys: pytes
         assert double[task] == pytest.approx(metrics, rel=1e-6), task
 
 
+@pytest.mark.slow
 def test_names_of_the_include_path_alone_index_that_folder_alone(tmp_path: Path) -> None:
     """Names that are all tasks of --include-path's own are checked and loaded on an index of
     that folder alone (the harness's ~15,000 task files take seconds to index); a name of
@@ -174,6 +177,7 @@ def test_names_of_the_include_path_alone_index_that_folder_alone(tmp_path: Path)
     assert not failed and [t.config.task for t in tasks.values()] == ["arc_easy"]
 
 
+@pytest.mark.slow
 def test_lm_eval_command_finds_the_model(tmp_path: Path) -> None:
     """gpt2-lm-eval (python -m gpt.harness_cli) is the harness's own command line with
     --model gpt2-trainer registered."""
@@ -332,6 +336,7 @@ def bad_checkpoint(case: str, good: Path, folder: Path) -> Path:
     return path  # "missing": nothing there
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["missing", "a folder", "truncated", "corrupt"])
 def test_lm_eval_command_answers_a_checkpoint_it_cannot_read_in_one_line(
         case: str, tasks: Path, ckpt: Path, tmp_path: Path, monkeypatch, capsys) -> None:
@@ -344,6 +349,7 @@ def test_lm_eval_command_answers_a_checkpoint_it_cannot_read_in_one_line(
     assert code == 1 and f"model_args checkpoint={path}" in line and "--checkpoint" not in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags, words", [
     (["--tasks", "no_such_task"], "--tasks no_such_task: no such lm-eval task or in --include_path"),
     (["--tasks", "tiny_mc", "--limit", "0"], "--limit 0: must be above 0"),
@@ -363,6 +369,7 @@ def test_lm_eval_command_answers_bad_flags_in_one_line(flags: list[str], words: 
     assert words in [line for line in err.splitlines() if line.startswith("error:")][0]
 
 
+@pytest.mark.slow
 def test_lm_eval_command_still_takes_task_patterns(tasks: Path, ckpt: Path, monkeypatch,
                                                    capsys) -> None:
     code = lm_eval_command(monkeypatch, "--model", "gpt2-trainer", "--model_args",
@@ -390,6 +397,7 @@ def test_a_request_the_model_cannot_score_is_refused_naming_task_and_document(
     assert "refused before scoring" in line
 
 
+@pytest.mark.slow
 def test_lm_eval_command_refuses_a_request_in_one_line(tasks: Path, ckpt: Path, monkeypatch,
                                                        capsys) -> None:
     code = lm_eval_command(monkeypatch, "--model", "gpt2-trainer", "--model_args",

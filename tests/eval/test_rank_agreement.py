@@ -47,6 +47,7 @@ def _rank(rank: int, folder: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_raise_the_same_line_when_one_fails(tmp_path: Path) -> None:
     """Rank 0's scoring succeeds and rank 1's fails: both raise the line naming rank 1 (rank 0
     returning would leave rank 1 alone, and the harness's next gather waiting); a problem only

@@ -172,6 +172,7 @@ def test_two_ranks_match_one_process_with_a_modern_model(mode: str, data_dir: Pa
                                tmp_path)
 
 
+@pytest.mark.slow
 def test_the_memory_planner_plans_a_modern_model() -> None:
     from gpt.core.cli import parse_args
     from gpt.plan import memory
@@ -186,6 +187,7 @@ def test_the_memory_planner_plans_a_modern_model() -> None:
         pytest.approx(2 * extra, rel=0.01)
 
 
+@pytest.mark.slow
 def test_the_compiled_step_of_a_modern_model_has_no_graph_break(graph_backend, tmp_path: Path) -> None:
     """All the options and Muon under the trainer's torch.compile (aot_eager here): one
     graph for the training step and none added by a second step; evaluation and HellaSwag

@@ -147,6 +147,7 @@ def test_chunk_rows_keep_a_chunk_near_the_hidden_states_and_above_the_floor() ->
     assert chunk_rows(10, 64, 50304) == 10  # never more rows than there are
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_compiles_as_one_graph_with_the_eager_loss_and_gradients() -> None:
     torch.manual_seed(0)
@@ -203,6 +204,7 @@ def test_unset_it_is_on_but_on_cuda_where_auto_is_liger() -> None:
     assert loss_kernels.resolve("cce", "cuda") == "cce"
 
 
+@pytest.mark.slow
 def test_a_compiled_cuda_plan_holds_the_whole_logits_once() -> None:
     small = ["--model", "tiny", "--block-size", "64", "--seq-len", "64", "--batch-size", "32"]
     cfg = parse_args(small)
@@ -217,6 +219,7 @@ def test_a_compiled_cuda_plan_holds_the_whole_logits_once() -> None:
     assert any("inductor's fused cross-entropy" in a for a in default.assumptions)
 
 
+@pytest.mark.slow
 def test_the_switch_reaches_the_model_and_the_planner(tmp_path: Path) -> None:
     assert parse_args([]).train.chunked_loss is TrainConfig().chunked_loss is None  # by device
     assert parse_args(["--chunked-loss"]).train.chunked_loss is True

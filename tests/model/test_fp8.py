@@ -92,6 +92,7 @@ def test_missing_torchao_is_one_line_with_the_install_hint(monkeypatch) -> None:
     fp8.check(parse_args([]).train, torch.device("cpu"))  # --fp8 none needs nothing
 
 
+@pytest.mark.slow
 def test_the_trainer_without_torchao_stops_before_anything_is_written(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['torchao'] = None; "  # import torchao now fails
             "from gpt.entry import train_main; raise SystemExit(train_main(sys.argv[1:]))")
@@ -273,6 +274,7 @@ def train_losses(recipe: str, steps: int, data: Path) -> list[float]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 @needs_torchao
 @pytest.mark.parametrize("recipe", fp8.RECIPES)
@@ -312,6 +314,7 @@ def test_a_run_with_fp8_resumes_bit_exactly(text_data: Path, tmp_path: Path) -> 
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 @needs_torchao
 @pytest.mark.parametrize("recipe", fp8.RECIPES)

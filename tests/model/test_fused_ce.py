@@ -199,6 +199,7 @@ LAUNCH_NAMES = ("8w-4096", "8w-4096-l2", "16w-8192-l2", "32w-8192", "32w-8192-l2
 MODES = {"backward": None, "forward": 0.37, "forward, rescaled": 1.0}
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("n, v, block", [(7, 33, 16), (7, 33, 8), (5, 33, 64), (3, 1, 16),
@@ -221,6 +222,7 @@ def test_large_logits_are_taken_relative_to_their_row_max(interpreted: Worker) -
     interpreted(check_against_reference, x, torch.tensor([0, 3, 49, 7, 8, 9]), block=16)
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("ignored", ["some", "all but one", "all"])
@@ -257,6 +259,7 @@ def test_gpt2s_padded_vocabulary(interpreted: Worker, cap: float, mode: str) -> 
     interpreted(check_against_reference, x, t, cap=cap, expected=MODES[mode])
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("cap", [0.0, 30.0])
 def test_every_launch_of_the_forward_mode_computes_the_same_function(interpreted: Worker,

@@ -93,6 +93,7 @@ def test_the_trainer_and_its_dry_run_refuse_it_on_cpu_in_one_line(tmp_path: Path
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_the_planner_plans_a_library_kernel_as_ours() -> None:
     small = ["--model", "tiny", "--block-size", "64", "--seq-len", "64", "--batch-size", "8"]
     ours = memory.plan(parse_args([*small, "--loss-kernel", "ours"]))
@@ -176,6 +177,7 @@ def test_the_model_calls_the_kernel_the_trainer_chose(monkeypatch: pytest.Monkey
     assert len(calls) == 1 and torch.allclose(loss, ours, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_a_library_kernel_runs_eagerly_inside_a_compiled_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dynamo does not trace into the library (its Triton launches): the rest of the model

@@ -134,6 +134,7 @@ def test_muon_leaves_the_value_tables_and_scalars_to_adamw() -> None:
     assert all(p.dim() == 2 for p in hidden_matrices(model))
 
 
+@pytest.mark.slow
 def test_the_compiled_model_has_no_graph_break(graph_backend) -> None:
     """All four parts (and rotary) under torch.compile: one graph for the forward and
     backward, none more when the window grows (a buffer, not a constant)."""
@@ -200,6 +201,7 @@ def test_a_checkpoint_loads_with_the_window_it_was_last_trained_with(tmp_path: P
     assert model.attn_mask.window.item() == window_at(model_cfg, 4, 9) == 12
 
 
+@pytest.mark.slow
 def test_the_memory_planner_counts_the_value_tables() -> None:
     from gpt.core.cli import parse_args
     from gpt.plan import memory

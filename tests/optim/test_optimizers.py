@@ -77,6 +77,7 @@ def test_an_unregistered_optimizer_is_not_a_choice() -> None:
         parse_args([*TINY, "--optimizer", "sgd"])
 
 
+@pytest.mark.slow
 def test_a_third_optimizer_is_planned_and_checked_by_the_preflight(sgd: SGD, data_dir: Path,
                                                                   tmp_path: Path) -> None:
     args = [*TINY, *QUIET, "--optimizer", "sgd", "--data-dir", str(data_dir),

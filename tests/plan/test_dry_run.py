@@ -66,6 +66,7 @@ def test_a_dry_run_names_every_problem(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_dry_run_says_which_checkpoint_it_would_resume(tmp_path: Path, no_launch_env,
                                                          capsys) -> None:
     data = write_random_shards(mkdir(tmp_path / "data"), seed=0, train=(10_000,))
@@ -90,6 +91,7 @@ def test_a_dry_run_says_which_checkpoint_it_would_resume(tmp_path: Path, no_laun
     assert code != 0 and "already holds checkpoints" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_what_to_lower_when_the_plan_does_not_fit(tmp_path: Path, no_launch_env,
                                                   monkeypatch, capsys) -> None:
     data = write_random_shards(mkdir(tmp_path / "data"), seed=0, train=(10_000,))
@@ -123,6 +125,7 @@ def test_under_torchrun_rank_zero_answers_for_the_world(tmp_path: Path) -> None:
     assert "x 2 process(es) x 2 accumulation step(s) = 512" in answer.stdout
 
 
+@pytest.mark.slow
 def test_the_verdict_says_how_long_the_run_would_take_here(
         tmp_path: Path, no_launch_env, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """The warning says a recipe takes hours on this CPU: the verdict says the same, not a
@@ -166,6 +169,7 @@ def _logged_mem(out_dir: Path) -> float:
     return max(r["peak_mem_gb"] for r in records if r.get("type") == "train")
 
 
+@pytest.mark.slow
 def test_the_memory_line_says_what_the_runs_mem_will_read(tmp_path: Path) -> None:
     """The dry run measures what the process holds before it builds the model (torch, the
     package, the tokenizer) and adds the plan's tensors; a real run of the same flags, a
@@ -273,6 +277,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_dry_run_that_says_it_would_start_is_followed_by_a_run_that_starts(
         case: str, data_dir: Path, tmp_path: Path, no_launch_env, capsys) -> None:

@@ -99,6 +99,7 @@ def test_disk_names_the_data_the_checkpoints_and_free_space(tmp_path: Path) -> N
     assert expected.checkpoints_at_once(parse_args([*RECIPE, "--max-steps", "1500"])) == 2
 
 
+@pytest.mark.slow
 def test_a_run_without_validation_is_counted_without_a_best(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_launch_env) -> None:
     """--keep-checkpoints 1 --val-every 0: the newest and the one being written, at most 2

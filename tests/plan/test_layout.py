@@ -290,6 +290,7 @@ def test_an_unknown_checkpointing_mode_is_refused() -> None:
 # ---- the trainer and the dry run
 
 
+@pytest.mark.slow
 def test_the_dry_run_prints_the_choice(data_dir: Path, tmp_path: Path) -> None:
     proc = run_cli(*TINY, *QUIET, *AUTO, "--data-dir", str(data_dir), "--dry-run",
                    "--out-dir", str(tmp_path / "run"))
@@ -300,6 +301,7 @@ def test_the_dry_run_prints_the_choice(data_dir: Path, tmp_path: Path) -> None:
     assert "dry run: the run would start" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_run_records_the_values_it_chose_and_a_resume_keeps_them(
         data_dir: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     from gpt.entry import train_main as main
@@ -327,6 +329,7 @@ def test_a_run_records_the_values_it_chose_and_a_resume_keeps_them(
     assert read_metrics(out, "run")[-1]["grad_accum"] == 1
 
 
+@pytest.mark.slow
 def test_a_run_with_nothing_that_fits_stops_in_one_line(data_dir: Path, tmp_path: Path,
                                                         monkeypatch, capsys) -> None:
     from gpt.entry import train_main as main
@@ -340,6 +343,7 @@ def test_a_run_with_nothing_that_fits_stops_in_one_line(data_dir: Path, tmp_path
     assert not (tmp_path / "run").exists()  # nothing was written
 
 
+@pytest.mark.slow
 def test_the_planners_command_settles_auto_values_for_the_memory_it_is_given(capsys) -> None:
     import json
 

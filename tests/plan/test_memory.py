@@ -66,6 +66,7 @@ def test_the_measurement_ignores_blocks_an_earlier_profile_left_alive() -> None:
     assert highest_rise(run) == 4000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, dtype, micro", [
     ([], torch.float32, 2),
     (["--dtype", "bf16", "--activation-checkpointing"], torch.bfloat16, 2),
@@ -82,6 +83,7 @@ def test_the_plan_matches_a_real_cpu_steps_peak(extra, dtype, micro) -> None:
     assert measured / plan.peak_bytes == pytest.approx(1.0, abs=0.03), (measured, plan.to_json())
 
 
+@pytest.mark.slow
 def test_components_follow_the_parallel_mode() -> None:
     base = parse_args([*SMALL, "--total-batch-tokens", "2048"])
     ddp = memory.plan(base, world_size=1, device_type="cpu").components
@@ -99,6 +101,7 @@ def test_components_follow_the_parallel_mode() -> None:
     assert not dist.is_initialized()  # the planner's fake process group is gone
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_lowers_the_planned_activations() -> None:
     args = [*SMALL, "--n-layer", "6"]
     plain = memory.plan(parse_args(args), device_type="cpu")
@@ -116,6 +119,7 @@ def test_the_planner_refuses_to_run_inside_a_process_group(tmp_path) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_largest_batch_is_the_last_that_fits() -> None:
     cfg = parse_args([*SMALL, "--total-batch-tokens", "256"])  # one micro-batch a step
     capacity = memory.RESERVE + int(memory.plan(
@@ -240,6 +244,7 @@ def test_a_preset_with_a_field_changed_is_named_by_the_preset_and_the_change() -
     assert memory.model_name(other) == "custom: 3 layers, 2 heads, 64 wide"
 
 
+@pytest.mark.slow
 def test_the_gpus_fit_lines_are_said_for_a_cuda_plan_only() -> None:
     cfg = parse_args([*SMALL, "--total-batch-tokens", "256"])
     assert "24GB: fits" in memory.plan(cfg, device_type="cuda").table()
@@ -356,6 +361,7 @@ def test_a_deep_fsdp_model_is_planned_from_two_shallow_traces(monkeypatch) -> No
     assert extrapolated.components == traced.components
 
 
+@pytest.mark.slow
 def test_the_dry_run_of_a_thousand_blocks_traces_a_few_and_says_so(monkeypatch) -> None:
     """What the dry run of --n-layer 1000 traces: two models of a few blocks, not 1,000."""
     depths: list[int] = []

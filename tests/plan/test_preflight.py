@@ -43,6 +43,7 @@ def trained(data_dir: Path, tmp_path_factory) -> Path:
 # one plan
 
 
+@pytest.mark.slow
 def test_the_plan_holds_what_the_run_will_do(data_dir: Path, tmp_path: Path, no_launch_env) -> None:
     cfg = parse_args([*TINY, "--sample-every", "0", "--max-steps", "4", "--batch-size", "auto",
                       "--data-dir", str(data_dir), "--out-dir", str(tmp_path / "run")])
@@ -102,6 +103,7 @@ def test_a_hellaswag_file_bad_past_its_first_lines_is_refused_by_the_dry_run(
 GOOD = json.dumps({"ctx": "The man", "endings": ["a", "b", "c", "d"], "label": 0})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content,words", [
     (b"ctx,endings,label\nThe man,a|b|c|d,0\n", "FILE:1: not valid JSON"),
     (f"{GOOD}\n{GOOD}\n".encode() + b'{"ctx": "x", "label": 1}\n', "FILE:3: 'endings' must be"),
@@ -122,6 +124,7 @@ def test_a_hellaswag_file_that_is_not_hellaswags_is_refused_before_the_run(
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flags,words", [
     (["--torch-profile", "/proc/x", "--profile-start", "1"], "--torch-profile /proc/x: cannot "
                                                               "write there: "),
@@ -273,6 +276,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("hub_offline")
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_dry_run_refuses_what_the_run_refuses_in_the_same_words(

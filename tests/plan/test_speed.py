@@ -196,6 +196,7 @@ def test_the_first_steps_are_held_against_the_estimate_and_a_gap_said() -> None:
     assert fast is not None and "1/4.0 of the 2 s" in fast
 
 
+@pytest.mark.slow
 def test_a_run_whose_steps_differ_from_its_estimate_says_so_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_launch_env) -> None:
     """A stand-in timing makes the estimate 100 s a step; the real steps take a fraction

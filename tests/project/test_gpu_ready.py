@@ -84,6 +84,7 @@ def pytest_on_the_example(tmp_path: Path, *flags: str, site: bool = True) -> sub
                           text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="--fake-cuda is for a machine without a GPU")
 def test_fake_cuda_passes_what_reached_cuda_and_fails_what_broke_before(tmp_path: Path) -> None:
     """The plugin on a file of example tests, in a pytest of its own."""
@@ -101,6 +102,7 @@ def test_fake_cuda_passes_what_reached_cuda_and_fails_what_broke_before(tmp_path
     assert proc.returncode == 1 and "2 failed, 2 passed, 1 skipped" in out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="--fake-cuda is for a machine without a GPU")
 def test_without_the_tests_sitecustomize_a_child_is_not_faked(tmp_path: Path) -> None:
     """The fake reaches a child through the tests' sitecustomize.py on its PYTHONPATH
@@ -173,6 +175,7 @@ def test_what_counts_as_reaching_cuda(message: str, reached: bool) -> None:
     assert (reached_cuda(message) is not None) is reached
 
 
+@pytest.mark.slow
 def test_a_cuda_test_in_which_compile_gave_up_fails(tmp_path: Path) -> None:
     """Without --fake-cuda (torch.compile cannot run where CUDA is only pretended): the
     example's cuda test that runs torch.compile past its recompile limit passes its own

@@ -295,6 +295,7 @@ def test_a_torn_end_of_the_metrics_log_is_repaired_on_open(tail: bytes, words: s
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_a_write_that_fails_part_way_leaves_no_torn_record(tmp_path: Path) -> None:
     """A file-size limit, as a full disk: the record cut short is taken back at once."""
     path = tmp_path / "metrics.jsonl"

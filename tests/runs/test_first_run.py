@@ -21,6 +21,7 @@ def prepare(argv: list[str]) -> None:
     assert prepare_main(argv) == 0
 
 
+@pytest.mark.slow
 def test_readme_first_run_offline(tmp_path: Path) -> None:
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "no_cache"),
            "HTTPS_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}

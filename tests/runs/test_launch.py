@@ -101,6 +101,7 @@ def test_a_python_without_torch_is_named_in_one_line(script: str, tmp_path: Path
     assert "PYTHON=/path/to/python" in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_python_chosen_is_said_and_exported(tmp_path: Path) -> None:
     finder = ["/bin/bash", str(LAUNCH / "find_python.sh")]
     proc = subprocess.run(finder, env=bare_env(tmp_path, PYTHON=sys.executable),
@@ -115,6 +116,7 @@ def test_the_python_chosen_is_said_and_exported(tmp_path: Path) -> None:
     assert proc.stderr.startswith("error: /nonexistent/python (PYTHON) not found")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the suite runs outside a virtual environment")
 def test_the_active_virtual_environment_wins_over_python3_on_path(tmp_path: Path) -> None:
     """The issue's case: the environment is active, another python3 comes first on PATH.

@@ -224,6 +224,7 @@ def two_step_copy(two_step_run: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(two_step_run, tmp_path / "run"))
 
 
+@pytest.mark.slow
 def test_non_finite_steps_are_skipped_and_counted(monkeypatch, data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = run_with_bad_steps(monkeypatch, data_dir, out, {1, 3})
@@ -235,6 +236,7 @@ def test_non_finite_steps_are_skipped_and_counted(monkeypatch, data_dir: Path, t
     assert all(math.isfinite(p.float().sum()) for p in load(out / "ckpt_000006.pt")["model"].values())
 
 
+@pytest.mark.slow
 def test_skips_are_counted_on_the_device_and_read_at_log_steps(monkeypatch, data_dir: Path,
                                                                tmp_path: Path) -> None:
     """Log lines every 4 steps: the skips between them are read there, in one record."""
@@ -247,6 +249,7 @@ def test_skips_are_counted_on_the_device_and_read_at_log_steps(monkeypatch, data
     assert load(out / "ckpt_000006.pt")["skipped_steps"] == 2
 
 
+@pytest.mark.slow
 def test_a_streak_between_log_steps_still_stops_the_run(monkeypatch, data_dir: Path,
                                                         tmp_path: Path) -> None:
     """Three bad steps in a row, then good ones, all between two log lines: the longest
@@ -265,6 +268,7 @@ def test_no_save_checkpoints_writes_none(data_dir: Path, tmp_path: Path) -> None
     assert len(read_metrics(out, "train")) == 3
 
 
+@pytest.mark.slow
 def test_no_checkpoint_is_saved_during_a_streak_of_skipped_steps(monkeypatch, data_dir: Path,
                                                                   tmp_path: Path) -> None:
     """Finite weights whose loss is not finite are no checkpoint to go back to: saves wait
@@ -322,6 +326,7 @@ def test_a_shard_truncated_during_training_stops_with_a_checkpoint(tmp_path: Pat
     assert load(saved[0][1])["step"] == saved[0][0]
 
 
+@pytest.mark.slow
 def test_too_many_bad_steps_in_a_row_stop_the_run(monkeypatch, data_dir: Path,
                                                   two_step_copy: Path) -> None:
     out = two_step_copy

@@ -52,6 +52,7 @@ def launch_env(**values: str) -> dict[str, str]:
     return {**env, **values}
 
 
+@pytest.mark.slow
 def test_worker_variables_without_torchrun_stop_the_trainer_in_one_line(tmp_path: Path) -> None:
     proc = run_cli(*ARGS, "--max-steps", "1", "--data-dir", str(tmp_path), "--out-dir",
                    str(tmp_path / "run"), env=launch_env(RANK="0", WORLD_SIZE="1"))
@@ -60,6 +61,7 @@ def test_worker_variables_without_torchrun_stop_the_trainer_in_one_line(tmp_path
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank", ["0", "1"])
 def test_a_peer_that_never_comes_is_waited_for_no_longer_than_dist_timeout(
         rank: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:

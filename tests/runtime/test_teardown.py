@@ -69,6 +69,7 @@ def test_an_exception_in_flight_does_not_keep_its_frames_past_shutdown(
     assert seen == [False]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,fail", [("fsdp", False), ("zero1", True)],
                          ids=["fsdp-finished", "zero1-failed"])
 def test_the_trainers_model_and_optimizer_are_gone_before_the_group_is(

@@ -122,6 +122,7 @@ def test_the_summary_times_the_training_not_the_drawing_of_its_curves(
     assert "1.02k tokens in 1d" not in summary_lines(out)[0]
 
 
+@pytest.mark.slow
 def test_stop_at_step_says_where_it_stopped_and_how_to_resume(
         random_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out_dir = tmp_path / "r"
@@ -142,6 +143,7 @@ def test_stop_at_step_says_where_it_stopped_and_how_to_resume(
     assert [r["stopped_by"] for r in read_metrics(out_dir, "summary")] == ["--stop-at-step 2", None]
 
 
+@pytest.mark.slow
 def test_a_stop_as_the_last_step_finishes_leaves_the_end_of_run_work_to_the_resume(
         random_data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:

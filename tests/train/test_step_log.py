@@ -47,6 +47,7 @@ def poison_after(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     monkeypatch.setattr(train_mod, "optimizer_step", overflowing)
 
 
+@pytest.mark.slow
 def test_poisoned_weights_stop_the_run_at_the_next_check(monkeypatch, data_dir: Path,
                                                          tmp_path: Path) -> None:
     out = tmp_path / "run"
@@ -71,6 +72,7 @@ def test_the_finiteness_check_runs_between_log_steps_too(monkeypatch, data_dir: 
     assert [s for s, _ in checkpoint.list_checkpoints(out)] == [2]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_is_never_written_from_poisoned_state(monkeypatch, data_dir: Path,
                                                             tmp_path: Path) -> None:
     """Log steps far apart: the save itself must refuse, and name a good checkpoint. The
