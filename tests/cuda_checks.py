@@ -132,6 +132,9 @@ def reached_cuda(text: str) -> str | None:
     return found.group(0) if found else None
 
 
+# The line of a raised error ("E   AssertionError: ...", "RuntimeError: ..."), not one that
+# only quotes it (a run's line saying what it could not time, printed before the traceback)
+RAISED = re.compile(r"(E\s+)?\s*[\w.]*(Error|Exception): ")
 # A frame in a report: a Python traceback's (a child process's stderr), or pytest's own
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line \d+, in (?P<fn>[\w<>.]+)'
                    r'|^(?P<path>[^\s:]+\.py):\d+: in (?P<func>[\w<>.]+)', re.M)
@@ -140,11 +143,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 def stopped_at(text: str, test: str) -> str | None:
     """Where a report's CUDA error stopped the test: the innermost frame of this project
-    (gpt/, tests/, train_gpt2.py) before the error's first mention, as `file (function)`;
+    (gpt/, tests/, train_gpt2.py) before the first line that raises the error (RAISED;
+    failing that, its first mention), as `file (function)`;
     a child process's traceback comes inside the report (the test asserts on its stderr),
     so this is the child's own innermost frame; `test` (`file (function)`) where there is
     none (the test's own body called CUDA)."""
-    found = CUDA_ERRORS.search(text)
+    raised = [m for m in CUDA_ERRORS.finditer(text) if RAISED.match(
+        text, text.rfind("\n", 0, m.start()) + 1)]
+    found = raised[0] if raised else CUDA_ERRORS.search(text)
     if found is None:
         return None
     last = test

@@ -119,6 +119,7 @@ CHILD_REPORT = textwrap.dedent("""
     tests/helpers.py:209: in wait_for
         raise AssertionError(f"process ended ...")
     E   AssertionError: process ended (status 1) before the condition; its last output:
+    E   time: not timed on NVIDIA H100 80GB HBM3 x 1: timing a slice failed (Torch not compiled with CUDA enabled)
     E   Traceback (most recent call last):
     E     File "{repo}/train_gpt2.py", line 10, in <module>
     E     File "{repo}/gpt/train/trainer.py", line 80, in main_with
@@ -131,7 +132,9 @@ CHILD_REPORT = textwrap.dedent("""
 
 def test_where_a_test_stopped_and_whether_it_should_have() -> None:
     """The innermost frame of this project's code before the CUDA error, a child process's
-    traceback (inside the test's assertion) included, the site-packages' left out; and the
+    traceback (inside the test's assertion) included, the site-packages' left out, a line
+    that only quotes the error before it (the run's speed line, timing that failed) not taken
+    for it; and the
     judgement against STOPS: right where recorded, a failure elsewhere (the trainer
     stopping earlier, at its device check, as it did where the fake did not reach it) or
     for a test STOPS does not know."""
@@ -145,7 +148,7 @@ def test_where_a_test_stopped_and_whether_it_should_have() -> None:
     assert stopped_at("E   RuntimeError: Torch not compiled with CUDA enabled", "t.py (test_x)") == "t.py (test_x)"
 
     def item(test: str) -> SimpleNamespace:
-        return SimpleNamespace(path=REPO / "tests" / "test_cuda.py", originalname=test,
+        return SimpleNamespace(path=REPO / "tests" / "runs" / "test_cuda.py", originalname=test,
                                location=("tests/runs/test_cuda.py", 0, test))
 
     resume = item("test_resume_after_sigterm_continues_the_curve")
