@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import QUIET, REPO, TINY, graph_breaks, val_loader, write_random_shards
+
 from gpt.core.cli import parse_args
 from gpt.core.config import ConfigError, OptimConfig, TrainConfig, model_preset
 from gpt.engine import parallel
@@ -23,6 +24,8 @@ from gpt.engine.step import SkippedSteps, forward_backward, optimizer_step
 from gpt.eval import hellaswag
 from gpt.model.transformer import GPT
 from gpt.runtime.world import Runtime
+
+HERE = Path(__file__).resolve().parent  # this file's folder: its child processes import it
 
 TINY_MODEL = model_preset("tiny", block_size=32)
 
@@ -93,7 +96,7 @@ def test_fsdp_shards_of_another_rank_too() -> None:
               "dist.init_process_group('fake', store=FakeStore(), rank=5, world_size=8)\n"
               "t.check_shards(t.Runtime(device=torch.device('cpu'), rank=5, world_size=8,"
               " distributed=True))\nprint('ok')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), str(HERE)])}
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

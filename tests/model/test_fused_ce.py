@@ -38,12 +38,15 @@ import torch
 import torch.nn.functional as F
 
 from helpers import QUIET, REPO, TINY, cuda_run_losses, run_cli, write_random_shards
+
 from gpt.core.cli import parse_args
 from gpt.core.compat import version_tuple
 from gpt.core.config import ModelConfig, TrainConfig
 from gpt.core.errors import UserError
 from gpt.model import loss_kernels
 from gpt.model.transformer import GPT
+
+HERE = Path(__file__).resolve().parent  # this file's folder: its child processes import it
 
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="Triton is not installed (pip install triton)")
@@ -761,10 +764,10 @@ def test_the_kernels_compile_for_an_h100_and_the_forward_launch_keeps_its_rows_i
     hints are in the code (the first pass's loads kept in L2, the second's let go, the
     gradient stored streaming)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests"), str(HERE)]),
                TRITON_CACHE_DIR=str(tmp_path / "cache"), TRITON_DEFAULT_FP_FUSION="1")
     proc = subprocess.run([sys.executable, "-c", "import test_fused_ce as t; t.compile_for_an_h100()"],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=REPO / "tests")
+                          env=env, capture_output=True, text=True, timeout=600, cwd=HERE)
     if "No module named 'triton.backends.nvidia'" in proc.stderr:
         pytest.skip("this Triton has no NVIDIA backend")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -50,6 +50,21 @@ MEASURED_UNDER = 10.22  # that run's 15th slowest
 CUDA_TESTS: dict[str, float] = {
     "model/test_chunked_ce.py::test_compiled_on_cuda_it_holds_a_chunk_not_every_chunks_gradient":
         30.0,  # guess: one compile of a small model in the test's process
+    # guesses: Triton's compile of the kernels and 2,048-4,096 rows of GPT-2's logits
+    **{f"model/test_fused_ce.py::test_on_cuda_in_bf16_it_equals_the_whole_logits[{cap}]": 10.0
+       for cap in ("0.0", "15.0")},
+    **{f"model/test_fused_ce.py::test_on_cuda_the_forward_mode_in_bf16_against_float64[{p}]": 10.0
+       for p in ("0.0-0.37", "0.0-1.0", "15.0-0.37", "15.0-1.0")},
+    # guess: three compiled 4-step runs, each about test_compiled_training_run_learns's
+    "model/test_fused_ce.py::test_a_compiled_trainer_run_with_fused_logs_the_whole_logits_losses": 80.0,
+    "model/test_loss_kernels.py::test_a_library_kernel_on_cuda_equals_ours[liger]": MEASURED_UNDER,
+    "model/test_loss_kernels.py::test_a_library_kernel_on_cuda_equals_ours[cce]": 10.60,
+    # measured under their former name, ..._logs_our_losses
+    "model/test_loss_kernels.py::test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_losses[liger]":
+        56.33,
+    "model/test_loss_kernels.py::test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_losses[cce]":
+        42.42,
+    "model/test_speedrun_parts.py::test_flex_attention_trains_as_sdpa_on_cuda": 17.86,
     **{f"runs/test_cuda.py::{name}": MEASURED_UNDER for name in (
         "test_bf16_autocast_dtypes", "test_fp16_grad_scaler_takes_a_step",
         "test_trainer_cuda_defaults_use_tf32_compile_and_fused_adamw",
@@ -68,21 +83,6 @@ CUDA_TESTS: dict[str, float] = {
         "test_activation_checkpointing_keeps_a_fraction_of_the_block_activations",
         "test_kv_cache_generation_equals_full_recompute",
         "test_hellaswag_under_compile_equals_eager")},
-    # guesses: Triton's compile of the kernels and 2,048-4,096 rows of GPT-2's logits
-    **{f"model/test_fused_ce.py::test_on_cuda_in_bf16_it_equals_the_whole_logits[{cap}]": 10.0
-       for cap in ("0.0", "15.0")},
-    **{f"model/test_fused_ce.py::test_on_cuda_the_forward_mode_in_bf16_against_float64[{p}]": 10.0
-       for p in ("0.0-0.37", "0.0-1.0", "15.0-0.37", "15.0-1.0")},
-    # guess: three compiled 4-step runs, each about test_compiled_training_run_learns's
-    "model/test_fused_ce.py::test_a_compiled_trainer_run_with_fused_logs_the_whole_logits_losses": 80.0,
-    "model/test_loss_kernels.py::test_a_library_kernel_on_cuda_equals_ours[liger]": MEASURED_UNDER,
-    "model/test_loss_kernels.py::test_a_library_kernel_on_cuda_equals_ours[cce]": 10.60,
-    # measured under their former name, ..._logs_our_losses
-    "model/test_loss_kernels.py::test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_losses[liger]":
-        56.33,
-    "model/test_loss_kernels.py::test_a_compiled_trainer_run_with_a_library_kernel_logs_the_whole_logits_losses[cce]":
-        42.42,
-    "model/test_speedrun_parts.py::test_flex_attention_trains_as_sdpa_on_cuda": 17.86,
 }
 # What the stage takes beyond its tests' calls: pytest's start, its workers' start and
 # collection, fixtures. Calibrated on the H200 run: these durations (its 26 tests) put on 4
