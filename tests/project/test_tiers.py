@@ -22,7 +22,7 @@ CAUGHT = [
     ("optim/test_muon.py", "test_one_step_is_torchs_muon_and_adamw_each_on_their_own"),  # torch.optim.Muon
     ("core/test_compat.py", "test_fsdp_on_cpu_names_the_torch_it_needs"),
     ("model/test_fp8.py", "test_fp8_on_two_ranks_trains_as_one_process"),  # torchao
-    ("runs/test_launch.py", "test_two_nodes_on_one_machine_train_like_one_process"),  # torchrun
+    ("runs/test_launch_scripts.py", "test_two_nodes_on_one_machine_train_like_one_process"),  # torchrun
     ("runs/test_resume.py", "test_stop_and_resume_is_bitwise_identical"),  # optimizer state dicts
     ("model/test_speedrun_parts.py", "test_the_flex_attention_block_mask_is_the_sdpa_mask"),
     ("model/test_chunked_ce.py", "test_compiles_as_one_graph_with_the_eager_loss_and_gradients"),
