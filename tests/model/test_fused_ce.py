@@ -716,7 +716,10 @@ def compile_for_an_h100() -> None:
     print(json.dumps({"forward_launch": fused_ce.FORWARD_LAUNCH.name}))
     divisible = ("x_ptr", "x_stride", "g_ptr", "g_stride", "t_ptr", "loss_ptr", "lse_ptr",
                  "scale_ptr", "got_ptr", "want_ptr", "V")
-    ptxas = get_ptxas(90).path
+    try:
+        ptxas = get_ptxas(90).path  # Triton 3.6 on: the ptxas for an architecture
+    except TypeError:
+        ptxas = get_ptxas().path  # Triton 3.5 (torch 2.9's): one ptxas for all
     for name, (kernel, signature, launches) in kernels.items():
         names = list(signature)
         attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in divisible if a in names}
