@@ -26,6 +26,8 @@ TINY = ["--model", "tiny", "--block-size", "32", "--seq-len", "32", "--batch-siz
         "--total-batch-tokens", "256", "--warmup-steps", "2", "--max-lr", "3e-3",
         "--device", "cpu"]
 QUIET = ["--val-every", "0", "--sample-every", "0"]
+# a tiny run whose every step is one 512-token batch (accumulation where micro-batches are smaller)
+TINY_RUN = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
 
 def write_random_shards(folder: Path, seed: int, train: tuple[int, ...],

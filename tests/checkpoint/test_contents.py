@@ -16,14 +16,12 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import QUIET, TINY, one_line_error, run_cli
+from helpers import TINY_RUN, one_line_error, run_cli
 from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.files import CheckpointError
 from gpt.checkpoint.model_load import PretrainedError, read_checkpoint
 from gpt.core.config import Config
 from gpt.core.config_io import to_dict
-
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
 
 
 def first_state(ckpt: dict[str, Any]) -> dict[str, Any]:
@@ -81,12 +79,12 @@ def test_resume_auto_falls_back_from_wrong_shaped_optimizer_state(run_copy: Path
                                                                   data_dir: Path) -> None:
     """The file that once resumed and then "diverged", calling itself the last good one."""
     spoil(run_copy / "ckpt_000004.pt", SPOILED["exp_avg shape"][0])
-    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+    proc = run_cli(*TINY_RUN, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
                    "--resume", str(run_copy / "ckpt_000004.pt"))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith("error: ") and len(proc.stderr.strip().splitlines()) == 1
     assert "ckpt_000004.pt: 'optimizer':" in proc.stderr
-    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+    proc = run_cli(*TINY_RUN, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
                    "--resume", "auto")
     assert proc.returncode == 0, proc.stderr
     assert "warning: skipping damaged checkpoint" in proc.stderr and "at step 2" in proc.stdout
@@ -97,7 +95,7 @@ def test_resume_auto_skips_a_checkpoint_with_non_finite_state(data_dir: Path, ru
     ckpt = torch.load(run_copy / "ckpt_000004.pt", weights_only=True)
     ckpt["model"]["lm_head.weight"][0, 0] = float("inf")  # written by an older version, say
     torch.save(ckpt, run_copy / "ckpt_000004.pt")
-    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+    proc = run_cli(*TINY_RUN, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
                    "--resume", "auto")
     assert proc.returncode == 0, proc.stderr
     assert "ckpt_000004.pt: holds non-finite" in proc.stderr
@@ -109,10 +107,10 @@ def test_checkpoint_with_wrong_shapes(run_copy: Path, data_dir: Path) -> None:
     ckpt = torch.load(run_copy / "ckpt_000004.pt", weights_only=True)
     ckpt["model"]["transformer.wpe.weight"] = torch.zeros(3, 3)
     torch.save(ckpt, run_copy / "ckpt_000004.pt")
-    proc = run_cli(*ARGS, "--max-steps", "6", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+    proc = run_cli(*TINY_RUN, "--max-steps", "6", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
                    "--resume", str(run_copy / "ckpt_000004.pt"))
     assert "do not fit the model" in one_line_error(proc)
-    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+    proc = run_cli(*TINY_RUN, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
                    "--resume", "auto")
     assert proc.returncode == 0 and "at step 2" in proc.stdout, proc.stderr  # the older good one
 
@@ -121,7 +119,7 @@ def test_checkpoint_with_wrong_types(run_copy: Path, data_dir: Path) -> None:
     ckpt = torch.load(run_copy / "ckpt_000004.pt", weights_only=True)
     ckpt["step"], ckpt["loader"] = "four", {"not": "a list"}
     torch.save(ckpt, run_copy / "ckpt_000004.pt")
-    proc = run_cli(*ARGS, "--max-steps", "6", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+    proc = run_cli(*TINY_RUN, "--max-steps", "6", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
                    "--resume", str(run_copy / "ckpt_000004.pt"))
     assert "ckpt_000004.pt" in one_line_error(proc)
 
@@ -170,7 +168,7 @@ def test_resume_auto_and_rotation_step_over_foreign_and_contradicting_files(
     torch.save({"weights": torch.zeros(2)}, run_copy / "ckpt_000009.pt")
     spoil(run_copy / "ckpt_000002.pt", lambda c: c.update(step=1_000_000),
           to=run_copy / "ckpt_000003.pt")
-    proc = run_cli(*ARGS, "--max-steps", "6", "--checkpoint-every", "1", "--keep-checkpoints", "1",
+    proc = run_cli(*TINY_RUN, "--max-steps", "6", "--checkpoint-every", "1", "--keep-checkpoints", "1",
                    "--data-dir", str(data_dir), "--out-dir", str(run_copy), "--resume", "auto")
     assert proc.returncode == 0, proc.stderr
     assert "nothing to do" not in proc.stdout and "ckpt_000004.pt at step 4" in proc.stdout

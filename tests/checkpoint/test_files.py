@@ -17,9 +17,7 @@ from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.files import CheckpointError, load
 from gpt.checkpoint.model_load import PretrainedError, read_checkpoint
 
-from helpers import QUIET, TINY, one_line_error, run_cli
-
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+from helpers import TINY_RUN, one_line_error, run_cli
 
 
 def flip_tensor_bytes(path: Path) -> None:
@@ -38,10 +36,10 @@ def test_flipped_bytes_are_caught_on_load(run_copy: Path, data_dir: Path) -> Non
     flip_tensor_bytes(run_copy / "ckpt_000004.pt")
     with pytest.raises(CheckpointError, match="ckpt_000004.pt: damaged: record .* fails its CRC check"):
         load(run_copy / "ckpt_000004.pt")
-    proc = run_cli(*ARGS, "--max-steps", "6", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+    proc = run_cli(*TINY_RUN, "--max-steps", "6", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
                    "--resume", str(run_copy / "ckpt_000004.pt"))
     assert "fails its CRC check" in one_line_error(proc)
-    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+    proc = run_cli(*TINY_RUN, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
                    "--resume", "auto")
     assert proc.returncode == 0, proc.stderr
     assert "skipping damaged checkpoint" in proc.stderr and "CRC" in proc.stderr
@@ -51,7 +49,7 @@ def test_flipped_bytes_are_caught_on_load(run_copy: Path, data_dir: Path) -> Non
 @pytest.mark.slow
 def test_rotation_keeps_the_checkpoint_just_verified(data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = run_cli(*ARGS, "--max-steps", "4", "--checkpoint-every", "1", "--keep-checkpoints", "1",
+    proc = run_cli(*TINY_RUN, "--max-steps", "4", "--checkpoint-every", "1", "--keep-checkpoints", "1",
                    "--data-dir", str(data_dir), "--out-dir", str(out))
     assert proc.returncode == 0, proc.stderr
     assert [s for s, _ in checkpoint.list_checkpoints(out)] == [4]

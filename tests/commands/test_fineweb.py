@@ -8,9 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import QUIET, REPO, TINY, one_line_error, run_cli
-
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+from helpers import REPO, TINY_RUN, one_line_error, run_cli
 
 
 def test_truncated_gz_input(tmp_path: Path) -> None:
@@ -30,5 +28,5 @@ def test_output_folder_that_cannot_be_created(tmp_path: Path, data_dir: Path) ->
                            "--out", str(blocker / "sub"), "--val-tokens", "1"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert "cannot create or write there" in one_line_error(proc)
-    proc = run_cli(*ARGS, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir", str(blocker / "sub"))
+    proc = run_cli(*TINY_RUN, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir", str(blocker / "sub"))
     assert "cannot write there" in one_line_error(proc, 2)

@@ -23,10 +23,7 @@ from gpt.checkpoint.weights import (PretrainedError, load_pretrained, read_safet
 from gpt.core.config import model_preset
 from gpt.model.transformer import GPT
 
-from helpers import (QUIET, REPO, TINY, one_line_error, run_cli, write_checkpoint,
-                     write_random_shards)
-
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+from helpers import REPO, TINY_RUN, one_line_error, run_cli, write_checkpoint, write_random_shards
 
 SMALL = dict(n_layer=2, n_head=2, n_embd=32, n_positions=24, vocab_size=100)
 
@@ -402,7 +399,7 @@ def test_non_finite_weights_given_by_init_from_are_named_when_loaded(tmp_path: P
     write_safetensors(weights, out / "model.safetensors")
     (tmp_path / "d").mkdir()
     data = write_random_shards(tmp_path / "d", seed=6, train=(5_000,))
-    proc = run_cli(*ARGS, "--max-steps", "2", "--init-from", str(out), "--data-dir", str(data),
+    proc = run_cli(*TINY_RUN, "--max-steps", "2", "--init-from", str(out), "--data-dir", str(data),
                    "--out-dir", str(tmp_path / "run"))
     line = one_line_error(proc)
     assert f"{out / 'model.safetensors'}: transformer.h.1.mlp.c_fc.weight holds NaN" in line

@@ -22,10 +22,7 @@ from gpt.core.fileio import (LOCK_NAME, FolderInUse, FolderLock, atomic_files, a
 from gpt.data.shards import write_shard
 from gpt.entry import train_main
 
-from helpers import (QUIET, REPO, TINY, kill_tree, one_line_error, read_metrics, run_cli,
-                     start_trainer, wait_for)
-
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+from helpers import QUIET, REPO, TINY, TINY_RUN, kill_tree, one_line_error, read_metrics, run_cli, start_trainer, wait_for
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="file modes and flock are POSIX's")
 
@@ -101,7 +98,7 @@ def test_dead_temp_files_go_and_live_ones_stay(run_copy: Path, data_dir: Path) -
     live = run_copy / f".ckpt_000010.pt.tmp-{os.getpid()}"
     for p in (dead, dead_meta, live):
         p.write_bytes(b"x" * 1000)
-    proc = run_cli(*ARGS, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
+    proc = run_cli(*TINY_RUN, "--max-steps", "5", "--data-dir", str(data_dir), "--out-dir", str(run_copy),
                    "--resume", "auto", process=True)  # this process is the live writer
     assert proc.returncode == 0, proc.stderr
     assert not dead.exists() and not dead_meta.exists() and live.exists()
@@ -223,7 +220,7 @@ def test_a_run_that_fails_at_start_leaves_no_folder(tmp_path: Path) -> None:
 def test_a_second_trainer_on_the_folder_is_refused_and_kill_9_leaves_no_stale_lock(
         data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    args = [*ARGS, "--max-steps", "100000", "--data-dir", str(data_dir), "--out-dir", str(out)]
+    args = [*TINY_RUN, "--max-steps", "100000", "--data-dir", str(data_dir), "--out-dir", str(out)]
     first = start_trainer(*args)
     try:
         wait_for(lambda: (out / "metrics.jsonl").exists() and len(read_metrics(out, "train")) >= 1,

@@ -21,9 +21,7 @@ from gpt.plan.preflight import preflight
 from gpt.runtime.world import Runtime
 from gpt.train.build import build_loader
 
-from helpers import QUIET, TINY, one_line_error, run_cli, write_random_shards
-
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+from helpers import TINY_RUN, one_line_error, run_cli, write_random_shards
 
 
 def test_unreadable_data_folder(tmp_path: Path, monkeypatch) -> None:
@@ -39,7 +37,7 @@ def test_dangling_symlink_named_like_a_shard(tmp_path: Path) -> None:
     (tmp_path / "d").mkdir()
     data = write_random_shards(tmp_path / "d", seed=1, train=(5_000,))
     (data / "train_000001.bin").symlink_to(tmp_path / "gone.bin")
-    proc = run_cli(*ARGS, "--max-steps", "1", "--data-dir", str(data), "--out-dir", str(tmp_path / "r"))
+    proc = run_cli(*TINY_RUN, "--max-steps", "1", "--data-dir", str(data), "--out-dir", str(tmp_path / "r"))
     assert "train_000001.bin: a symlink to" in one_line_error(proc)
     assert not (tmp_path / "r").exists()  # a run that fails at start leaves no folder
 
@@ -93,7 +91,7 @@ def test_an_id_out_of_range_is_named_by_every_loader(bad_id: int, words: str,
 
 def test_a_negative_id_stops_training_in_one_line(tmp_path: Path) -> None:
     data = npy_shards(tmp_path / "d", bad_at=300, bad_id=-5, dtype="int16")
-    proc = run_cli(*ARGS, "--max-steps", "2", "--data-dir", str(data), "--out-dir",
+    proc = run_cli(*TINY_RUN, "--max-steps", "2", "--data-dir", str(data), "--out-dir",
                    str(tmp_path / "run"))
     assert "edu_train_000000.npy: token id -5 at index 300 is negative" in one_line_error(proc)
 
@@ -113,7 +111,7 @@ def test_training_on_a_folder_fineweb_is_writing_is_refused(tmp_path: Path) -> N
     data = half_written(tmp_path)
     lock = FolderLock(data, "fineweb.py run").acquire()  # this test process is the writer
     try:
-        proc = run_cli(*ARGS, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
+        proc = run_cli(*TINY_RUN, "--max-steps", "1", "--data-dir", str(data), "--out-dir",
                        str(tmp_path / "run"), process=True)  # a trainer beside the writer
         line = one_line_error(proc)
         assert f"--data-dir {data} is still being written, by pid {os.getpid()}" in line
@@ -144,7 +142,7 @@ def test_a_lock_holders_text_reaches_a_data_folder_warning_escaped(tmp_path: Pat
 
 def test_allow_incomplete_data_trains_with_a_warning(tmp_path: Path) -> None:
     data = half_written(tmp_path)
-    cfg = parse_args([*ARGS, "--allow-incomplete-data", "--data-dir", str(data)])
+    cfg = parse_args([*TINY_RUN, "--allow-incomplete-data", "--data-dir", str(data)])
     lock = FolderLock(data, "fineweb.py run").acquire()
     try:
         plan = preflight(cfg).settled()  # the trainer's checks, with the warning it prints

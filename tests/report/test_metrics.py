@@ -14,9 +14,7 @@ from gpt.core.config import model_preset
 from gpt.report.flops import flops_per_token, mfu, peak_tflops
 from gpt.report.metrics import MetricsLog
 
-from helpers import QUIET, REPO, TINY, meta_gpt, one_line_error, read_metrics, run_cli
-
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+from helpers import REPO, TINY_RUN, meta_gpt, one_line_error, read_metrics, run_cli
 
 
 # --------------------------------------------------------------------------
@@ -258,7 +256,7 @@ def test_file_size_limit_on_the_metrics_log(data_dir: Path, tmp_path: Path) -> N
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000))
 
-    proc = run_cli(*ARGS, "--max-steps", "200", "--checkpoint-every", "0", "--data-dir", str(data_dir),
+    proc = run_cli(*TINY_RUN, "--max-steps", "200", "--checkpoint-every", "0", "--data-dir", str(data_dir),
                    "--out-dir", str(tmp_path / "r"), preexec_fn=limit)
     assert "metrics.jsonl: cannot write the metrics log" in one_line_error(proc)
     assert read_metrics(tmp_path / "r")  # every line parses: the cut record was taken back
@@ -267,7 +265,7 @@ def test_file_size_limit_on_the_metrics_log(data_dir: Path, tmp_path: Path) -> N
 def test_metrics_log_that_cannot_be_opened(data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "r"
     (out / "metrics.jsonl").mkdir(parents=True)
-    proc = run_cli(*ARGS, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir", str(out))
+    proc = run_cli(*TINY_RUN, "--max-steps", "1", "--data-dir", str(data_dir), "--out-dir", str(out))
     assert "metrics.jsonl: cannot open the metrics log" in one_line_error(proc)
 
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import QUIET, REPO, TINY, assert_trains_alike, free_port, run_cli
+from helpers import REPO, TINY_RUN, assert_trains_alike, free_port, run_cli
 from gpt.checkpoint.files import load
 
 LAUNCH = REPO / "launch"
 # Global batch 512 tokens: one process accumulates 4 micro-batches of 4 x 32, two nodes 2 each.
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "3"]
+ARGS = [*TINY_RUN, "--max-steps", "3"]
 
 
 def launcher_env(**extra: str) -> dict[str, str]:

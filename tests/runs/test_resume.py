@@ -16,15 +16,14 @@ import psutil
 import pytest
 import torch
 
-from helpers import (QUIET, REPO, TINY, kill_tree, read_metrics, run_cli, run_torchrun,
-                     start_trainer, torchrun_cmd, wait_for, write_random_shards)
+from helpers import QUIET, REPO, TINY, TINY_RUN, kill_tree, read_metrics, run_cli, run_torchrun, start_trainer, torchrun_cmd, wait_for, write_random_shards
 from gpt.checkpoint import files as checkpoint
 from gpt.checkpoint.files import CheckpointError, load
 from gpt.core.cli import parse_args
 from gpt.data.shards import write_shard
 from gpt.engine.step import TrainingDiverged
 
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "6"]
+ARGS = [*TINY_RUN, "--max-steps", "6"]
 
 
 def losses(out: Path) -> dict[int, float]:

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import QUIET, REPO, TINY, assert_trains_alike, read_metrics, run_cli, run_torchrun
+from helpers import REPO, TINY_RUN, assert_trains_alike, read_metrics, run_cli, run_torchrun
 from gpt.checkpoint.files import load
 from gpt.data.loader import ShardLoader
 from gpt.data.shards import write_shard
 
 # Global batch 512 tokens = 4 micro-batches of 4 x 32: one process accumulates 4, two
 # ranks 2 each. 3 steps, fp32 on CPU.
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512", "--max-steps", "3"]
+ARGS = [*TINY_RUN, "--max-steps", "3"]
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,7 @@ from gpt.core.config import ConfigError
 from gpt.runtime.launch import WORKER_VARS, RendezvousError, launch_environment
 from gpt.runtime.world import init_runtime
 
-from helpers import QUIET, TINY, free_port, one_line_error, run_cli
-
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+from helpers import TINY_RUN, free_port, one_line_error, run_cli
 
 
 @pytest.mark.parametrize("env,words", [
@@ -54,7 +52,7 @@ def launch_env(**values: str) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_worker_variables_without_torchrun_stop_the_trainer_in_one_line(tmp_path: Path) -> None:
-    proc = run_cli(*ARGS, "--max-steps", "1", "--data-dir", str(tmp_path), "--out-dir",
+    proc = run_cli(*TINY_RUN, "--max-steps", "1", "--data-dir", str(tmp_path), "--out-dir",
                    str(tmp_path / "run"), env=launch_env(RANK="0", WORLD_SIZE="1"))
     line = one_line_error(proc, 2)
     assert "set without MASTER_ADDR, MASTER_PORT" in line and "torchrun" in line

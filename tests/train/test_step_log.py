@@ -16,9 +16,7 @@ from gpt.core.cli import parse_args
 from gpt.engine.step import TrainingDiverged
 from gpt.train.trainer import train
 
-from helpers import QUIET, TINY
-
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+from helpers import TINY_RUN
 
 
 def all_finite(path: Path) -> bool:
@@ -52,7 +50,7 @@ def test_poisoned_weights_stop_the_run_at_the_next_check(monkeypatch, data_dir: 
                                                          tmp_path: Path) -> None:
     out = tmp_path / "run"
     poison_after(monkeypatch, 3)
-    cfg = parse_args([*ARGS, "--max-steps", "8", "--checkpoint-every", "2",
+    cfg = parse_args([*TINY_RUN, "--max-steps", "8", "--checkpoint-every", "2",
                       "--finite-check-every", "1", "--data-dir", str(data_dir), "--out-dir", str(out)])
     with pytest.raises(TrainingDiverged, match=r"after step 3.*last good checkpoint is .*ckpt_000002\.pt"):
         train(cfg)
@@ -65,7 +63,7 @@ def test_the_finiteness_check_runs_between_log_steps_too(monkeypatch, data_dir: 
                                                          tmp_path: Path) -> None:
     out = tmp_path / "run"
     poison_after(monkeypatch, 3)
-    cfg = parse_args([*ARGS, "--max-steps", "8", "--checkpoint-every", "2", "--log-every", "100",
+    cfg = parse_args([*TINY_RUN, "--max-steps", "8", "--checkpoint-every", "2", "--log-every", "100",
                       "--finite-check-every", "1", "--data-dir", str(data_dir), "--out-dir", str(out)])
     with pytest.raises(TrainingDiverged, match=r"after step 3.*ckpt_000002\.pt"):
         train(cfg)
@@ -79,7 +77,7 @@ def test_a_checkpoint_is_never_written_from_poisoned_state(monkeypatch, data_dir
     update just before the save is the poisoned one, so no loss has seen it yet."""
     out = tmp_path / "run"
     poison_after(monkeypatch, 3)
-    cfg = parse_args([*ARGS, "--max-steps", "8", "--checkpoint-every", "2", "--log-every", "100",
+    cfg = parse_args([*TINY_RUN, "--max-steps", "8", "--checkpoint-every", "2", "--log-every", "100",
                       "--data-dir", str(data_dir), "--out-dir", str(out)])
     with pytest.raises(TrainingDiverged, match=r"at step 4: no checkpoint of them is written.*"
                                                r"ckpt_000002\.pt"):

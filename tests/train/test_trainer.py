@@ -19,9 +19,7 @@ from gpt.model.transformer import GPT, unwrap
 from gpt.optim.optimizer import build_optimizer
 from gpt.runtime.device import pick_device, resolve_dtype
 
-from helpers import QUIET, TINY, read_metrics, run_cli
-
-ARGS = [*TINY, *QUIET, "--total-batch-tokens", "512"]
+from helpers import QUIET, TINY, TINY_RUN, read_metrics, run_cli
 
 
 def grads_after_step(data: Path, batch_size: int, accum: int) -> dict[str, torch.Tensor]:
@@ -176,7 +174,7 @@ def test_out_of_memory_names_the_flag(monkeypatch, data_dir: Path, tmp_path: Pat
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(train_mod, "forward_backward", oom)
-    code = train_main([*ARGS, "--max-steps", "2", "--data-dir", str(data_dir),
+    code = train_main([*TINY_RUN, "--max-steps", "2", "--data-dir", str(data_dir),
                            "--out-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert code == 1 and "out of memory" in err and "lower --batch-size" in err
